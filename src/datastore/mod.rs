@@ -1,0 +1,199 @@
+//! The datastore: one `Datastore` trait over typed keys and JSON values, shared by the
+//! `calico` plugin and the IPAM allocator, with an etcd v3 backend (and, later, Kubernetes).
+//!
+//! Keys name objects the way libcalico-go's backend models do (`ResourceKey`, `BlockKey`,
+//! `BlockAffinityKey`, `IPAMHandleKey`, `IPAMConfigKey`); each backend maps them to its own
+//! storage (etcd key paths, Kubernetes REST paths). Values are the JSON upstream stores.
+
+pub mod etcd;
+pub mod model;
+pub mod resources;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::net::IpNet;
+
+/// An opaque object revision: etcd's ModRevision in decimal, or a Kubernetes resourceVersion.
+pub type Revision = String;
+
+/// The v3 resource kinds this plugin touches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    WorkloadEndpoint,
+    IpPool,
+    ClusterInformation,
+    Profile,
+    Node,
+    IpReservation,
+}
+
+impl Kind {
+    /// The kind name as written in `"kind"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::WorkloadEndpoint => "WorkloadEndpoint",
+            Kind::IpPool => "IPPool",
+            Kind::ClusterInformation => "ClusterInformation",
+            Kind::Profile => "Profile",
+            Kind::Node => "Node",
+            Kind::IpReservation => "IPReservation",
+        }
+    }
+
+    /// The lower-case plural used in key paths.
+    pub fn plural(self) -> &'static str {
+        match self {
+            Kind::WorkloadEndpoint => "workloadendpoints",
+            Kind::IpPool => "ippools",
+            Kind::ClusterInformation => "clusterinformations",
+            Kind::Profile => "profiles",
+            Kind::Node => "nodes",
+            Kind::IpReservation => "ipreservations",
+        }
+    }
+
+    pub fn namespaced(self) -> bool {
+        matches!(self, Kind::WorkloadEndpoint)
+    }
+}
+
+/// A datastore object's identity.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Key {
+    /// A projectcalico.org/v3 resource (namespace only for namespaced kinds).
+    Resource {
+        kind: Kind,
+        namespace: Option<String>,
+        name: String,
+    },
+    /// An IPAM allocation block, by its (masked) CIDR.
+    Block { cidr: IpNet },
+    /// A host's affinity to a block (`affinity_type` "host" for pods, "virtual" for LBs).
+    BlockAffinity {
+        host: String,
+        cidr: IpNet,
+        affinity_type: String,
+    },
+    /// An IPAM handle, by its ID (case kept).
+    Handle { id: String },
+    /// The global IPAM configuration.
+    IpamConfig,
+}
+
+impl Key {
+    pub fn resource(kind: Kind, namespace: Option<&str>, name: &str) -> Key {
+        Key::Resource {
+            kind,
+            namespace: namespace.map(str::to_string),
+            name: name.to_string(),
+        }
+    }
+
+    pub fn host_affinity(host: &str, cidr: IpNet) -> Key {
+        Key::BlockAffinity {
+            host: host.to_string(),
+            cidr,
+            affinity_type: "host".to_string(),
+        }
+    }
+}
+
+/// What to list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListKind {
+    /// All resources of a kind, optionally in one namespace, optionally whose name starts
+    /// with `name_prefix` (the CNI's WEP lookup).
+    Resources {
+        kind: Kind,
+        namespace: Option<String>,
+        name_prefix: Option<String>,
+    },
+    /// All blocks, or those of one IP version.
+    Blocks { version: Option<u8> },
+    /// A host's affinities of one type and (optionally) one IP version.
+    Affinities {
+        host: String,
+        affinity_type: String,
+        version: Option<u8>,
+    },
+    /// All IPAM handles.
+    Handles,
+}
+
+/// One stored object.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvPair {
+    pub key: Key,
+    pub value: Value,
+    pub revision: Revision,
+}
+
+impl KvPair {
+    /// The value as a typed model object.
+    pub fn decode<T: DeserializeOwned>(&self) -> Result<T, DatastoreError> {
+        serde_json::from_value(self.value.clone()).map_err(|e| DatastoreError::Decode {
+            key: format!("{:?}", self.key),
+            error: e.to_string(),
+        })
+    }
+}
+
+/// Errors from any backend, in libcalico-go's vocabulary (the texts match its `errors` package).
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+pub enum DatastoreError {
+    #[error("resource does not exist: {0} with error: <nil>")]
+    NotFound(String),
+    #[error("resource already exists: {0}")]
+    AlreadyExists(String),
+    #[error("update conflict: {0}")]
+    Conflict(String),
+    #[error("error connecting to the datastore: {0}")]
+    Unavailable(String),
+    #[error("failed to decode {key}: {error}")]
+    Decode { key: String, error: String },
+    #[error("datastore configuration error: {0}")]
+    Config(String),
+    #[error("datastore error: {0}")]
+    Other(String),
+}
+
+impl DatastoreError {
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, DatastoreError::NotFound(_))
+    }
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, DatastoreError::Conflict(_))
+    }
+    pub fn is_already_exists(&self) -> bool {
+        matches!(self, DatastoreError::AlreadyExists(_))
+    }
+}
+
+/// Typed get / list / create / update (CAS) / delete (optionally CAS).
+///
+/// Resource values carry full v3 objects; on read `metadata.resourceVersion` is filled from
+/// the revision; on write it is never stored. Block/affinity/handle/config values are the
+/// bare model JSON.
+#[allow(async_fn_in_trait)]
+pub trait Datastore {
+    async fn get(&self, key: &Key) -> Result<KvPair, DatastoreError>;
+    async fn list(&self, what: &ListKind) -> Result<Vec<KvPair>, DatastoreError>;
+    /// Create if absent; `AlreadyExists` otherwise. Returns the new revision.
+    async fn create(&self, key: &Key, value: &Value) -> Result<Revision, DatastoreError>;
+    /// Compare-and-swap on `revision`; `Conflict` when it moved, `NotFound` when gone.
+    async fn update(
+        &self,
+        key: &Key,
+        value: &Value,
+        revision: &str,
+    ) -> Result<Revision, DatastoreError>;
+    /// Delete, compare-and-swap when a revision is given.
+    async fn delete(&self, key: &Key, revision: Option<&str>) -> Result<(), DatastoreError>;
+}
+
+/// Serialises a model value for writing.
+pub fn to_value<T: Serialize>(v: &T) -> Result<Value, DatastoreError> {
+    serde_json::to_value(v).map_err(|e| DatastoreError::Other(e.to_string()))
+}

@@ -1,0 +1,1 @@
+//! Pure allocation-block operations (no I/O): assign, release, garbage collection.

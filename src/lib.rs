@@ -1,0 +1,10 @@
+//! calico-cni-rs: a single-binary Rust re-implementation of Project Calico's CNI plugins.
+//! `calico` (network plugin) and `calico-ipam` (IPAM plugin) share this library; `main.rs`
+//! dispatches on argv[0].
+
+pub mod dataplane;
+pub mod datastore;
+pub mod ipam;
+pub mod net;
+pub mod plugin;
+pub mod skel;

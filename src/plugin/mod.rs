@@ -1,0 +1,1 @@
+//! The `calico` network plugin.

@@ -1,0 +1,1 @@
+//! Supported CNI versions, negotiation and the VERSION answer.
