@@ -8,3 +8,7 @@ pub mod ipam;
 pub mod net;
 pub mod plugin;
 pub mod skel;
+pub mod config;
+pub mod identifiers;
+pub mod logging;
+pub mod timefmt;

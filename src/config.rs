@@ -1,0 +1,483 @@
+//! Calico's network configuration (`NetConf`, cni-plugin/pkg/types) with upstream defaults,
+//! plus the values derived from it and the host: node name, MTU, datastore settings.
+//!
+//! Go's `encoding/json` matches keys case-insensitively and ignores unknown keys; we fold
+//! key case for the known fields before decoding, and serde ignores the rest.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+pub const DEFAULT_NODENAME_FILE: &str = "/var/lib/calico/nodename";
+pub const MTU_FILE: &str = "/var/lib/calico/mtu";
+pub const DEFAULT_IPAM_LOCK_FILE: &str = "/var/run/calico/ipam.lock";
+pub const DEFAULT_LOG_FILE: &str = "/var/log/calico/cni/cni.log";
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("failed to load netconf: {0}")]
+    Parse(String),
+    #[error("stat {0}: no such file or directory: check that the calico/node container is running and has mounted /var/lib/calico/")]
+    NodenameFileMissing(String),
+    #[error("failed to read MTU file: {0}")]
+    MtuFile(String),
+    #[error("unknown device_type {0:?} in CNI config (supported: \"veth\", \"netkit\")")]
+    DeviceType(String),
+    #[error("invalid characters detected in the given network name. Only letters a-z, numbers 0-9, and symbols _.- are supported")]
+    NetworkName,
+    #[error("{0}")]
+    Datastore(String),
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct NetConf {
+    #[serde(rename = "cniVersion")]
+    pub cni_version: String,
+    pub name: String,
+    #[serde(rename = "type")]
+    pub plugin_type: String,
+    pub mtu: i64,
+    pub num_queues: i64,
+    pub device_type: String,
+    pub nodename: String,
+    pub nodename_file: String,
+    pub nodename_file_optional: bool,
+    pub hostname: String,
+    pub require_mtu_file: bool,
+    pub datastore_type: String,
+    pub etcd_endpoints: String,
+    pub etcd_discovery_srv: String,
+    pub etcd_key_file: String,
+    pub etcd_cert_file: String,
+    pub etcd_ca_cert_file: String,
+    pub etcd_scheme: String,
+    pub etcd_authority: String,
+    pub kubernetes: KubernetesConf,
+    pub policy: PolicyConf,
+    pub ipam: IpamConf,
+    pub include_default_routes: bool,
+    pub ipam_lock_file: String,
+    pub log_level: String,
+    pub log_file_path: String,
+    pub log_file_max_size: i64,
+    pub log_file_max_age: i64,
+    pub log_file_max_count: i64,
+    pub feature_control: FeatureControl,
+    pub container_settings: ContainerSettings,
+    pub readiness_gates: Vec<String>,
+    pub policy_setup_timeout_seconds: i64,
+    pub endpoint_status_dir: String,
+    pub dataplane_options: Option<Map<String, Value>>,
+    pub args: Value,
+    pub calico_api_group: String,
+    pub qps: f64,
+    pub burst: i64,
+    #[serde(rename = "prevResult")]
+    pub prev_result: Option<Value>,
+    #[serde(rename = "runtimeConfig")]
+    pub runtime_config: Option<Value>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct KubernetesConf {
+    pub kubeconfig: String,
+    pub k8s_api_root: String,
+    pub node_name: String,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct PolicyConf {
+    #[serde(rename = "type")]
+    pub policy_type: String,
+    pub k8s_api_root: String,
+    pub k8s_auth_token: String,
+    pub k8s_client_certificate: String,
+    pub k8s_client_key: String,
+    pub k8s_certificate_authority: String,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct IpamConf {
+    #[serde(rename = "type")]
+    pub ipam_type: String,
+    pub assign_ipv4: Option<String>,
+    pub assign_ipv6: Option<String>,
+    pub ipv4_pools: Vec<String>,
+    pub ipv6_pools: Vec<String>,
+    pub subnet: String,
+    pub ranges: Option<Value>,
+    pub routes: Option<Value>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct FeatureControl {
+    pub ip_addrs_no_ipam: bool,
+    pub floating_ips: bool,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct ContainerSettings {
+    pub allow_ip_forwarding: bool,
+}
+
+const TOP_FIELDS: &[&str] = &[
+    "cniVersion", "name", "type", "mtu", "num_queues", "device_type", "nodename",
+    "nodename_file", "nodename_file_optional", "hostname", "require_mtu_file", "datastore_type",
+    "etcd_endpoints", "etcd_discovery_srv", "etcd_key_file", "etcd_cert_file",
+    "etcd_ca_cert_file", "etcd_scheme", "etcd_authority", "kubernetes", "policy", "ipam",
+    "include_default_routes", "ipam_lock_file", "log_level", "log_file_path",
+    "log_file_max_size", "log_file_max_age", "log_file_max_count", "feature_control",
+    "container_settings", "readiness_gates", "policy_setup_timeout_seconds",
+    "endpoint_status_dir", "dataplane_options", "args", "calico_api_group", "qps", "burst",
+    "prevResult", "runtimeConfig",
+];
+const NESTED_FIELDS: &[(&str, &[&str])] = &[
+    ("kubernetes", &["kubeconfig", "k8s_api_root", "node_name"]),
+    (
+        "policy",
+        &[
+            "type", "k8s_api_root", "k8s_auth_token", "k8s_client_certificate",
+            "k8s_client_key", "k8s_certificate_authority",
+        ],
+    ),
+    (
+        "ipam",
+        &[
+            "type", "assign_ipv4", "assign_ipv6", "ipv4_pools", "ipv6_pools", "subnet",
+            "ranges", "routes",
+        ],
+    ),
+    ("feature_control", &["ip_addrs_no_ipam", "floating_ips"]),
+    ("container_settings", &["allow_ip_forwarding"]),
+];
+
+/// Renames keys that match a known field name case-insensitively (Go's rule: an exact match
+/// wins, otherwise the first case-insensitive one).
+fn fold_keys(obj: &mut Map<String, Value>, names: &[&str]) {
+    for name in names {
+        if obj.contains_key(*name) {
+            continue;
+        }
+        let found = obj.keys().find(|k| k.eq_ignore_ascii_case(name)).cloned();
+        if let Some(k) = found {
+            if let Some(v) = obj.remove(&k) {
+                obj.insert((*name).to_string(), v);
+            }
+        }
+    }
+}
+
+impl NetConf {
+    /// Decodes stdin the way upstream's `json.Unmarshal` into `types.NetConf` does.
+    pub fn parse(data: &[u8]) -> Result<NetConf, ConfigError> {
+        let mut v: Value =
+            serde_json::from_slice(data).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        if let Value::Object(obj) = &mut v {
+            fold_keys(obj, TOP_FIELDS);
+            for (field, names) in NESTED_FIELDS {
+                if let Some(Value::Object(inner)) = obj.get_mut(*field) {
+                    fold_keys(inner, names);
+                }
+            }
+            // Go decodes JSON null into a struct field as "leave it zero".
+            obj.retain(|_, v| !v.is_null());
+        }
+        serde_json::from_value(v).map_err(|e| ConfigError::Parse(e.to_string()))
+    }
+
+    /// IPv4 assignment unless `ipam.assign_ipv4` is exactly "false".
+    pub fn assign_ipv4(&self) -> bool {
+        self.ipam.assign_ipv4.as_deref() != Some("false")
+    }
+
+    /// IPv6 assignment only when `ipam.assign_ipv6` is exactly "true".
+    pub fn assign_ipv6(&self) -> bool {
+        self.ipam.assign_ipv6.as_deref() == Some("true")
+    }
+
+    pub fn num_queues(&self) -> u32 {
+        if self.num_queues <= 0 {
+            1
+        } else {
+            u32::try_from(self.num_queues).unwrap_or(1)
+        }
+    }
+
+    pub fn ipam_lock_file(&self) -> &str {
+        if self.ipam_lock_file.is_empty() {
+            DEFAULT_IPAM_LOCK_FILE
+        } else {
+            &self.ipam_lock_file
+        }
+    }
+
+    pub fn nodename_file(&self) -> &str {
+        if self.nodename_file.is_empty() {
+            DEFAULT_NODENAME_FILE
+        } else {
+            &self.nodename_file
+        }
+    }
+
+    /// The network name's own rule (skel's stricter check normally fires first).
+    pub fn validate_name(&self) -> Result<(), ConfigError> {
+        let ok = !self.name.is_empty()
+            && self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-');
+        ok.then_some(()).ok_or(ConfigError::NetworkName)
+    }
+
+    /// `device_type`: only veth is implemented; netkit falls back to veth as upstream does
+    /// when the kernel lacks it.
+    pub fn validate_device_type(&self) -> Result<(), ConfigError> {
+        match self.device_type.as_str() {
+            "" | "veth" | "netkit" => Ok(()),
+            other => Err(ConfigError::DeviceType(other.to_string())),
+        }
+    }
+
+    /// The nodename-file gate of `calico` ADD/DEL (`nodename_file_optional` lifts it).
+    pub fn check_nodename_file(&self) -> Result<(), ConfigError> {
+        if self.nodename_file_optional || Path::new(self.nodename_file()).exists() {
+            Ok(())
+        } else {
+            Err(ConfigError::NodenameFileMissing(
+                self.nodename_file().to_string(),
+            ))
+        }
+    }
+
+    /// Node name: `nodename` > nodename file > `hostname` > OS hostname (lower-cased).
+    /// Unlike upstream we trim the file's trailing whitespace: a newline is never part of a
+    /// node name.
+    pub fn node_name(&self) -> String {
+        if !self.nodename.is_empty() {
+            return self.nodename.clone();
+        }
+        if let Ok(s) = std::fs::read_to_string(self.nodename_file()) {
+            let s = s.trim();
+            if !s.is_empty() {
+                return s.to_string();
+            }
+        }
+        if !self.hostname.is_empty() {
+            tracing::warn!("Configuration option 'hostname' is deprecated, use 'nodename' instead.");
+            return self.hostname.clone();
+        }
+        nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .map(|h| h.trim().to_lowercase())
+            .unwrap_or_default()
+    }
+
+    /// The veth MTU: `mtu`, else /var/lib/calico/mtu, else 0 (kernel default).
+    pub fn resolve_mtu(&self) -> Result<u32, ConfigError> {
+        self.resolve_mtu_from(Path::new(MTU_FILE))
+    }
+
+    pub fn resolve_mtu_from(&self, file: &Path) -> Result<u32, ConfigError> {
+        let from_file = match std::fs::read_to_string(file) {
+            Ok(s) => Some(s.trim().parse::<u32>().map_err(|e| {
+                ConfigError::MtuFile(format!("strconv.Atoi: parsing {:?}: {e}", s.trim()))
+            })?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if self.require_mtu_file {
+                    return Err(ConfigError::MtuFile(format!(
+                        "open {}: no such file or directory",
+                        file.display()
+                    )));
+                }
+                None
+            }
+            Err(e) => return Err(ConfigError::MtuFile(e.to_string())),
+        };
+        if self.mtu > 0 {
+            return Ok(u32::try_from(self.mtu).unwrap_or(0));
+        }
+        Ok(from_file.unwrap_or(0))
+    }
+
+    /// Where and how to reach the datastore: the config's fields, then the process
+    /// environment (`CALICO_`-prefixed names first), as libcalico-go's apiconfig does.
+    pub fn datastore_settings(&self) -> DatastoreSettings {
+        let env = |name: &str| -> String {
+            std::env::var(format!("CALICO_{name}"))
+                .or_else(|_| std::env::var(name))
+                .unwrap_or_default()
+        };
+        let pick = |conf: &str, name: &str| -> String {
+            if conf.is_empty() {
+                env(name)
+            } else {
+                conf.to_string()
+            }
+        };
+        let endpoints = pick(&self.etcd_endpoints, "ETCD_ENDPOINTS");
+        let mut datastore_type = pick(&self.datastore_type, "DATASTORE_TYPE");
+        if datastore_type.is_empty() {
+            datastore_type = "etcdv3".to_string();
+        }
+        DatastoreSettings {
+            datastore_type,
+            etcd_endpoints: endpoints
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect(),
+            etcd_discovery_srv: pick(&self.etcd_discovery_srv, "ETCD_DISCOVERY_SRV"),
+            etcd_key_file: pick(&self.etcd_key_file, "ETCD_KEY_FILE"),
+            etcd_cert_file: pick(&self.etcd_cert_file, "ETCD_CERT_FILE"),
+            etcd_ca_cert_file: pick(&self.etcd_ca_cert_file, "ETCD_CA_CERT_FILE"),
+            etcd_username: env("ETCD_USERNAME"),
+            etcd_password: env("ETCD_PASSWORD"),
+            kubeconfig: pick(&self.kubernetes.kubeconfig, "KUBECONFIG"),
+        }
+    }
+
+    /// Mesos-style labels from `args.org.apache.mesos.network_info.labels.labels`.
+    pub fn mesos_labels(&self) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        let labels = self
+            .args
+            .pointer("/org.apache.mesos/network_info/labels/labels")
+            .and_then(Value::as_array);
+        for l in labels.into_iter().flatten() {
+            if let (Some(k), Some(v)) = (
+                l.get("key").and_then(Value::as_str),
+                l.get("value").and_then(Value::as_str),
+            ) {
+                out.insert(sanitize_label(k), sanitize_label(v));
+            }
+        }
+        out
+    }
+}
+
+/// Upstream's Mesos label sanitiser: `/`→`.`, other invalid characters→`-`, runs of `.`/`-`
+/// containing a `.` collapse to `.`, leading/trailing `.`/`-` trimmed.
+fn sanitize_label(s: &str) -> String {
+    let mapped: String = s
+        .chars()
+        .map(|c| match c {
+            '/' => '.',
+            c if c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_' => c,
+            _ => '-',
+        })
+        .collect();
+    let mut out = String::new();
+    let mut run = String::new();
+    for c in mapped.chars() {
+        if c == '.' || c == '-' {
+            run.push(c);
+            continue;
+        }
+        if !run.is_empty() {
+            out.push_str(if run.contains('.') { "." } else { &run });
+            run.clear();
+        }
+        out.push(c);
+    }
+    if !run.is_empty() {
+        out.push_str(if run.contains('.') { "." } else { &run });
+    }
+    out.trim_matches(|c| c == '.' || c == '-').to_string()
+}
+
+/// Resolved datastore connection settings.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DatastoreSettings {
+    pub datastore_type: String,
+    pub etcd_endpoints: Vec<String>,
+    pub etcd_discovery_srv: String,
+    pub etcd_key_file: String,
+    pub etcd_cert_file: String,
+    pub etcd_ca_cert_file: String,
+    pub etcd_username: String,
+    pub etcd_password: String,
+    pub kubeconfig: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_case_folding() {
+        let c = NetConf::parse(
+            br#"{"cniVersion":"1.0.0","Name":"net1","type":"calico","IPAM":{"Type":"calico-ipam"},"unknown":1,"mtu":null}"#,
+        )
+        .unwrap();
+        assert_eq!(c.name, "net1");
+        assert_eq!(c.ipam.ipam_type, "calico-ipam");
+        assert!(c.assign_ipv4() && !c.assign_ipv6());
+        assert_eq!(c.num_queues(), 1);
+        assert_eq!(c.ipam_lock_file(), DEFAULT_IPAM_LOCK_FILE);
+        assert_eq!(c.nodename_file(), DEFAULT_NODENAME_FILE);
+    }
+
+    #[test]
+    fn assign_flags_are_strings() {
+        let c = NetConf::parse(
+            br#"{"name":"n","ipam":{"assign_ipv4":"false","assign_ipv6":"true"}}"#,
+        )
+        .unwrap();
+        assert!(!c.assign_ipv4() && c.assign_ipv6());
+        let e = NetConf::parse(br#"{"name":"n","ipam":{"assign_ipv4":false}}"#).unwrap_err();
+        assert!(e.to_string().starts_with("failed to load netconf: "), "{e}");
+    }
+
+    #[test]
+    fn mtu_resolution() {
+        let dir = std::env::temp_dir().join(format!("mtu-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("mtu");
+        let c = NetConf::parse(br#"{"name":"n"}"#).unwrap();
+        assert_eq!(c.resolve_mtu_from(&f).unwrap(), 0);
+        std::fs::write(&f, "1440\n").unwrap();
+        assert_eq!(c.resolve_mtu_from(&f).unwrap(), 1440);
+        let c2 = NetConf::parse(br#"{"name":"n","mtu":9000}"#).unwrap();
+        assert_eq!(c2.resolve_mtu_from(&f).unwrap(), 9000);
+        std::fs::write(&f, "abc").unwrap();
+        assert!(c2.resolve_mtu_from(&f).is_err());
+        std::fs::remove_file(&f).unwrap();
+        let c3 = NetConf::parse(br#"{"name":"n","require_mtu_file":true}"#).unwrap();
+        assert!(c3.resolve_mtu_from(&f).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn datastore_settings_and_names() {
+        let c = NetConf::parse(
+            br#"{"name":"n","nodename":"node1","etcd_endpoints":"http://127.0.0.1:1, http://127.0.0.1:2"}"#,
+        )
+        .unwrap();
+        let s = c.datastore_settings();
+        assert_eq!(s.etcd_endpoints, vec!["http://127.0.0.1:1", "http://127.0.0.1:2"]);
+        assert_eq!(c.node_name(), "node1");
+        assert!(NetConf::parse(br#"{"name":"a b"}"#).unwrap().validate_name().is_err());
+        assert!(NetConf::parse(br#"{"name":"n","device_type":"x"}"#)
+            .unwrap()
+            .validate_device_type()
+            .is_err());
+    }
+
+    #[test]
+    fn mesos_label_sanitising() {
+        assert_eq!(sanitize_label("a/b/c"), "a.b.c");
+        assert_eq!(sanitize_label("/a/b/c"), "a.b.c");
+        assert_eq!(sanitize_label("k"), "k");
+        assert_eq!(sanitize_label("a b"), "a-b");
+    }
+}

@@ -1,0 +1,211 @@
+//! Workload identifiers: orchestrator/pod/namespace from CNI_ARGS, WorkloadEndpoint names
+//! (libcalico-go `names.WorkloadEndpointIdentifiers`), host veth names and IPAM handle IDs.
+
+use sha1::{Digest, Sha1};
+
+pub const ORCH_K8S: &str = "k8s";
+pub const ORCH_CNI: &str = "cni";
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum IdentifierError {
+    #[error("error with field {field} = '{value}' (field must not begin with a '-')")]
+    LeadingDash { field: &'static str, value: String },
+    #[error("error with field {field} = '{value}' (field must not end with a '-')")]
+    TrailingDash { field: &'static str, value: String },
+    #[error("error with field {field} = '{value}' (field should be assigned)")]
+    Missing { field: &'static str, value: String },
+}
+
+/// Who a WorkloadEndpoint belongs to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WepIdentifiers {
+    pub node: String,
+    pub orchestrator: String,
+    /// Pod name (k8s) or container ID (cni).
+    pub workload: String,
+    pub container_id: String,
+    pub namespace: String,
+    pub pod: String,
+    pub endpoint: String,
+}
+
+impl WepIdentifiers {
+    /// Identifiers from CNI_ARGS: k8s when both K8S_POD_NAMESPACE and K8S_POD_NAME are set,
+    /// else plain CNI in namespace `default` (or CNI_TEST_NAMESPACE, test-only upstream).
+    pub fn new(
+        node: &str,
+        container_id: &str,
+        ifname: &str,
+        pod_namespace: &str,
+        pod_name: &str,
+        test_namespace: &str,
+    ) -> WepIdentifiers {
+        if !pod_namespace.is_empty() && !pod_name.is_empty() {
+            WepIdentifiers {
+                node: node.into(),
+                orchestrator: ORCH_K8S.into(),
+                workload: pod_name.into(),
+                container_id: container_id.into(),
+                namespace: pod_namespace.into(),
+                pod: pod_name.into(),
+                endpoint: ifname.into(),
+            }
+        } else {
+            WepIdentifiers {
+                node: node.into(),
+                orchestrator: ORCH_CNI.into(),
+                workload: container_id.into(),
+                container_id: container_id.into(),
+                namespace: if test_namespace.is_empty() {
+                    "default".into()
+                } else {
+                    test_namespace.into()
+                },
+                pod: String::new(),
+                endpoint: ifname.into(),
+            }
+        }
+    }
+
+    pub fn is_k8s(&self) -> bool {
+        self.orchestrator == ORCH_K8S
+    }
+
+    fn segments(&self) -> [(&'static str, &str); 4] {
+        let (wfield, wval) = if self.is_k8s() {
+            ("pod", self.pod.as_str())
+        } else {
+            ("workload", self.workload.as_str())
+        };
+        [
+            ("node", self.node.as_str()),
+            ("orchestrator", self.orchestrator.as_str()),
+            (wfield, wval),
+            ("endpoint", self.endpoint.as_str()),
+        ]
+    }
+
+    /// The full WorkloadEndpoint name, e.g. `node1-k8s-mypod--1-eth0`.
+    pub fn wep_name(&self) -> Result<String, IdentifierError> {
+        join_segments(&self.segments(), false)
+    }
+
+    /// The name prefix used to find this workload's endpoint with any interface name,
+    /// e.g. `node1-k8s-mypod--1-`.
+    pub fn wep_prefix(&self) -> Result<String, IdentifierError> {
+        let mut segs = self.segments();
+        segs[3].1 = "";
+        join_segments(&segs, true)
+    }
+
+    /// Whether `name` is this workload's endpoint (any interface name).
+    pub fn name_matches(&self, name: &str) -> bool {
+        let Ok(prefix) = self.wep_prefix() else {
+            return false;
+        };
+        match name.strip_prefix(&prefix) {
+            // The rest is one escaped segment: no lone '-' in it.
+            Some(rest) => !rest.is_empty() && !rest.replace("--", "").contains('-'),
+            None => false,
+        }
+    }
+
+    /// The IPAM handle `<network>.<containerID>`.
+    pub fn handle_id(&self, network: &str) -> String {
+        format!("{network}.{}", self.container_id)
+    }
+
+    /// The handle pre-v3 Calico used: `<ns>.<pod>` (k8s) or `<containerID>`.
+    pub fn legacy_handle_id(&self) -> String {
+        if self.is_k8s() {
+            format!("{}.{}", self.namespace, self.pod)
+        } else {
+            self.container_id.clone()
+        }
+    }
+
+    /// The host-side veth name.
+    pub fn host_veth_name(&self) -> String {
+        if self.is_k8s() {
+            let prefix = std::env::var("FELIX_INTERFACEPREFIX").unwrap_or_default();
+            let prefix = prefix.split(',').next().unwrap_or("").trim();
+            veth_name_for_workload(if prefix.is_empty() { "cali" } else { prefix }, &self.namespace, &self.pod)
+        } else {
+            let cid: String = self.container_id.chars().take(11).collect();
+            format!("cali{cid}")
+        }
+    }
+}
+
+/// `<prefix>` + the first 11 hex digits of sha1("<namespace>.<pod>").
+pub fn veth_name_for_workload(prefix: &str, namespace: &str, pod: &str) -> String {
+    let digest = Sha1::digest(format!("{namespace}.{pod}").as_bytes());
+    let h = hex::encode(digest);
+    format!("{prefix}{}", &h[..11])
+}
+
+fn join_segments(segs: &[(&'static str, &str)], allow_prefix: bool) -> Result<String, IdentifierError> {
+    let mut out = String::new();
+    for (field, value) in segs {
+        if value.is_empty() {
+            if allow_prefix {
+                return Ok(out);
+            }
+            return Err(IdentifierError::Missing {
+                field,
+                value: String::new(),
+            });
+        }
+        if value.starts_with('-') {
+            return Err(IdentifierError::LeadingDash {
+                field,
+                value: (*value).into(),
+            });
+        }
+        if value.ends_with('-') {
+            return Err(IdentifierError::TrailingDash {
+                field,
+                value: (*value).into(),
+            });
+        }
+        out.push_str(&value.replace('-', "--"));
+        out.push('-');
+    }
+    out.pop();
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wep_names() {
+        let ids = WepIdentifiers::new("named-hostname.somewhere", "abcd1234", "eth0", "", "", "");
+        assert_eq!(ids.wep_name().unwrap(), "named--hostname.somewhere-cni-abcd1234-eth0");
+        assert_eq!(ids.namespace, "default");
+        let k = WepIdentifiers::new("node1", "cid", "eth0", "default", "mypod-1", "");
+        assert_eq!(k.wep_name().unwrap(), "node1-k8s-mypod--1-eth0");
+        assert_eq!(k.wep_prefix().unwrap(), "node1-k8s-mypod--1-");
+        assert!(k.name_matches("node1-k8s-mypod--1-eth0"));
+        assert!(k.name_matches("node1-k8s-mypod--1-eth1"));
+        assert!(!k.name_matches("node1-k8s-mypod--1-x-eth0"));
+        assert!(!k.name_matches("node1-k8s-mypod--1-"));
+        let bad = WepIdentifiers::new("-node", "cid", "eth0", "", "", "");
+        assert_eq!(
+            bad.wep_name().unwrap_err().to_string(),
+            "error with field node = '-node' (field must not begin with a '-')"
+        );
+    }
+
+    #[test]
+    fn veth_and_handles() {
+        assert_eq!(veth_name_for_workload("cali", "default", "nginx"), "calic440f455693");
+        let c = WepIdentifiers::new("n", "abc123", "eth0", "", "", "");
+        assert_eq!(c.host_veth_name(), "caliabc123");
+        assert_eq!(c.handle_id("net1"), "net1.abc123");
+        assert_eq!(c.legacy_handle_id(), "abc123");
+        let k = WepIdentifiers::new("n", "abc", "eth0", "ns1", "p1", "");
+        assert_eq!(k.legacy_handle_id(), "ns1.p1");
+    }
+}
