@@ -326,7 +326,11 @@ impl NetConf {
         let endpoints = pick(&self.etcd_endpoints, "ETCD_ENDPOINTS");
         let mut datastore_type = pick(&self.datastore_type, "DATASTORE_TYPE");
         if datastore_type.is_empty() {
-            datastore_type = "etcdv3".to_string();
+            datastore_type = if endpoints.is_empty() && self.etcd_discovery_srv.is_empty() {
+                "kubernetes".to_string()
+            } else {
+                "etcdv3".to_string()
+            };
         }
         DatastoreSettings {
             datastore_type,

@@ -12,3 +12,8 @@ pub mod config;
 pub mod identifiers;
 pub mod logging;
 pub mod timefmt;
+pub mod client;
+pub mod error;
+
+/// The version printed by `-v` and in the "about" text.
+pub const VERSION: &str = concat!("v", env!("CARGO_PKG_VERSION"));

@@ -1,1 +1,92 @@
-fn main() {}
+//! One binary, two plugins: run as `calico` it is the network plugin, as `calico-ipam` (a
+//! symlink) the IPAM plugin. Flags: `-v`/`--version` prints the version; `calico -t` tests the
+//! datastore connection (used by installers to gate writing the CNI config).
+
+use std::io::Read;
+use std::path::Path;
+use std::process::ExitCode;
+
+use calico_cni::ipam::plugin::IpamPlugin;
+use calico_cni::plugin::CalicoPlugin;
+use calico_cni::skel::{self, CniError};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    let argv0 = args.first().map(String::as_str).unwrap_or_default();
+    let name = Path::new(argv0)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default()
+        .trim_end_matches(".exe");
+    let is_ipam = match name {
+        "calico" => false,
+        "calico-ipam" => true,
+        other => {
+            eprintln!(
+                "Unknown binary name: {other:?} (run this binary as \"calico\" or \"calico-ipam\")"
+            );
+            return ExitCode::from(2);
+        }
+    };
+    let flag_set = if is_ipam { "calico-ipam" } else { "Calico" };
+    let mut test_connection = false;
+    for arg in &args[1..] {
+        match arg.as_str() {
+            "-v" | "--v" | "-v=true" | "--v=true" | "-version" | "--version" => {
+                println!("{}", calico_cni::VERSION);
+                return ExitCode::SUCCESS;
+            }
+            "-t" | "--t" | "-t=true" | "--t=true" if !is_ipam => test_connection = true,
+            "-upgrade" | "--upgrade" if is_ipam => {
+                eprintln!("-upgrade (host-local to calico-ipam migration) needs the Kubernetes datastore, which this build does not support yet");
+                return ExitCode::from(1);
+            }
+            "-h" | "--h" | "-help" | "--help" => {
+                usage(flag_set, is_ipam);
+                return ExitCode::SUCCESS;
+            }
+            other => {
+                eprintln!("flag provided but not defined: {other}");
+                usage(flag_set, is_ipam);
+                return ExitCode::from(2);
+            }
+        }
+    }
+    if test_connection {
+        return run_connection_test();
+    }
+    let code = if is_ipam {
+        skel::run(&IpamPlugin)
+    } else {
+        skel::run(&CalicoPlugin)
+    };
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+fn usage(flag_set: &str, is_ipam: bool) {
+    eprintln!("Usage of {flag_set}:");
+    eprintln!("  -v\tDisplay version");
+    if is_ipam {
+        eprintln!("  -upgrade\tUpgrade from host-local");
+    } else {
+        eprintln!("  -t\tTest datastore connection");
+    }
+}
+
+/// `calico -t`: NetConf on stdin; exit 0 when ClusterInformation says the datastore is
+/// ready, else a code-100 error JSON on stdout and exit 1.
+fn run_connection_test() -> ExitCode {
+    let mut stdin = Vec::new();
+    let result = std::io::stdin()
+        .read_to_end(&mut stdin)
+        .map_err(|e| e.to_string())
+        .and_then(|_| calico_cni::plugin::test_connection(&stdin).map_err(|e| e.to_string()));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(details) => {
+            let err = CniError::new(100, "data store connection failed", details);
+            print!("{}", skel::error_json(&err));
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,1 +1,138 @@
-//! The `calico` network plugin.
+//! The `calico` network plugin (cni-plugin/pkg/plugin): the common prelude of every call
+//! (config, node name, identifiers, datastore, ClusterInformation gate) and the CNI entry
+//! points; ADD and DEL live in `add.rs` and `del.rs`.
+
+pub mod add;
+pub mod del;
+pub mod endpoint;
+pub mod ipam_exec;
+
+use tracing::info;
+
+use crate::client;
+use crate::config::NetConf;
+use crate::datastore::etcd::EtcdDatastore;
+use crate::datastore::model::ClusterInformation;
+use crate::datastore::resources::get_resource;
+use crate::datastore::Kind;
+use crate::error::{Error, Result};
+use crate::identifiers::WepIdentifiers;
+use crate::skel::args::{load_args, prepend_ignore_unknown};
+use crate::skel::{CmdArgs, CniError, CniResult, Plugin};
+
+/// CNI_ARGS keys `calico` reads (`types.K8sArgs`); others are ignored (IgnoreUnknown).
+pub const KNOWN_ARGS: &[&str] = &[
+    "IgnoreUnknown",
+    "IP",
+    "K8S_POD_NAMESPACE",
+    "K8S_POD_NAME",
+    "K8S_POD_INFRA_CONTAINER_ID",
+    "K8S_POD_UID",
+    "CNI_TEST_NAMESPACE",
+];
+
+pub struct CalicoPlugin;
+
+impl Plugin for CalicoPlugin {
+    fn about(&self) -> String {
+        format!("Calico CNI plugin {}", crate::VERSION)
+    }
+
+    fn default_result_version(&self) -> &'static str {
+        "0.2.0"
+    }
+
+    fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
+        client::block_on(add::cmd_add(args))
+            .and_then(|r| r)
+            .map_err(|e| {
+                tracing::error!(error = %e, "Final result of CNI ADD was an error.");
+                CniError::from(e)
+            })
+    }
+
+    fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
+        client::block_on(del::cmd_del(args))
+            .and_then(|r| r)
+            .map_err(|e| {
+                tracing::error!(error = %e, "Final result of CNI DEL was an error.");
+                CniError::from(e)
+            })
+    }
+
+    /// Upstream's CHECK is a dummy; we answer success without writing to stdout (the CNI
+    /// spec allows no output on CHECK).
+    fn check(&self, _args: &CmdArgs) -> Result<(), CniError> {
+        Ok(())
+    }
+}
+
+/// What every `calico` call starts from.
+pub struct Call {
+    pub conf: NetConf,
+    pub ids: WepIdentifiers,
+    pub ds: EtcdDatastore,
+}
+
+/// Config, logging, nodename gate, identifiers, datastore client, ready gate.
+pub async fn prelude(args: &CmdArgs) -> Result<Call> {
+    let conf = NetConf::parse(&args.stdin_data)?;
+    crate::logging::init(&conf, "cni-plugin");
+    conf.check_nodename_file()?;
+    let node = conf.node_name();
+    let cni_args = load_args(&prepend_ignore_unknown(&args.args), KNOWN_ARGS)?;
+    let get = |k: &str| cni_args.get(k).cloned().unwrap_or_default();
+    let ids = WepIdentifiers::new(
+        &node,
+        &args.container_id,
+        &args.ifname,
+        &get("K8S_POD_NAMESPACE"),
+        &get("K8S_POD_NAME"),
+        &get("CNI_TEST_NAMESPACE"),
+    );
+    info!(
+        container_id = %args.container_id,
+        node = %ids.node,
+        orchestrator = %ids.orchestrator,
+        namespace = %ids.namespace,
+        pod = %ids.pod,
+        "calico {}",
+        "call"
+    );
+    let ds = client::connect(&conf).await?;
+    check_datastore_ready(&ds).await?;
+    Ok(Call { conf, ids, ds })
+}
+
+/// ClusterInformation `default` must say `datastoreReady: true`.
+pub async fn check_datastore_ready(ds: &EtcdDatastore) -> Result<()> {
+    let ci: ClusterInformation = get_resource(ds, Kind::ClusterInformation, None, "default")
+        .await
+        .map_err(|e| {
+            let text = if e.is_not_found() {
+                "resource does not exist: ClusterInformation(default) with error: <nil>".to_string()
+            } else {
+                e.to_string()
+            };
+            Error::msg(format!("error getting ClusterInformation: {text}"))
+        })?;
+    if ci.spec.datastore_ready != Some(true) {
+        info!("Upgrade may be in progress, ready flag is not set");
+        return Err(Error::msg("Calico is currently not ready to process requests"));
+    }
+    Ok(())
+}
+
+/// `calico -t`: can we reach the datastore and is it ready? (2 s budget, as upstream)
+pub fn test_connection(stdin: &[u8]) -> Result<()> {
+    let conf = NetConf::parse(stdin)?;
+    client::block_on(async {
+        let ds = client::connect(&conf).await?;
+        tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            check_datastore_ready(&ds),
+        )
+        .await
+        .map_err(|_| Error::msg("error getting ClusterInformation: context deadline exceeded"))?
+    })?
+}

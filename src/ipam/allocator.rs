@@ -1,0 +1,1121 @@
+//! Calico's IPAM allocator over the `Datastore` trait (libcalico-go `lib/ipam`):
+//! AutoAssign (affine blocks, the pending → block → confirmed claim protocol, borrowing),
+//! AssignIP, ReleaseByHandle and ReleaseIPs. Every write is a compare-and-swap retried a
+//! bounded number of times, so concurrent callers on many nodes never hand out an address
+//! twice. See calico-datastore.md §3.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+
+use tracing::{debug, info, warn};
+
+use crate::datastore::model::{
+    AllocationBlock, BlockAffinity, IpPool, IpReservation, IpamConfig, IpamHandle, Node,
+    AFFINITY_CONFIRMED, AFFINITY_PENDING, AFFINITY_PENDING_DELETION,
+};
+use crate::datastore::resources::{get_resource, list_resources};
+use crate::datastore::{to_value, Datastore, DatastoreError, Key, Kind, ListKind, Revision};
+use crate::ipam::block::BlockError;
+use crate::ipam::randwalk::block_generator;
+use crate::ipam::selector;
+use crate::net::IpNet;
+use crate::timefmt;
+
+/// Upstream's bound on every CAS retry loop.
+pub const DATASTORE_RETRIES: usize = 100;
+/// Blocks a host may own when neither the request nor IPAMConfig says otherwise.
+pub const DEFAULT_MAX_BLOCKS_PER_HOST: i64 = 20;
+/// An empty block claimed at least this long ago may be reclaimed by another host.
+pub const EMPTY_BLOCK_MIN_RECLAIM_AGE_SECS: i64 = 60;
+pub const INTENDED_USE_WORKLOAD: &str = "Workload";
+
+#[derive(Debug, thiserror::Error)]
+pub enum IpamError {
+    #[error(transparent)]
+    Datastore(#[from] DatastoreError),
+    #[error("cannot find a qualified ippool")]
+    NoQualifiedPool,
+    #[error("the given pool ({0}) does not exist, or is not enabled")]
+    PoolNotEnabled(String),
+    #[error("no configured Calico pools for node {0}")]
+    NoPoolsForNode(String),
+    #[error("cannot allocate new block due to per host block limit")]
+    BlockLimit,
+    #[error("failed to find or claim a block")]
+    AutoAllocateDisabled,
+    #[error("Max retries hit - excessive concurrent IPAM requests")]
+    MaxRetries,
+    #[error("The provided IP address is not in a configured pool\n")]
+    NotInPool,
+    #[error("IP address {ip} is in IP pool \"{pool}\", which is not allowed for use \"Workload\" (allowedUses: [{uses}])")]
+    UseNotAllowed { ip: IpAddr, pool: String, uses: String },
+    #[error("resource already exists: {0} with error: Address already assigned in block")]
+    AddressInUse(IpAddr),
+    #[error("{0}")]
+    Block(String),
+    #[error("failed to get node for host {host}: {error}")]
+    Node { host: String, error: DatastoreError },
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Internal outcomes of the claim protocol that make the caller pick another block.
+enum ClaimError {
+    Conflict,
+    StaleAffinity,
+    ClaimConflict,
+    Fatal(IpamError),
+}
+
+impl From<DatastoreError> for ClaimError {
+    fn from(e: DatastoreError) -> Self {
+        if e.is_conflict() {
+            ClaimError::Conflict
+        } else {
+            ClaimError::Fatal(e.into())
+        }
+    }
+}
+
+/// What AutoAssign was asked for.
+#[derive(Clone, Debug, Default)]
+pub struct AutoAssignArgs {
+    pub num4: usize,
+    pub num6: usize,
+    pub handle_id: String,
+    pub attrs: BTreeMap<String, String>,
+    pub ipv4_pools: Vec<IpNet>,
+    pub ipv6_pools: Vec<IpNet>,
+    /// 0 = use IPAMConfig's value (0 there too = 20).
+    pub max_blocks_per_host: i64,
+}
+
+/// The addresses one family got, and why it got fewer than asked (upstream's Msgs).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Assignments {
+    pub ips: Vec<IpNet>,
+    pub num_requested: usize,
+    pub version: u8,
+    pub msgs: Vec<String>,
+}
+
+impl Assignments {
+    /// Upstream's `PartialFulfillmentError` text.
+    pub fn shortfall(&self) -> Option<String> {
+        (self.ips.len() < self.num_requested).then(|| {
+            format!(
+                "Assigned {} out of {} requested IPv{} addresses; {}",
+                self.ips.len(),
+                self.num_requested,
+                self.version,
+                self.msgs.join("; ")
+            )
+        })
+    }
+}
+
+/// The allocator for one host.
+pub struct Ipam<'a, D: Datastore> {
+    ds: &'a D,
+    host: String,
+}
+
+struct BlockInfo {
+    num_free: usize,
+    affinity: Option<String>,
+    empty: bool,
+    claim_time: Option<String>,
+    seq: u64,
+}
+
+impl<'a, D: Datastore> Ipam<'a, D> {
+    pub fn new(ds: &'a D, host: &str) -> Self {
+        Ipam {
+            ds,
+            host: host.to_string(),
+        }
+    }
+
+    fn host_affinity(&self) -> String {
+        format!("host:{}", self.host)
+    }
+
+    // ---------------------------------------------------------------- reads
+
+    /// IPAMConfig, or upstream's in-memory defaults when none is stored.
+    pub async fn ipam_config(&self) -> Result<IpamConfig, IpamError> {
+        match self.ds.get(&Key::IpamConfig).await {
+            Ok(kv) => Ok(kv.decode()?),
+            Err(e) if e.is_not_found() => Ok(IpamConfig::defaults()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn reservations(&self) -> Result<Vec<IpNet>, IpamError> {
+        let rs: Vec<IpReservation> = list_resources(
+            self.ds,
+            &ListKind::Resources {
+                kind: Kind::IpReservation,
+                namespace: None,
+                name_prefix: None,
+            },
+        )
+        .await?;
+        Ok(rs
+            .iter()
+            .flat_map(|r| r.spec.reserved_cidrs.iter())
+            .filter_map(|c| parse_cidr_or_ip(c))
+            .collect())
+    }
+
+    /// All pools, with read defaults applied, in name order.
+    pub async fn pools(&self) -> Result<Vec<IpPool>, IpamError> {
+        Ok(list_resources(
+            self.ds,
+            &ListKind::Resources {
+                kind: Kind::IpPool,
+                namespace: None,
+                name_prefix: None,
+            },
+        )
+        .await?)
+    }
+
+    async fn node_labels(&self) -> Result<BTreeMap<String, String>, IpamError> {
+        let node: Node = get_resource(self.ds, Kind::Node, None, &self.host)
+            .await
+            .map_err(|error| IpamError::Node {
+                host: self.host.clone(),
+                error,
+            })?;
+        Ok(node.metadata.labels.unwrap_or_default())
+    }
+
+    async fn get_block(
+        &self,
+        cidr: IpNet,
+    ) -> Result<Option<(AllocationBlock, Revision)>, DatastoreError> {
+        match self.ds.get(&Key::Block { cidr }).await {
+            Ok(kv) => Ok(Some((kv.decode()?, kv.revision))),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every block write bumps the sequence number first (invalidating concurrent writers'
+    /// view), then compare-and-swaps on the revision.
+    async fn update_block(
+        &self,
+        block: &mut AllocationBlock,
+        revision: &str,
+    ) -> Result<Revision, DatastoreError> {
+        block.bump_sequence();
+        self.ds
+            .update(&Key::Block { cidr: block.cidr }, &to_value(block)?, revision)
+            .await
+    }
+
+    // ------------------------------------------------------------ AutoAssign
+
+    /// Assigns `num4` IPv4 and `num6` IPv6 addresses to `handle_id` (IPv4 first).
+    pub async fn auto_assign(
+        &self,
+        args: &AutoAssignArgs,
+    ) -> Result<(Assignments, Assignments), IpamError> {
+        let config = self.ipam_config().await?;
+        let reserved = self.reservations().await?;
+        let v4 = self
+            .auto_assign_family(args, 4, args.num4, &args.ipv4_pools, &config, &reserved)
+            .await?;
+        let v6 = self
+            .auto_assign_family(args, 6, args.num6, &args.ipv6_pools, &config, &reserved)
+            .await?;
+        Ok((v4, v6))
+    }
+
+    async fn auto_assign_family(
+        &self,
+        args: &AutoAssignArgs,
+        version: u8,
+        num: usize,
+        requested_pools: &[IpNet],
+        config: &IpamConfig,
+        reserved: &[IpNet],
+    ) -> Result<Assignments, IpamError> {
+        let mut out = Assignments {
+            num_requested: num,
+            version,
+            ..Default::default()
+        };
+        if num == 0 {
+            return Ok(out);
+        }
+        let (pools, mut affine) = self
+            .prepare_affinity_blocks(version, requested_pools)
+            .await?;
+        debug!(?affine, "affine blocks for host");
+        let mut owned = affine.len() as i64;
+        let max_blocks = max_blocks(args.max_blocks_per_host, config.max_blocks_per_host);
+        let pool_cidrs: Vec<IpNet> = pools.iter().filter_map(IpPool::cidr).collect();
+
+        // 1. Affine blocks, claiming new ones as allowed.
+        while out.ips.len() < num {
+            let allow_new_claim = owned < max_blocks;
+            let claimed = self
+                .find_or_claim_block(&mut affine, &pools, config, reserved, allow_new_claim)
+                .await;
+            let (cidr, newly) = match claimed {
+                Ok(c) => c,
+                Err(FindError::NoFreeBlocks) => {
+                    let msg = if config.strict_affinity {
+                        "No more free affine blocks and strict affinity enabled"
+                    } else {
+                        "No more free affine blocks"
+                    };
+                    debug!(msg);
+                    break;
+                }
+                Err(FindError::Fatal(e)) => return Err(e),
+            };
+            if newly {
+                owned += 1;
+            }
+            let got = self
+                .assign_from_block_with_retries(
+                    cidr,
+                    num - out.ips.len(),
+                    args,
+                    config.strict_affinity,
+                    reserved,
+                )
+                .await?;
+            out.ips.extend(got);
+        }
+
+        // 2. Borrow from any block of the pools when strict affinity is off.
+        if out.ips.len() < num && !config.strict_affinity {
+            self.borrow(args, version, num, &pool_cidrs, reserved, &mut out)
+                .await?;
+        }
+        if out.ips.len() < num {
+            out.msgs.push(format!(
+                "No IPs available in pools: [{}]",
+                pool_cidrs
+                    .iter()
+                    .map(IpNet::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Pools usable for this family on this node, and the node's affine blocks in them.
+    async fn prepare_affinity_blocks(
+        &self,
+        version: u8,
+        requested: &[IpNet],
+    ) -> Result<(Vec<IpPool>, Vec<IpNet>), IpamError> {
+        let labels = self.node_labels().await?;
+        let all = self.pools().await?;
+        let enabled: Vec<IpPool> = all
+            .into_iter()
+            .filter(|p| p.is_enabled() && p.cidr().is_some_and(|c| c.version() == version))
+            .collect();
+        let bits = if version == 4 { 32 } else { 128 };
+        let qualified: Vec<&IpPool> = enabled
+            .iter()
+            .filter(|p| p.spec.block_size <= bits)
+            .collect();
+        if qualified.is_empty() {
+            return Err(IpamError::NoQualifiedPool);
+        }
+        let pools: Vec<IpPool> = if !requested.is_empty() {
+            let mut out = Vec::new();
+            for r in requested {
+                let found = qualified.iter().find(|p| p.cidr() == Some(r.masked()));
+                match found {
+                    Some(p) => out.push((*p).clone()),
+                    None => return Err(IpamError::PoolNotEnabled(r.masked().to_string())),
+                }
+            }
+            out
+        } else {
+            let mut out = Vec::new();
+            for p in &enabled {
+                if p.spec.assignment_mode != "Automatic" {
+                    continue;
+                }
+                if !selector_matches(&p.spec.node_selector, &labels)
+                    || !selector_matches(&p.spec.namespace_selector, &BTreeMap::new())
+                {
+                    continue;
+                }
+                out.push(p.clone());
+            }
+            if out.is_empty() {
+                return Err(IpamError::NoPoolsForNode(self.host.clone()));
+            }
+            out
+        };
+        let pools: Vec<IpPool> = pools
+            .into_iter()
+            .filter(|p| p.spec.allowed_uses.iter().any(|u| u == INTENDED_USE_WORKLOAD))
+            .collect();
+        if pools.is_empty() {
+            return Err(IpamError::NoQualifiedPool);
+        }
+
+        let affs = self
+            .ds
+            .list(&ListKind::Affinities {
+                host: self.host.clone(),
+                affinity_type: "host".into(),
+                version: Some(version),
+            })
+            .await?;
+        let mut affine = Vec::new();
+        for kv in affs {
+            if let Key::BlockAffinity { cidr, .. } = kv.key {
+                if pools.iter().any(|p| p.cidr().is_some_and(|pc| pc.covers(&cidr))) {
+                    affine.push(cidr);
+                }
+            }
+        }
+        Ok((pools, affine))
+    }
+
+    /// Finds an affine block with room, or claims a new one. Returns (cidr, newly claimed).
+    async fn find_or_claim_block(
+        &self,
+        affine: &mut Vec<IpNet>,
+        pools: &[IpPool],
+        config: &IpamConfig,
+        reserved: &[IpNet],
+        allow_new_claim: bool,
+    ) -> Result<(IpNet, bool), FindError> {
+        // A. Existing affine blocks, in order.
+        while !affine.is_empty() {
+            let cidr = affine.remove(0);
+            if wholly_reserved(&cidr, reserved) {
+                continue;
+            }
+            for _ in 0..DATASTORE_RETRIES {
+                let aff = match self.ds.get(&Key::host_affinity(&self.host, cidr)).await {
+                    Ok(kv) => kv,
+                    Err(e) => {
+                        debug!(%cidr, error = %e, "affinity vanished");
+                        break;
+                    }
+                };
+                let state: BlockAffinity = aff.decode().map_err(|e| FindError::Fatal(e.into()))?;
+                match self.block_from_affinity(cidr, state, aff.revision).await {
+                    Ok(block) => {
+                        if block.num_free(reserved) >= 1 {
+                            return Ok((cidr, false));
+                        }
+                        break;
+                    }
+                    Err(ClaimError::Conflict) => continue,
+                    Err(ClaimError::StaleAffinity) | Err(ClaimError::ClaimConflict) => break,
+                    Err(ClaimError::Fatal(e)) => {
+                        warn!(%cidr, error = %e, "error using affine block");
+                        break;
+                    }
+                }
+            }
+        }
+
+        // B. Claim a new block.
+        if !allow_new_claim {
+            return Err(FindError::Fatal(IpamError::BlockLimit));
+        }
+        if !config.auto_allocate_blocks {
+            return Err(FindError::Fatal(IpamError::AutoAllocateDisabled));
+        }
+        for _ in 0..DATASTORE_RETRIES {
+            let cidr = self.find_usable_block(pools, reserved).await?;
+            debug!(%cidr, "claiming block");
+            for _ in 0..DATASTORE_RETRIES {
+                let (aff, rev) = match self.pending_affinity(cidr).await {
+                    Ok(a) => a,
+                    Err(ClaimError::Conflict) => continue,
+                    Err(ClaimError::Fatal(e)) => return Err(FindError::Fatal(e)),
+                    Err(_) => break,
+                };
+                match self.block_from_affinity(cidr, aff, rev).await {
+                    Ok(block) => {
+                        if block.num_free(reserved) >= 1 {
+                            return Ok((cidr, true));
+                        }
+                        return Err(FindError::Fatal(IpamError::Block(format!(
+                            "block {cidr} was claimed but has no free addresses"
+                        ))));
+                    }
+                    Err(ClaimError::Conflict) => continue,
+                    Err(ClaimError::StaleAffinity) | Err(ClaimError::ClaimConflict) => break,
+                    Err(ClaimError::Fatal(e)) => return Err(FindError::Fatal(e)),
+                }
+            }
+        }
+        Err(FindError::Fatal(IpamError::MaxRetries))
+    }
+
+    /// The claim protocol's middle step: make sure the block behind an affinity exists and
+    /// is ours, and that the affinity ends up confirmed.
+    async fn block_from_affinity(
+        &self,
+        cidr: IpNet,
+        mut aff: BlockAffinity,
+        aff_rev: Revision,
+    ) -> Result<AllocationBlock, ClaimError> {
+        let key = Key::host_affinity(&self.host, cidr);
+        match self.get_block(cidr).await? {
+            None => {
+                aff.state = AFFINITY_PENDING.into();
+                let rev = self.ds.update(&key, &to_value(&aff)?, &aff_rev).await?;
+                self.claim_affine_block(cidr, aff, rev).await
+            }
+            Some((mut block, block_rev)) => {
+                if block.affinity.as_deref() != Some(self.host_affinity().as_str()) {
+                    info!(%cidr, affinity = ?block.affinity, "deleting stale affinity");
+                    self.ds.delete(&key, Some(&aff_rev)).await?;
+                    return Err(ClaimError::StaleAffinity);
+                }
+                if !aff.is_confirmed() {
+                    aff.state = AFFINITY_PENDING.into();
+                    let rev = self.ds.update(&key, &to_value(&aff)?, &aff_rev).await?;
+                    self.update_block(&mut block, &block_rev).await?;
+                    aff.state = AFFINITY_CONFIRMED.into();
+                    self.ds.update(&key, &to_value(&aff)?, &rev).await?;
+                }
+                Ok(block)
+            }
+        }
+    }
+
+    /// Create the affinity as `pending`, or take over an existing unconfirmed one.
+    async fn pending_affinity(&self, cidr: IpNet) -> Result<(BlockAffinity, Revision), ClaimError> {
+        let key = Key::host_affinity(&self.host, cidr);
+        let aff = BlockAffinity::with_state(AFFINITY_PENDING);
+        match self.ds.create(&key, &to_value(&aff)?).await {
+            Ok(rev) => Ok((aff, rev)),
+            Err(e) if e.is_already_exists() => {
+                let kv = self.ds.get(&key).await?;
+                let mut existing: BlockAffinity = kv.decode()?;
+                if existing.state != AFFINITY_CONFIRMED {
+                    existing.state = AFFINITY_PENDING.into();
+                    let rev = self.ds.update(&key, &to_value(&existing)?, &kv.revision).await?;
+                    return Ok((existing, rev));
+                }
+                Ok((existing, kv.revision))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn claim_affine_block(
+        &self,
+        cidr: IpNet,
+        aff: BlockAffinity,
+        aff_rev: Revision,
+    ) -> Result<AllocationBlock, ClaimError> {
+        let (now_s, _) = timefmt::now();
+        let block = AllocationBlock::new_block(
+            cidr,
+            Some(&self.host),
+            timefmt::now_unix_nanos(),
+            Some(timefmt::rfc3339(now_s)),
+        );
+        match self.ds.create(&Key::Block { cidr }, &to_value(&block)?).await {
+            Ok(_) => {
+                self.confirm_affinity(cidr, aff, aff_rev).await?;
+                info!(%cidr, host = %self.host, "claimed block");
+                Ok(block)
+            }
+            Err(e) if e.is_already_exists() => {
+                let Some((existing, _)) = self.get_block(cidr).await? else {
+                    return Err(ClaimError::Conflict);
+                };
+                if existing.affinity.as_deref() == Some(self.host_affinity().as_str()) {
+                    self.confirm_affinity(cidr, aff, aff_rev).await?;
+                    return Ok(existing);
+                }
+                let key = Key::host_affinity(&self.host, cidr);
+                if let Err(e) = self.ds.delete(&key, Some(&aff_rev)).await {
+                    debug!(%cidr, error = %e, "could not delete our pending affinity");
+                }
+                Err(ClaimError::ClaimConflict)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn confirm_affinity(
+        &self,
+        cidr: IpNet,
+        mut aff: BlockAffinity,
+        aff_rev: Revision,
+    ) -> Result<(), ClaimError> {
+        let key = Key::host_affinity(&self.host, cidr);
+        aff.state = AFFINITY_CONFIRMED.into();
+        match self.ds.update(&key, &to_value(&aff)?, &aff_rev).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let kv = self.ds.get(&key).await?;
+                let now: BlockAffinity = kv.decode()?;
+                if now.state == AFFINITY_CONFIRMED {
+                    Ok(())
+                } else {
+                    Err(e.into())
+                }
+            }
+        }
+    }
+
+    /// A block CIDR to claim: the first in this host's random walk that does not exist yet
+    /// (or exists, is ours and has room), else an empty block claimed long enough ago.
+    async fn find_usable_block(
+        &self,
+        pools: &[IpPool],
+        reserved: &[IpNet],
+    ) -> Result<IpNet, FindError> {
+        let existing = self
+            .ds
+            .list(&ListKind::Blocks { version: None })
+            .await
+            .map_err(|e| FindError::Fatal(e.into()))?;
+        let mut index: HashMap<IpNet, BlockInfo> = HashMap::new();
+        for kv in &existing {
+            if let Key::Block { cidr } = kv.key {
+                let b: AllocationBlock = kv.decode().map_err(|e| FindError::Fatal(e.into()))?;
+                index.insert(
+                    cidr,
+                    BlockInfo {
+                        num_free: b.num_free(reserved),
+                        affinity: b.affinity.clone(),
+                        empty: b.is_empty(),
+                        claim_time: b.affinity_claim_time.clone(),
+                        seq: b.sequence_number,
+                    },
+                );
+            }
+        }
+        let mine = self.host_affinity();
+        let mut reclaim: Vec<IpNet> = Vec::new();
+        for pool in pools {
+            let Some(pool_cidr) = pool.cidr() else { continue };
+            let size = u8::try_from(pool.spec.block_size).unwrap_or(pool_cidr.bits());
+            for cidr in block_generator(pool_cidr, size, &self.host) {
+                if wholly_reserved(&cidr, reserved) {
+                    continue;
+                }
+                match index.get(&cidr) {
+                    None => return Ok(cidr),
+                    Some(info) if info.affinity.as_deref() == Some(mine.as_str()) && info.num_free != 0 => {
+                        return Ok(cidr)
+                    }
+                    Some(info) if info.empty && info.num_free != 0 => reclaim.push(cidr),
+                    Some(_) => {}
+                }
+            }
+        }
+        let now = timefmt::now().0;
+        for cidr in reclaim {
+            let Some(info) = index.get(&cidr) else { continue };
+            let old_enough = info
+                .claim_time
+                .as_deref()
+                .and_then(timefmt::parse_rfc3339)
+                .is_none_or(|t| now - t >= EMPTY_BLOCK_MIN_RECLAIM_AGE_SECS);
+            if !old_enough {
+                continue;
+            }
+            let owner = info
+                .affinity
+                .as_deref()
+                .and_then(|a| a.strip_prefix("host:"))
+                .map(str::to_string);
+            let released = match owner {
+                Some(h) => self
+                    .release_block_affinity(&h, cidr, true, Some(info.seq))
+                    .await
+                    .is_ok(),
+                None => true,
+            };
+            if released {
+                info!(%cidr, "reclaiming empty block");
+                return Ok(cidr);
+            }
+        }
+        Err(FindError::NoFreeBlocks)
+    }
+
+    /// Releases `host`'s affinity to `cidr` (optionally only when the block is empty and its
+    /// sequence number is unchanged): affinity → pendingDeletion, block deleted (if empty) or
+    /// made non-affine, affinity deleted.
+    pub async fn release_block_affinity(
+        &self,
+        host: &str,
+        cidr: IpNet,
+        require_empty: bool,
+        required_seq: Option<u64>,
+    ) -> Result<(), IpamError> {
+        let key = Key::host_affinity(host, cidr);
+        let aff_kv = self.ds.get(&key).await?;
+        let mut aff: BlockAffinity = aff_kv.decode()?;
+        let Some((mut block, block_rev)) = self.get_block(cidr).await? else {
+            self.ds.delete(&key, Some(&aff_kv.revision)).await.ok();
+            return Ok(());
+        };
+        if required_seq.is_some_and(|s| s != block.sequence_number) {
+            return Err(IpamError::Datastore(DatastoreError::Conflict(format!(
+                "block {cidr} sequence number changed"
+            ))));
+        }
+        let expected = format!("host:{host}");
+        if block.affinity.as_deref().is_some_and(|a| a != expected) {
+            self.ds.delete(&key, Some(&aff_kv.revision)).await.ok();
+            return Err(IpamError::Datastore(DatastoreError::Conflict(format!(
+                "block {cidr} is claimed by another host"
+            ))));
+        }
+        if require_empty && !block.is_empty() {
+            return Err(IpamError::Block(format!("block {cidr} is not empty")));
+        }
+        aff.state = AFFINITY_PENDING_DELETION.into();
+        let aff_rev = self.ds.update(&key, &to_value(&aff)?, &aff_kv.revision).await?;
+        if block.is_empty() {
+            match self.ds.delete(&Key::Block { cidr }, Some(&block_rev)).await {
+                Ok(()) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+        } else {
+            block.affinity = None;
+            block.affinity_claim_time = None;
+            self.update_block(&mut block, &block_rev).await?;
+        }
+        match self.ds.delete(&key, Some(&aff_rev)).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Assign from one block, re-reading it on CAS conflicts.
+    async fn assign_from_block_with_retries(
+        &self,
+        cidr: IpNet,
+        num: usize,
+        args: &AutoAssignArgs,
+        affinity_check: bool,
+        reserved: &[IpNet],
+    ) -> Result<Vec<IpNet>, IpamError> {
+        for _ in 0..DATASTORE_RETRIES {
+            let Some((block, rev)) = self.get_block(cidr).await? else {
+                return Ok(Vec::new());
+            };
+            match self
+                .assign_from_block(block, rev, num, args, affinity_check, reserved)
+                .await
+            {
+                Ok(ips) => return Ok(ips),
+                Err(IpamError::Datastore(e)) if e.is_conflict() => continue,
+                Err(e) => {
+                    warn!(%cidr, error = %e, "failed to assign from block");
+                    return Ok(Vec::new());
+                }
+            }
+        }
+        Err(IpamError::MaxRetries)
+    }
+
+    /// In-memory assignment, then the handle, then the block CAS (handle undone on failure).
+    async fn assign_from_block(
+        &self,
+        mut block: AllocationBlock,
+        rev: Revision,
+        num: usize,
+        args: &AutoAssignArgs,
+        affinity_check: bool,
+        reserved: &[IpNet],
+    ) -> Result<Vec<IpNet>, IpamError> {
+        let ips = block
+            .auto_assign(num, &args.handle_id, &args.attrs, &self.host, affinity_check, reserved)
+            .map_err(|e| IpamError::Block(e.to_string()))?;
+        if ips.is_empty() {
+            return Ok(ips);
+        }
+        let cidr = block.cidr;
+        self.increment_handle(&args.handle_id, cidr, ips.len()).await?;
+        if let Err(e) = self.update_block(&mut block, &rev).await {
+            if let Err(e2) = self.decrement_handle(&args.handle_id, cidr, ips.len()).await {
+                warn!(error = %e2, "failed to undo handle increment");
+            }
+            return Err(e.into());
+        }
+        Ok(ips)
+    }
+
+    /// Borrow addresses from any existing block of the pools, in this host's walk order.
+    async fn borrow(
+        &self,
+        args: &AutoAssignArgs,
+        version: u8,
+        num: usize,
+        pool_cidrs: &[IpNet],
+        reserved: &[IpNet],
+        out: &mut Assignments,
+    ) -> Result<(), IpamError> {
+        // One list instead of a Get per CIDR of the walk (same order, far fewer round trips).
+        let existing: Vec<IpNet> = self
+            .ds
+            .list(&ListKind::Blocks {
+                version: Some(version),
+            })
+            .await?
+            .into_iter()
+            .filter_map(|kv| match kv.key {
+                Key::Block { cidr } => Some(cidr),
+                _ => None,
+            })
+            .collect();
+        let pools = self.pools().await?;
+        for pool_cidr in pool_cidrs {
+            let size = pools
+                .iter()
+                .find(|p| p.cidr() == Some(*pool_cidr))
+                .and_then(|p| u8::try_from(p.spec.block_size).ok())
+                .unwrap_or(pool_cidr.bits());
+            let in_pool: std::collections::HashSet<IpNet> = existing
+                .iter()
+                .filter(|c| pool_cidr.covers(c))
+                .copied()
+                .collect();
+            if in_pool.is_empty() {
+                continue;
+            }
+            let mut seen = 0;
+            for cidr in block_generator(*pool_cidr, size, &self.host) {
+                if out.ips.len() >= num || seen == in_pool.len() {
+                    break;
+                }
+                if !in_pool.contains(&cidr) {
+                    continue;
+                }
+                seen += 1;
+                if wholly_reserved(&cidr, reserved) {
+                    continue;
+                }
+                let got = self
+                    .assign_from_block_with_retries(cidr, num - out.ips.len(), args, false, reserved)
+                    .await?;
+                if !got.is_empty() {
+                    info!(%cidr, "borrowed addresses from a non-affine block");
+                }
+                out.ips.extend(got);
+            }
+            if out.ips.len() >= num {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- handles
+
+    async fn increment_handle(&self, id: &str, cidr: IpNet, n: usize) -> Result<(), IpamError> {
+        let key = Key::Handle { id: id.to_string() };
+        let mut last = None;
+        for _ in 0..DATASTORE_RETRIES {
+            let (mut handle, rev) = match self.ds.get(&key).await {
+                Ok(kv) => (kv.decode::<IpamHandle>()?, Some(kv.revision)),
+                Err(e) if e.is_not_found() => (IpamHandle::default(), None),
+                Err(e) => {
+                    last = Some(e);
+                    continue;
+                }
+            };
+            *handle.block.entry(cidr.to_string()).or_insert(0) += n as i64;
+            let v = to_value(&handle)?;
+            let r = match rev {
+                Some(rev) => self.ds.update(&key, &v, &rev).await,
+                None => self.ds.create(&key, &v).await,
+            };
+            match r {
+                Ok(_) => return Ok(()),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.map(IpamError::from).unwrap_or(IpamError::MaxRetries))
+    }
+
+    async fn decrement_handle(&self, id: &str, cidr: IpNet, n: usize) -> Result<(), IpamError> {
+        let key = Key::Handle { id: id.to_string() };
+        for _ in 0..DATASTORE_RETRIES {
+            let kv = self.ds.get(&key).await?;
+            let mut handle: IpamHandle = kv.decode()?;
+            let k = cidr.to_string();
+            let left = handle.block.get(&k).copied().unwrap_or(0) - n as i64;
+            if left < 0 {
+                return Err(IpamError::Other(format!(
+                    "decrementHandle: no allocations left for handle {id} in block {cidr}"
+                )));
+            }
+            if left == 0 {
+                handle.block.remove(&k);
+            } else {
+                handle.block.insert(k, left);
+            }
+            let r = if handle.block.is_empty() {
+                self.ds.delete(&key, Some(&kv.revision)).await
+            } else {
+                self.ds
+                    .update(&key, &to_value(&handle)?, &kv.revision)
+                    .await
+                    .map(|_| ())
+            };
+            match r {
+                Ok(()) => return Ok(()),
+                Err(e) if e.is_conflict() => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(IpamError::MaxRetries)
+    }
+
+    // --------------------------------------------------------------- AssignIP
+
+    /// Assigns exactly `ip` to `handle_id` (CNI_ARGS `IP=`).
+    pub async fn assign_ip(
+        &self,
+        ip: IpAddr,
+        handle_id: &str,
+        attrs: &BTreeMap<String, String>,
+    ) -> Result<IpNet, IpamError> {
+        let config = self.ipam_config().await?;
+        let pools = self.pools().await?;
+        let pool = pools
+            .iter()
+            .filter(|p| p.is_enabled())
+            .find(|p| p.cidr().is_some_and(|c| c.contains(&ip)))
+            .ok_or(IpamError::NotInPool)?;
+        if !pool.spec.allowed_uses.iter().any(|u| u == INTENDED_USE_WORKLOAD) {
+            return Err(IpamError::UseNotAllowed {
+                ip,
+                pool: pool.metadata.name.clone(),
+                uses: pool.spec.allowed_uses.join(" "),
+            });
+        }
+        let bits = IpNet::host(ip).bits();
+        let size = u8::try_from(pool.spec.block_size).unwrap_or(bits);
+        let cidr = IpNet::new(ip, size)
+            .ok_or_else(|| IpamError::Other(format!("bad block size {size}")))?
+            .masked();
+        for _ in 0..DATASTORE_RETRIES {
+            let (mut block, rev) = match self.get_block(cidr).await? {
+                Some(b) => b,
+                None => {
+                    let (aff, arev) = match self.pending_affinity(cidr).await {
+                        Ok(a) => a,
+                        Err(ClaimError::Fatal(e)) => return Err(e),
+                        Err(_) => continue,
+                    };
+                    match self.claim_affine_block(cidr, aff, arev).await {
+                        Ok(_) | Err(ClaimError::ClaimConflict) | Err(ClaimError::Conflict) => {}
+                        Err(ClaimError::StaleAffinity) => {}
+                        Err(ClaimError::Fatal(e)) => return Err(e),
+                    }
+                    continue;
+                }
+            };
+            match block.assign(ip, handle_id, attrs, &self.host, config.strict_affinity) {
+                Ok(()) => {}
+                Err(BlockError::AlreadyAssigned(_)) => return Err(IpamError::AddressInUse(ip)),
+                Err(e) => return Err(IpamError::Block(e.to_string())),
+            }
+            self.increment_handle(handle_id, cidr, 1).await?;
+            match self.update_block(&mut block, &rev).await {
+                Ok(_) => return Ok(IpNet::host(ip)),
+                Err(e) => {
+                    // Unlike upstream, undo the handle count on every failure, conflicts
+                    // included, so a retried assignment never over-counts.
+                    self.decrement_handle(handle_id, cidr, 1).await?;
+                    if !e.is_conflict() {
+                        return Err(e.into());
+                    }
+                }
+            }
+        }
+        Err(IpamError::MaxRetries)
+    }
+
+    // ---------------------------------------------------------------- release
+
+    /// Releases every address held by `handle_id`; `NotFound` when there is no such handle.
+    pub async fn release_by_handle(&self, handle_id: &str) -> Result<(), IpamError> {
+        let kv = self
+            .ds
+            .get(&Key::Handle {
+                id: handle_id.to_string(),
+            })
+            .await?;
+        let handle: IpamHandle = kv.decode()?;
+        let config = self.ipam_config().await?;
+        for cidr_s in handle.block.keys() {
+            let Ok(cidr) = cidr_s.parse::<IpNet>() else {
+                warn!(block = %cidr_s, "handle names an unparsable block");
+                continue;
+            };
+            let released = self
+                .release_handle_in_block(handle_id, cidr, config.ip_cooldown_seconds)
+                .await?;
+            if released > 0 {
+                match self.decrement_handle(handle_id, cidr, released).await {
+                    Ok(()) => {}
+                    Err(IpamError::Datastore(e)) if e.is_not_found() => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        // Blocks that no longer hold anything of ours may still be listed in the handle
+        // (e.g. a crash between writes): make sure the handle goes away.
+        if let Ok(kv) = self.ds.get(&Key::Handle { id: handle_id.to_string() }).await {
+            let h: IpamHandle = kv.decode()?;
+            if h.block.values().all(|n| *n <= 0) {
+                self.ds
+                    .delete(&Key::Handle { id: handle_id.to_string() }, Some(&kv.revision))
+                    .await
+                    .ok();
+            }
+        }
+        Ok(())
+    }
+
+    async fn release_handle_in_block(
+        &self,
+        handle_id: &str,
+        cidr: IpNet,
+        cooldown: i64,
+    ) -> Result<usize, IpamError> {
+        for _ in 0..DATASTORE_RETRIES {
+            let Some((mut block, rev)) = self.get_block(cidr).await? else {
+                return Ok(0);
+            };
+            let n = block.release_by_handle(handle_id, &timefmt::now_rfc3339(), cooldown);
+            if n == 0 {
+                return Ok(0);
+            }
+            let r = if block.is_empty() && block.affinity.is_none() {
+                self.ds.delete(&Key::Block { cidr }, Some(&rev)).await
+            } else {
+                self.update_block(&mut block, &rev).await.map(|_| ())
+            };
+            match r {
+                Ok(()) => return Ok(n),
+                Err(e) if e.is_conflict() => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(IpamError::MaxRetries)
+    }
+
+    /// Releases specific addresses (dual-stack rollback). Returns those not allocated.
+    pub async fn release_ips(&self, ips: &[IpAddr]) -> Result<Vec<IpAddr>, IpamError> {
+        let blocks: Vec<IpNet> = self
+            .ds
+            .list(&ListKind::Blocks { version: None })
+            .await?
+            .into_iter()
+            .filter_map(|kv| match kv.key {
+                Key::Block { cidr } => Some(cidr),
+                _ => None,
+            })
+            .collect();
+        let mut unallocated = Vec::new();
+        let mut by_block: BTreeMap<IpNet, Vec<IpAddr>> = BTreeMap::new();
+        for ip in ips {
+            match blocks.iter().find(|b| b.contains(ip)) {
+                Some(b) => by_block.entry(*b).or_default().push(*ip),
+                None => unallocated.push(*ip),
+            }
+        }
+        let config = self.ipam_config().await?;
+        for (cidr, ips) in by_block {
+            let mut done = false;
+            for _ in 0..DATASTORE_RETRIES {
+                let Some((mut block, rev)) = self.get_block(cidr).await? else {
+                    unallocated.extend(ips.iter().copied());
+                    done = true;
+                    break;
+                };
+                let outcome = block.release_ips(&ips, &timefmt::now_rfc3339(), config.ip_cooldown_seconds);
+                let r = if block.is_empty() && block.affinity.is_none() {
+                    self.ds.delete(&Key::Block { cidr }, Some(&rev)).await
+                } else {
+                    self.update_block(&mut block, &rev).await.map(|_| ())
+                };
+                match r {
+                    Ok(()) => {
+                        unallocated.extend(outcome.unallocated.iter().copied());
+                        for (handle, n) in &outcome.handles {
+                            if let Err(e) = self.decrement_handle(handle, cidr, *n).await {
+                                warn!(handle, error = %e, "failed to decrement handle");
+                            }
+                        }
+                        done = true;
+                        break;
+                    }
+                    Err(e) if e.is_conflict() => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if !done {
+                return Err(IpamError::MaxRetries);
+            }
+        }
+        Ok(unallocated)
+    }
+}
+
+enum FindError {
+    NoFreeBlocks,
+    Fatal(IpamError),
+}
+
+fn max_blocks(requested: i64, configured: i64) -> i64 {
+    let m = if requested > 0 && configured > 0 {
+        requested.min(configured)
+    } else if requested > 0 {
+        requested
+    } else {
+        configured
+    };
+    if m <= 0 {
+        DEFAULT_MAX_BLOCKS_PER_HOST
+    } else {
+        m
+    }
+}
+
+fn selector_matches(sel: &str, labels: &BTreeMap<String, String>) -> bool {
+    match selector::parse(sel) {
+        Ok(s) => s.matches(labels),
+        Err(e) => {
+            warn!(selector = sel, error = %e, "invalid selector; treating as no match");
+            false
+        }
+    }
+}
+
+fn wholly_reserved(cidr: &IpNet, reserved: &[IpNet]) -> bool {
+    reserved.iter().any(|r| r.masked().covers(cidr))
+}
+
+/// A reservation entry: a CIDR, or a bare address meaning /32 or /128.
+fn parse_cidr_or_ip(s: &str) -> Option<IpNet> {
+    s.parse::<IpNet>()
+        .ok()
+        .or_else(|| s.parse::<IpAddr>().ok().map(IpNet::host))
+}

@@ -1,0 +1,226 @@
+//! The `calico-ipam` plugin (cni-plugin/pkg/ipamplugin): ADD assigns addresses (AutoAssign,
+//! or AssignIP for `IP=` in CNI_ARGS) to the handle `<network>.<containerID>`; DEL releases
+//! that handle and the legacy one; CHECK succeeds silently.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use crate::client;
+use crate::config::NetConf;
+use crate::datastore::Datastore;
+use crate::error::{Error, Result};
+use crate::identifiers::WepIdentifiers;
+use crate::ipam::allocator::{AutoAssignArgs, Ipam, IpamError};
+use crate::ipam::lock::IpamLock;
+use crate::net::IpNet;
+use crate::skel::args::load_args;
+use crate::skel::result::{IpConfig, Route};
+use crate::skel::{CmdArgs, CniError, CniResult, Plugin};
+use crate::timefmt;
+
+/// Upstream's budget for one assignment or release, counted after the lock is taken.
+pub const IPAM_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// CNI_ARGS keys calico-ipam understands (`ipamArgs` + `K8sArgs`).
+pub const KNOWN_ARGS: &[&str] = &[
+    "IgnoreUnknown",
+    "IP",
+    "K8S_POD_NAMESPACE",
+    "K8S_POD_NAME",
+    "K8S_POD_INFRA_CONTAINER_ID",
+    "K8S_POD_UID",
+    "CNI_TEST_NAMESPACE",
+];
+
+pub struct IpamPlugin;
+
+impl Plugin for IpamPlugin {
+    fn about(&self) -> String {
+        format!("Calico CNI IPAM {}", crate::VERSION)
+    }
+
+    fn default_result_version(&self) -> &'static str {
+        "0.1.0"
+    }
+
+    fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
+        client::block_on(cmd_add(args))
+            .and_then(|r| r)
+            .map_err(CniError::from)
+    }
+
+    fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
+        client::block_on(cmd_del(args))
+            .and_then(|r| r)
+            .map_err(CniError::from)
+    }
+
+    fn check(&self, _args: &CmdArgs) -> Result<(), CniError> {
+        Ok(())
+    }
+}
+
+/// What one calico-ipam call works with.
+struct Call {
+    conf: NetConf,
+    ids: WepIdentifiers,
+    ip: Option<IpAddr>,
+}
+
+fn prepare(args: &CmdArgs) -> Result<Call> {
+    let conf = NetConf::parse(&args.stdin_data)?;
+    crate::logging::init(&conf, "ipam");
+    let node = conf.node_name();
+    let cni_args = load_args(&args.args, KNOWN_ARGS)?;
+    let get = |k: &str| cni_args.get(k).cloned().unwrap_or_default();
+    let ip = match cni_args.get("IP").map(String::as_str) {
+        None | Some("") => None,
+        Some(s) => Some(s.parse::<IpAddr>().map_err(|e| {
+            Error::msg(format!("ARGS: error parsing value of pair \"IP={s}\": {e}"))
+        })?),
+    };
+    let ids = WepIdentifiers::new(
+        &node,
+        &args.container_id,
+        &args.ifname,
+        &get("K8S_POD_NAMESPACE"),
+        &get("K8S_POD_NAME"),
+        &get("CNI_TEST_NAMESPACE"),
+    );
+    Ok(Call { conf, ids, ip })
+}
+
+async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
+    let call = prepare(args)?;
+    let ds = client::connect(&call.conf).await?;
+    let handle = call.ids.handle_id(&call.conf.name);
+    let mut attrs = BTreeMap::new();
+    attrs.insert("node".to_string(), call.ids.node.clone());
+    attrs.insert("timestamp".to_string(), timefmt::now_go_string());
+    if call.ids.is_k8s() {
+        attrs.insert("pod".to_string(), call.ids.pod.clone());
+        attrs.insert("namespace".to_string(), call.ids.namespace.clone());
+    }
+    info!(handle, node = %call.ids.node, container_id = %call.ids.container_id, "calico-ipam ADD");
+    let ipam = Ipam::new(&ds, &call.ids.node);
+
+    if let Some(ip) = call.ip {
+        let _lock = IpamLock::acquire(call.conf.ipam_lock_file());
+        let assigned = with_timeout(ipam.assign_ip(ip, &handle, &attrs)).await??;
+        info!(%assigned, "assigned the requested address");
+        return Ok(CniResult {
+            ips: vec![IpConfig {
+                address: assigned,
+                gateway: None,
+                interface: None,
+            }],
+            ..Default::default()
+        });
+    }
+
+    let ipv4_pools = resolve_pools(&ds, &ipam, &call.conf.ipam.ipv4_pools, 4).await?;
+    let ipv6_pools = resolve_pools(&ds, &ipam, &call.conf.ipam.ipv6_pools, 6).await?;
+    let req = AutoAssignArgs {
+        num4: usize::from(call.conf.assign_ipv4()),
+        num6: usize::from(call.conf.assign_ipv6()),
+        handle_id: handle.clone(),
+        attrs,
+        ipv4_pools,
+        ipv6_pools,
+        max_blocks_per_host: 0,
+    };
+    let _lock = IpamLock::acquire(call.conf.ipam_lock_file());
+    let (v4, v6) = with_timeout(ipam.auto_assign(&req)).await??;
+    // A family that fell short fails the call; give back what the other family got.
+    for short in [&v4, &v6] {
+        if let Some(why) = short.shortfall() {
+            let got: Vec<IpAddr> = v4.ips.iter().chain(&v6.ips).map(|n| n.addr).collect();
+            if !got.is_empty() {
+                if let Err(e) = ipam.release_ips(&got).await {
+                    warn!(error = %e, "failed to release addresses after a partial assignment");
+                }
+            }
+            return Err(Error::msg(format!(
+                "failed to request IPv{} addresses: {why}",
+                short.version
+            )));
+        }
+    }
+    let mut result = CniResult::default();
+    for ip in v4.ips.iter().chain(&v6.ips) {
+        info!(address = %ip, "assigned address");
+        result.ips.push(IpConfig {
+            address: *ip,
+            gateway: None,
+            interface: None,
+        });
+        result.routes.push(Route { dst: *ip, gw: None });
+    }
+    Ok(result)
+}
+
+async fn cmd_del(args: &CmdArgs) -> Result<()> {
+    let call = prepare(args)?;
+    let ds = client::connect(&call.conf).await?;
+    let ipam = Ipam::new(&ds, &call.ids.node);
+    let _lock = IpamLock::acquire(call.conf.ipam_lock_file());
+    for handle in [
+        call.ids.handle_id(&call.conf.name),
+        call.ids.legacy_handle_id(),
+    ] {
+        info!(handle, "releasing addresses");
+        match with_timeout(ipam.release_by_handle(&handle)).await? {
+            Ok(()) => {}
+            Err(IpamError::Datastore(e)) if e.is_not_found() => {
+                info!(handle, "no addresses held by this handle");
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+async fn with_timeout<T>(f: impl std::future::Future<Output = T>) -> Result<T> {
+    tokio::time::timeout(IPAM_TIMEOUT, f)
+        .await
+        .map_err(|_| Error::msg("context deadline exceeded"))
+}
+
+/// `ipv4_pools`/`ipv6_pools` entries are CIDRs or IPPool names (utils.ResolvePools).
+async fn resolve_pools<D: Datastore>(
+    _ds: &D,
+    ipam: &Ipam<'_, D>,
+    entries: &[String],
+    version: u8,
+) -> Result<Vec<IpNet>> {
+    if entries.is_empty() {
+        return Ok(Vec::new());
+    }
+    let pools = ipam.pools().await?;
+    let mut out = Vec::new();
+    for entry in entries {
+        let cidr = match entry.parse::<IpNet>() {
+            Ok(c) => c,
+            Err(_) => pools
+                .iter()
+                .find(|p| &p.metadata.name == entry)
+                .and_then(|p| p.cidr())
+                .ok_or_else(|| {
+                    Error::msg(format!(
+                        "error parsing pool \"{entry}\": invalid CIDR address: {entry}"
+                    ))
+                })?,
+        };
+        if cidr.version() != version {
+            return Err(Error::msg(format!(
+                "\"{}\" isn't a IPv{version} address",
+                cidr.addr
+            )));
+        }
+        out.push(cidr);
+    }
+    Ok(out)
+}

@@ -1,0 +1,100 @@
+//! `calico` DEL (plugin.go cmdDel, k8s.go CmdDelK8s): release the addresses, delete the
+//! WorkloadEndpoint and remove the pod's interface. Every step tolerates "already gone", so
+//! DEL is idempotent.
+
+use tracing::info;
+
+use crate::dataplane;
+use crate::datastore::model::WorkloadEndpointSpec;
+use crate::datastore::resources::{delete_resource, get_resource};
+use crate::datastore::{DatastoreError, Kind};
+use crate::error::{Error, Result};
+use crate::plugin::ipam_exec;
+use crate::plugin::prelude;
+use crate::skel::CmdArgs;
+
+/// Attempts at the get-then-CAS-delete of a k8s endpoint.
+const K8S_DELETE_ATTEMPTS: usize = 6;
+
+pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
+    let call = prelude(args).await?;
+    let ids = &call.ids;
+    let name = ids.wep_name()?;
+    let ipam_type = &call.conf.ipam.ipam_type;
+
+    if ids.is_k8s() {
+        delete_k8s_endpoint(&call.ds, &ids.namespace, &name, &ids.container_id).await?;
+        dataplane::clean_up_namespace(&args.netns, &args.ifname)?;
+        ipam_exec::exec_del(ipam_type, args, &args.stdin_data)?;
+        return Ok(());
+    }
+
+    let ipam_result = ipam_exec::exec_del(ipam_type, args, &args.stdin_data);
+    match delete_resource(&call.ds, Kind::WorkloadEndpoint, Some(&ids.namespace), &name, None).await
+    {
+        Ok(()) => info!(name, "deleted endpoint"),
+        Err(e) if e.is_not_found() => {
+            info!(name, "Endpoint object does not exist, no need to clean up.")
+        }
+        Err(e) => return Err(e.into()),
+    }
+    dataplane::clean_up_namespace(&args.netns, &args.ifname)?;
+    ipam_result
+}
+
+/// Deletes the pod's endpoint unless it now belongs to a newer sandbox (another container
+/// ID), compare-and-swapping on the revision read.
+async fn delete_k8s_endpoint<D: crate::datastore::Datastore>(
+    ds: &D,
+    namespace: &str,
+    name: &str,
+    container_id: &str,
+) -> Result<()> {
+    let mut last: Option<DatastoreError> = None;
+    for _ in 0..K8S_DELETE_ATTEMPTS {
+        let wep = match get_resource::<D, WorkloadEndpointSpec>(
+            ds,
+            Kind::WorkloadEndpoint,
+            Some(namespace),
+            name,
+        )
+        .await
+        {
+            Ok(w) => w,
+            Err(e) if e.is_not_found() => {
+                info!(name, "Endpoint object does not exist, no need to clean up.");
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if !wep.spec.container_id.is_empty() && wep.spec.container_id != container_id {
+            info!(
+                name,
+                endpoint_container = %wep.spec.container_id,
+                "endpoint belongs to another container; keeping it"
+            );
+            return Ok(());
+        }
+        match delete_resource(
+            ds,
+            Kind::WorkloadEndpoint,
+            Some(namespace),
+            name,
+            Some(&wep.metadata.resource_version),
+        )
+        .await
+        {
+            Ok(()) => {
+                info!(name, "deleted endpoint");
+                return Ok(());
+            }
+            Err(e) if e.is_not_found() => return Ok(()),
+            Err(e) if e.is_conflict() => last = Some(e),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(Error::msg(format!(
+        "error deleting endpoint: endpoint was modified before it could be deleted: {}",
+        last.map(|e| e.to_string()).unwrap_or_default()
+    )))
+}

@@ -1,0 +1,90 @@
+//! Running the IPAM plugin named in `ipam.type` (libcni `ipam.ExecAdd/ExecDel`): found in
+//! CNI_PATH, fed the same stdin, the same environment except CNI_COMMAND (and CNI_ARGS with
+//! `IgnoreUnknown=1` prepended), its result parsed from any CNI version and its error JSON
+//! passed through unchanged.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use tracing::{debug, warn};
+
+use crate::error::{Error, Result};
+use crate::skel::{CmdArgs, CniError, CniResult};
+
+/// Locates `plugin` in the colon-separated CNI_PATH.
+pub fn find_plugin(plugin: &str, cni_path: &str) -> Result<PathBuf> {
+    let dirs: Vec<&str> = cni_path.split(':').filter(|d| !d.is_empty()).collect();
+    if plugin.is_empty() || plugin.contains('/') {
+        return Err(Error::msg(format!("invalid plugin name: {plugin:?}")));
+    }
+    for d in &dirs {
+        let p = PathBuf::from(d).join(plugin);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    Err(Error::msg(format!(
+        "failed to find plugin \"{plugin}\" in path [{}]",
+        dirs.join(" ")
+    )))
+}
+
+fn exec(plugin: &str, command: &str, args: &CmdArgs, stdin: &[u8]) -> Result<Vec<u8>> {
+    let path = find_plugin(plugin, &args.path)?;
+    debug!(plugin = %path.display(), command, "executing IPAM plugin");
+    let mut child = Command::new(&path)
+        .env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", &args.container_id)
+        .env("CNI_NETNS", &args.netns)
+        .env("CNI_IFNAME", &args.ifname)
+        .env("CNI_ARGS", crate::skel::args::prepend_ignore_unknown(&args.args))
+        .env("CNI_PATH", &args.path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| Error::msg(format!("failed to execute {}: {e}", path.display())))?;
+    if let Some(mut input) = child.stdin.take() {
+        input
+            .write_all(stdin)
+            .map_err(|e| Error::msg(format!("failed to write to {}: {e}", path.display())))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| Error::msg(format!("failed waiting for {}: {e}", path.display())))?;
+    if out.status.success() {
+        return Ok(out.stdout);
+    }
+    // A plugin error is a CNI error object on stdout; pass it through as it is.
+    match serde_json::from_slice::<serde_json::Value>(&out.stdout) {
+        Ok(v) if v.get("code").is_some() => Err(Error::Cni(CniError::new(
+            v.get("code").and_then(|c| c.as_u64()).unwrap_or(999) as u32,
+            v.get("msg").and_then(|m| m.as_str()).unwrap_or_default(),
+            v.get("details").and_then(|m| m.as_str()).unwrap_or_default(),
+        ))),
+        _ => Err(Error::msg(format!(
+            "netplugin failed: \"{}\"",
+            String::from_utf8_lossy(&out.stdout).trim()
+        ))),
+    }
+}
+
+/// IPAM ADD: the plugin's result, converted to the 1.0 model.
+pub fn exec_add(plugin: &str, args: &CmdArgs, stdin: &[u8]) -> Result<CniResult> {
+    let out = exec(plugin, "ADD", args, stdin)?;
+    Ok(CniResult::parse(&out)?)
+}
+
+/// IPAM DEL.
+pub fn exec_del(plugin: &str, args: &CmdArgs, stdin: &[u8]) -> Result<()> {
+    exec(plugin, "DEL", args, stdin).map(|_| ())
+}
+
+/// Rollback after a failed ADD ("ReleaseIPAllocation"): failures are only logged.
+pub fn release(plugin: &str, args: &CmdArgs, stdin: &[u8]) {
+    debug!("releasing IPAM allocation after a failed ADD");
+    if let Err(e) = exec_del(plugin, args, stdin) {
+        warn!(error = %e, "failed to release IPAM allocation");
+    }
+}
