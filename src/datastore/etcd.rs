@@ -1,1 +1,475 @@
-//! etcd v3 backend: libcalico-go's key paths and its create/CAS-update/CAS-delete transactions.
+//! etcd v3 backend: libcalico-go's key paths (calico-datastore.md §1.1) and its
+//! transactions: create = `If(version == 0) Put`, update = `If(mod_revision == rev) Put`,
+//! delete = `[If(mod_revision == rev)] Delete`, each with `Else Get` to tell a conflict from a
+//! missing key. Revisions are decimal ModRevisions. Every request is bounded by a timeout, so
+//! a dead etcd fails a call instead of hanging it.
+
+use std::future::Future;
+use std::time::Duration;
+
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, KeyValue,
+    KvClient, TlsOptions, Txn, TxnOp, TxnOpResponse,
+};
+use serde_json::Value;
+
+use super::resources::{prepare_resource_for_storage, set_resource_version};
+use super::{Datastore, DatastoreError, Key, KvPair, ListKind, Revision};
+use crate::net::IpNet;
+
+const RESOURCES: &str = "/calico/resources/v3/projectcalico.org/";
+const IPAM: &str = "/calico/ipam/v2/";
+
+/// How to reach etcd.
+#[derive(Clone, Debug, Default)]
+pub struct EtcdConfig {
+    /// URLs such as `http://127.0.0.1:2379` (the `etcd_endpoints` comma list, split).
+    pub endpoints: Vec<String>,
+    pub key_file: Option<String>,
+    pub cert_file: Option<String>,
+    pub ca_cert_file: Option<String>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// Connect and per-request timeout.
+    pub timeout: Duration,
+}
+
+pub struct EtcdDatastore {
+    kv: KvClient,
+    timeout: Duration,
+}
+
+fn unavailable(e: impl std::fmt::Display) -> DatastoreError {
+    DatastoreError::Unavailable(e.to_string())
+}
+
+impl EtcdDatastore {
+    pub async fn connect(cfg: &EtcdConfig) -> Result<EtcdDatastore, DatastoreError> {
+        if cfg.endpoints.is_empty() {
+            return Err(DatastoreError::Config("no etcd endpoints specified".into()));
+        }
+        let timeout = if cfg.timeout.is_zero() {
+            Duration::from_secs(5)
+        } else {
+            cfg.timeout
+        };
+        let mut opts = ConnectOptions::new()
+            .with_connect_timeout(timeout)
+            .with_timeout(timeout);
+        if let (Some(u), Some(p)) = (&cfg.username, &cfg.password) {
+            opts = opts.with_user(u.clone(), p.clone());
+        }
+        let wants_tls = cfg.ca_cert_file.is_some()
+            || cfg.cert_file.is_some()
+            || cfg.endpoints.iter().any(|e| e.starts_with("https://"));
+        if wants_tls {
+            let read = |p: &str| {
+                std::fs::read(p).map_err(|e| DatastoreError::Config(format!("{p}: {e}")))
+            };
+            let mut tls = TlsOptions::new();
+            if let Some(ca) = &cfg.ca_cert_file {
+                tls = tls.ca_certificate(Certificate::from_pem(read(ca)?));
+            }
+            if let (Some(cert), Some(key)) = (&cfg.cert_file, &cfg.key_file) {
+                tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+            }
+            opts = opts.with_tls(tls);
+        }
+        let client = tokio::time::timeout(timeout, Client::connect(&cfg.endpoints, Some(opts)))
+            .await
+            .map_err(|_| unavailable(format!("timed out connecting to {:?}", cfg.endpoints)))?
+            .map_err(|e| unavailable(format!("{e} (endpoints {:?})", cfg.endpoints)))?;
+        Ok(EtcdDatastore {
+            kv: client.kv_client(),
+            timeout,
+        })
+    }
+
+    async fn bounded<T, F>(&self, f: F) -> Result<T, DatastoreError>
+    where
+        F: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        match tokio::time::timeout(self.timeout, f).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(unavailable(e)),
+            Err(_) => Err(unavailable(format!(
+                "etcd request timed out after {:?}",
+                self.timeout
+            ))),
+        }
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse, DatastoreError> {
+        let mut kv = self.kv.clone();
+        self.bounded(kv.txn(txn)).await
+    }
+}
+
+/// `10.0.0.0/26` → `10.0.0.0-26` (only the first `/`).
+fn dashed(cidr: &IpNet) -> String {
+    cidr.masked().to_string().replacen('/', "-", 1)
+}
+
+fn undashed(s: &str) -> Option<IpNet> {
+    let (ip, len) = s.rsplit_once('-')?;
+    format!("{ip}/{len}").parse().ok()
+}
+
+/// The etcd key of an object.
+pub fn key_path(key: &Key) -> String {
+    match key {
+        Key::Resource {
+            kind,
+            namespace,
+            name,
+        } => match namespace {
+            Some(ns) if kind.namespaced() => format!("{RESOURCES}{}/{ns}/{name}", kind.plural()),
+            _ => format!("{RESOURCES}{}/{name}", kind.plural()),
+        },
+        Key::Block { cidr } => format!(
+            "{IPAM}assignment/ipv{}/block/{}",
+            cidr.version(),
+            dashed(cidr)
+        ),
+        Key::BlockAffinity {
+            host,
+            cidr,
+            affinity_type,
+        } => format!(
+            "{IPAM}{affinity_type}/{host}/ipv{}/block/{}",
+            cidr.version(),
+            dashed(cidr)
+        ),
+        Key::Handle { id } => format!("{IPAM}handle/{id}"),
+        Key::IpamConfig => format!("{IPAM}config"),
+    }
+}
+
+/// The prefix a list reads.
+pub fn list_prefix(what: &ListKind) -> String {
+    match what {
+        ListKind::Resources {
+            kind,
+            namespace,
+            name_prefix,
+        } => {
+            let mut p = format!("{RESOURCES}{}/", kind.plural());
+            if let Some(ns) = namespace.as_ref().filter(|_| kind.namespaced()) {
+                p.push_str(ns);
+                p.push('/');
+            }
+            if let Some(np) = name_prefix {
+                p.push_str(np);
+            }
+            p
+        }
+        ListKind::Blocks { version } => match version {
+            Some(v) => format!("{IPAM}assignment/ipv{v}/block/"),
+            None => format!("{IPAM}assignment/"),
+        },
+        ListKind::Affinities {
+            host,
+            affinity_type,
+            version,
+        } => match version {
+            Some(v) => format!("{IPAM}{affinity_type}/{host}/ipv{v}/block/"),
+            None => format!("{IPAM}{affinity_type}/{host}/"),
+        },
+        ListKind::Handles => format!("{IPAM}handle/"),
+    }
+}
+
+/// Recovers the typed key of a listed path.
+fn key_from_path(what: &ListKind, path: &str) -> Option<Key> {
+    match what {
+        ListKind::Resources { kind, .. } => {
+            let rest = path.strip_prefix(&format!("{RESOURCES}{}/", kind.plural()))?;
+            let (namespace, name) = if kind.namespaced() {
+                let (ns, name) = rest.split_once('/')?;
+                (Some(ns.to_string()), name)
+            } else {
+                (None, rest)
+            };
+            Some(Key::Resource {
+                kind: *kind,
+                namespace,
+                name: name.to_string(),
+            })
+        }
+        ListKind::Blocks { .. } => {
+            let last = path.rsplit('/').next()?;
+            path.contains("/block/").then_some(())?;
+            Some(Key::Block {
+                cidr: undashed(last)?,
+            })
+        }
+        ListKind::Affinities {
+            host,
+            affinity_type,
+            ..
+        } => {
+            path.contains("/block/").then_some(())?;
+            let last = path.rsplit('/').next()?;
+            Some(Key::BlockAffinity {
+                host: host.clone(),
+                cidr: undashed(last)?,
+                affinity_type: affinity_type.clone(),
+            })
+        }
+        ListKind::Handles => Some(Key::Handle {
+            id: path.strip_prefix(&format!("{IPAM}handle/"))?.to_string(),
+        }),
+    }
+}
+
+/// libcalico-go's `<Kind>(<ns>/<name>)` text for not-found / already-exists errors.
+fn describe(key: &Key) -> String {
+    match key {
+        Key::Resource {
+            kind,
+            namespace,
+            name,
+        } => match namespace {
+            Some(ns) if kind.namespaced() => format!("{}({ns}/{name})", kind.name()),
+            _ => format!("{}({name})", kind.name()),
+        },
+        Key::Block { cidr } => format!("BlockKey(cidr={})", cidr.masked()),
+        Key::BlockAffinity {
+            host,
+            cidr,
+            affinity_type,
+        } => format!(
+            "BlockAffinityKey(cidr={}, host={host}, affinityType={affinity_type})",
+            cidr.masked()
+        ),
+        Key::Handle { id } => format!("IPAMHandleKey(id={id})"),
+        Key::IpamConfig => "IPAMConfigKey()".to_string(),
+    }
+}
+
+fn decode_value(key: &Key, raw: &[u8]) -> Result<Value, DatastoreError> {
+    if raw.is_empty() && matches!(key, Key::BlockAffinity { .. }) {
+        return Ok(Value::Object(Default::default()));
+    }
+    serde_json::from_slice(raw).map_err(|e| DatastoreError::Decode {
+        key: key_path(key),
+        error: e.to_string(),
+    })
+}
+
+fn to_pair(key: Key, kv: &KeyValue) -> Result<KvPair, DatastoreError> {
+    let mut value = decode_value(&key, kv.value())?;
+    let revision = kv.mod_revision().to_string();
+    if matches!(key, Key::Resource { .. }) {
+        set_resource_version(&mut value, &revision);
+    }
+    Ok(KvPair {
+        key,
+        value,
+        revision,
+    })
+}
+
+fn encode_value(key: &Key, value: &Value) -> Result<Vec<u8>, DatastoreError> {
+    let bytes = match key {
+        Key::Resource { kind, .. } => {
+            let v = prepare_resource_for_storage(*kind, value);
+            serde_json::to_vec(&v)
+        }
+        _ => serde_json::to_vec(value),
+    };
+    bytes.map_err(|e| DatastoreError::Other(e.to_string()))
+}
+
+fn parse_rev(key: &Key, revision: &str) -> Result<i64, DatastoreError> {
+    revision.parse().map_err(|_| {
+        DatastoreError::Other(format!(
+            "invalid revision {revision:?} for {}",
+            describe(key)
+        ))
+    })
+}
+
+/// After a failed conditional txn, the `Else Get` tells conflict from absence.
+fn failed_compare(key: &Key, resp: &etcd_client::TxnResponse) -> DatastoreError {
+    let exists = resp.op_responses().iter().any(|r| match r {
+        TxnOpResponse::Get(g) => !g.kvs().is_empty(),
+        _ => false,
+    });
+    if exists {
+        DatastoreError::Conflict(describe(key))
+    } else {
+        DatastoreError::NotFound(describe(key))
+    }
+}
+
+fn header_revision(resp: &etcd_client::TxnResponse) -> Revision {
+    resp.header()
+        .map(|h| h.revision().to_string())
+        .unwrap_or_default()
+}
+
+impl Datastore for EtcdDatastore {
+    async fn get(&self, key: &Key) -> Result<KvPair, DatastoreError> {
+        let path = key_path(key);
+        let mut kv = self.kv.clone();
+        let resp = self.bounded(kv.get(path, None)).await?;
+        match resp.kvs().first() {
+            Some(item) => to_pair(key.clone(), item),
+            None => Err(DatastoreError::NotFound(describe(key))),
+        }
+    }
+
+    async fn list(&self, what: &ListKind) -> Result<Vec<KvPair>, DatastoreError> {
+        let prefix = list_prefix(what);
+        let mut kv = self.kv.clone();
+        let resp = self
+            .bounded(kv.get(prefix, Some(GetOptions::new().with_prefix())))
+            .await?;
+        let mut out = Vec::with_capacity(resp.kvs().len());
+        for item in resp.kvs() {
+            let Ok(path) = item.key_str() else { continue };
+            if let Some(key) = key_from_path(what, path) {
+                out.push(to_pair(key, item)?);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn create(&self, key: &Key, value: &Value) -> Result<Revision, DatastoreError> {
+        let path = key_path(key);
+        let txn = Txn::new()
+            .when(vec![Compare::version(path.clone(), CompareOp::Equal, 0)])
+            .and_then(vec![TxnOp::put(path.clone(), encode_value(key, value)?, None)])
+            .or_else(vec![TxnOp::get(path, None)]);
+        let resp = self.txn(txn).await?;
+        if !resp.succeeded() {
+            return Err(DatastoreError::AlreadyExists(describe(key)));
+        }
+        Ok(header_revision(&resp))
+    }
+
+    async fn update(
+        &self,
+        key: &Key,
+        value: &Value,
+        revision: &str,
+    ) -> Result<Revision, DatastoreError> {
+        let path = key_path(key);
+        let rev = parse_rev(key, revision)?;
+        let txn = Txn::new()
+            .when(vec![Compare::mod_revision(path.clone(), CompareOp::Equal, rev)])
+            .and_then(vec![TxnOp::put(path.clone(), encode_value(key, value)?, None)])
+            .or_else(vec![TxnOp::get(path, None)]);
+        let resp = self.txn(txn).await?;
+        if !resp.succeeded() {
+            return Err(failed_compare(key, &resp));
+        }
+        Ok(header_revision(&resp))
+    }
+
+    async fn delete(&self, key: &Key, revision: Option<&str>) -> Result<(), DatastoreError> {
+        let path = key_path(key);
+        let mut compares = Vec::new();
+        if let Some(r) = revision.filter(|r| !r.is_empty()) {
+            compares.push(Compare::mod_revision(
+                path.clone(),
+                CompareOp::Equal,
+                parse_rev(key, r)?,
+            ));
+        }
+        let txn = Txn::new()
+            .when(compares)
+            .and_then(vec![TxnOp::delete(path.clone(), None)])
+            .or_else(vec![TxnOp::get(path, None)]);
+        let resp = self.txn(txn).await?;
+        if !resp.succeeded() {
+            return Err(failed_compare(key, &resp));
+        }
+        let deleted = resp.op_responses().iter().any(|r| match r {
+            TxnOpResponse::Delete(d) => d.deleted() > 0,
+            _ => false,
+        });
+        if deleted {
+            Ok(())
+        } else {
+            Err(DatastoreError::NotFound(describe(key)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datastore::Kind;
+
+    #[test]
+    fn key_paths() {
+        let cidr: IpNet = "10.244.166.128/26".parse().unwrap();
+        assert_eq!(
+            key_path(&Key::Block { cidr }),
+            "/calico/ipam/v2/assignment/ipv4/block/10.244.166.128-26"
+        );
+        let v6: IpNet = "fd00:10:244::/122".parse().unwrap();
+        assert_eq!(
+            key_path(&Key::Block { cidr: v6 }),
+            "/calico/ipam/v2/assignment/ipv6/block/fd00:10:244::-122"
+        );
+        assert_eq!(
+            key_path(&Key::host_affinity("node1", cidr)),
+            "/calico/ipam/v2/host/node1/ipv4/block/10.244.166.128-26"
+        );
+        assert_eq!(
+            key_path(&Key::Handle { id: "k8s-pod-network.ABC".into() }),
+            "/calico/ipam/v2/handle/k8s-pod-network.ABC"
+        );
+        assert_eq!(key_path(&Key::IpamConfig), "/calico/ipam/v2/config");
+        assert_eq!(
+            key_path(&Key::resource(Kind::WorkloadEndpoint, Some("default"), "n-k8s-p-eth0")),
+            "/calico/resources/v3/projectcalico.org/workloadendpoints/default/n-k8s-p-eth0"
+        );
+        assert_eq!(
+            key_path(&Key::resource(Kind::IpPool, None, "pool1")),
+            "/calico/resources/v3/projectcalico.org/ippools/pool1"
+        );
+    }
+
+    #[test]
+    fn list_prefixes_and_key_recovery() {
+        let wep = ListKind::Resources {
+            kind: Kind::WorkloadEndpoint,
+            namespace: Some("default".into()),
+            name_prefix: Some("node1-k8s-pod-".into()),
+        };
+        assert_eq!(
+            list_prefix(&wep),
+            "/calico/resources/v3/projectcalico.org/workloadendpoints/default/node1-k8s-pod-"
+        );
+        assert_eq!(
+            key_from_path(
+                &wep,
+                "/calico/resources/v3/projectcalico.org/workloadendpoints/default/node1-k8s-pod-eth0"
+            ),
+            Some(Key::resource(Kind::WorkloadEndpoint, Some("default"), "node1-k8s-pod-eth0"))
+        );
+        let aff = ListKind::Affinities {
+            host: "node1".into(),
+            affinity_type: "host".into(),
+            version: Some(6),
+        };
+        assert_eq!(list_prefix(&aff), "/calico/ipam/v2/host/node1/ipv6/block/");
+        assert_eq!(
+            key_from_path(&aff, "/calico/ipam/v2/host/node1/ipv6/block/fd00::-122"),
+            Some(Key::host_affinity("node1", "fd00::/122".parse().unwrap()))
+        );
+        let blocks = ListKind::Blocks { version: None };
+        assert_eq!(
+            key_from_path(&blocks, "/calico/ipam/v2/assignment/ipv4/block/10.0.0.0-26"),
+            Some(Key::Block { cidr: "10.0.0.0/26".parse().unwrap() })
+        );
+        assert_eq!(
+            describe(&Key::resource(Kind::Node, None, "node1")),
+            "Node(node1)"
+        );
+    }
+}

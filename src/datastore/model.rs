@@ -165,30 +165,6 @@ pub struct IpPoolSpec {
 }
 
 impl IpPool {
-    /// Applies the defaults libcalico-go's clientv3 applies when it reads a pool.
-    pub fn apply_read_defaults(&mut self) {
-        let v6 = self.spec.cidr.contains(':');
-        let s = &mut self.spec;
-        if s.block_size == 0 {
-            s.block_size = if v6 { 122 } else { 26 };
-        }
-        if s.allowed_uses.is_empty() {
-            s.allowed_uses = vec!["Workload".into(), "Tunnel".into()];
-        }
-        if s.node_selector.is_empty() {
-            s.node_selector = "all()".into();
-        }
-        if s.ipip_mode.is_empty() {
-            s.ipip_mode = "Never".into();
-        }
-        if s.vxlan_mode.is_empty() {
-            s.vxlan_mode = "Never".into();
-        }
-        if s.assignment_mode.is_empty() {
-            s.assignment_mode = "Automatic".into();
-        }
-    }
-
     /// The pool's CIDR, masked.
     pub fn cidr(&self) -> Option<IpNet> {
         self.spec.cidr.parse::<IpNet>().ok().map(|n| n.masked())

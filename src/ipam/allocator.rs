@@ -962,15 +962,12 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             })
             .await?;
         let handle: IpamHandle = kv.decode()?;
-        let config = self.ipam_config().await?;
         for cidr_s in handle.block.keys() {
             let Ok(cidr) = cidr_s.parse::<IpNet>() else {
                 warn!(block = %cidr_s, "handle names an unparsable block");
                 continue;
             };
-            let released = self
-                .release_handle_in_block(handle_id, cidr, config.ip_cooldown_seconds)
-                .await?;
+            let released = self.release_handle_in_block(handle_id, cidr).await?;
             if released > 0 {
                 match self.decrement_handle(handle_id, cidr, released).await {
                     Ok(()) => {}
@@ -997,13 +994,12 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         &self,
         handle_id: &str,
         cidr: IpNet,
-        cooldown: i64,
     ) -> Result<usize, IpamError> {
         for _ in 0..DATASTORE_RETRIES {
             let Some((mut block, rev)) = self.get_block(cidr).await? else {
                 return Ok(0);
             };
-            let n = block.release_by_handle(handle_id, &timefmt::now_rfc3339(), cooldown);
+            let n = block.release_by_handle(handle_id);
             if n == 0 {
                 return Ok(0);
             }
@@ -1041,7 +1037,6 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                 None => unallocated.push(*ip),
             }
         }
-        let config = self.ipam_config().await?;
         for (cidr, ips) in by_block {
             let mut done = false;
             for _ in 0..DATASTORE_RETRIES {
@@ -1050,7 +1045,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                     done = true;
                     break;
                 };
-                let outcome = block.release_ips(&ips, &timefmt::now_rfc3339(), config.ip_cooldown_seconds);
+                let outcome = block.release_ips(&ips);
                 let r = if block.is_empty() && block.affinity.is_none() {
                     self.ds.delete(&Key::Block { cidr }, Some(&rev)).await
                 } else {

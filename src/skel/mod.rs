@@ -7,7 +7,13 @@ pub mod error;
 pub mod result;
 pub mod version;
 
+use std::io::{Read, Write};
+use std::os::unix::fs::MetadataExt;
+
+use serde::Serialize;
+
 pub use error::CniError;
+use error::*;
 pub use result::CniResult;
 
 /// What a plugin receives for one call.
@@ -37,3 +43,326 @@ pub trait Plugin {
     fn del(&self, args: &CmdArgs) -> Result<(), CniError>;
     fn check(&self, args: &CmdArgs) -> Result<(), CniError>;
 }
+
+#[derive(Serialize)]
+struct ErrorJson<'a> {
+    code: u32,
+    msg: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    details: &'a str,
+}
+
+/// The error object as Go prints it: 4-space indent, `details` omitted when empty.
+pub fn error_json(e: &CniError) -> String {
+    let j = ErrorJson {
+        code: e.code,
+        msg: &e.msg,
+        details: &e.details,
+    };
+    result::to_go_json_indent(&j).unwrap_or_else(|_| {
+        format!("{{\n    \"code\": {},\n    \"msg\": \"internal error\"\n}}", e.code)
+    })
+}
+
+/// Runs the plugin against the real process environment and stdio; returns the exit code.
+pub fn run(plugin: &dyn Plugin) -> i32 {
+    let env = |k: &str| std::env::var(k).ok();
+    let mut stdin = std::io::stdin().lock();
+    let mut stdout = std::io::stdout().lock();
+    let mut stderr = std::io::stderr().lock();
+    run_with(plugin, &env, &mut stdin, &mut stdout, &mut stderr)
+}
+
+/// The testable core of `run`.
+pub fn run_with(
+    plugin: &dyn Plugin,
+    env: &dyn Fn(&str) -> Option<String>,
+    stdin: &mut dyn Read,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> i32 {
+    match dispatch(plugin, env, stdin, stdout, stderr) {
+        Ok(()) => 0,
+        Err(e) => {
+            let _ = stdout.write_all(error_json(&e).as_bytes());
+            let _ = stdout.flush();
+            1
+        }
+    }
+}
+
+const ALL_COMMANDS: &[&str] = &["ADD", "CHECK", "DEL", "GC", "STATUS"];
+
+/// libcni's table of CNI_* variables and the commands that require them.
+const ENV_VARS: &[(&str, &[&str])] = &[
+    ("CNI_COMMAND", ALL_COMMANDS),
+    ("CNI_CONTAINERID", &["ADD", "CHECK", "DEL"]),
+    ("CNI_NETNS", &["ADD", "CHECK"]),
+    ("CNI_IFNAME", &["ADD", "CHECK", "DEL"]),
+    ("CNI_ARGS", &[]),
+    ("CNI_PATH", ALL_COMMANDS),
+    ("CNI_NETNS_OVERRIDE", &[]),
+];
+
+fn dispatch(
+    plugin: &dyn Plugin,
+    env: &dyn Fn(&str) -> Option<String>,
+    stdin: &mut dyn Read,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> Result<(), CniError> {
+    let get = |k: &str| env(k).unwrap_or_default();
+    let cmd = get("CNI_COMMAND");
+    if cmd.is_empty() {
+        let about = plugin.about();
+        let _ = writeln!(stderr, "{about}");
+        let _ = writeln!(
+            stderr,
+            "CNI protocol versions supported: {}",
+            version::SUPPORTED.join(", ")
+        );
+        return Ok(());
+    }
+    let missing: Vec<&str> = ENV_VARS
+        .iter()
+        .filter(|(name, cmds)| cmds.contains(&cmd.as_str()) && get(name).is_empty())
+        .map(|(name, _)| *name)
+        .collect();
+    if !missing.is_empty() {
+        return Err(CniError::new(
+            CODE_INVALID_ENV,
+            format!("required env variables [{}] missing", missing.join(",")),
+            "",
+        ));
+    }
+    if cmd == "VERSION" {
+        let _ = writeln!(stdout, "{}", version::version_json());
+        return Ok(());
+    }
+    let mut stdin_data = Vec::new();
+    stdin.read_to_end(&mut stdin_data).map_err(|e| {
+        CniError::new(CODE_IO_FAILURE, format!("error reading from stdin: {e}"), "")
+    })?;
+    let args = CmdArgs {
+        container_id: get("CNI_CONTAINERID"),
+        netns: get("CNI_NETNS"),
+        ifname: get("CNI_IFNAME"),
+        args: get("CNI_ARGS"),
+        path: get("CNI_PATH"),
+        netns_override: get("CNI_NETNS_OVERRIDE"),
+        stdin_data,
+    };
+    validate_config(&args.stdin_data)?;
+    if !args.container_id.is_empty() {
+        validate_container_id(&args.container_id)?;
+    }
+    if ["ADD", "CHECK", "DEL"].contains(&cmd.as_str()) {
+        validate_ifname(&args.ifname)?;
+    }
+    let config_version = config_version(&args.stdin_data)?;
+    match cmd.as_str() {
+        "ADD" => {
+            check_version(&config_version)?;
+            let result = call_guarded(|| plugin.add(&args), "ADD")?;
+            let print_version = if config_version_given(&args.stdin_data) {
+                config_version.clone()
+            } else {
+                plugin.default_result_version().to_string()
+            };
+            let out = result.encode(&print_version)?;
+            let _ = stdout.write_all(out.as_bytes());
+            let _ = stdout.flush();
+            check_netns(&args)
+        }
+        "DEL" => {
+            check_version(&config_version)?;
+            call_guarded(|| plugin.del(&args), "DEL")?;
+            check_netns(&args)
+        }
+        "CHECK" => {
+            gated(&config_version, "0.4.0", "CHECK")?;
+            check_version(&config_version)?;
+            call_guarded(|| plugin.check(&args), "CHECK")
+        }
+        "GC" | "STATUS" => gated(&config_version, "1.1.0", &cmd),
+        other => Err(CniError::new(
+            CODE_INVALID_ENV,
+            format!("unknown CNI_COMMAND: {other}"),
+            "",
+        )),
+    }
+}
+
+/// Runs a plugin command, turning a panic into a code-999 error as upstream's recover does.
+fn call_guarded<T>(f: impl FnOnce() -> Result<T, CniError>, what: &str) -> Result<T, CniError> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            Err(CniError::internal(format!(
+                "Calico CNI panicked during {what}: {msg}"
+            )))
+        }
+    }
+}
+
+/// CHECK needs config >= 0.4.0, GC/STATUS >= 1.1.0; then some supported version must be at
+/// least the config's (none is >= 1.1.0, so GC/STATUS end in "plugin version does not allow").
+fn gated(config: &str, floor: &str, what: &str) -> Result<(), CniError> {
+    if !version::version_ge(config, floor) {
+        return Err(CniError::new(
+            CODE_INCOMPATIBLE_VERSION,
+            format!("config version does not allow {what}"),
+            "",
+        ));
+    }
+    let supported = what == "CHECK"
+        && version::SUPPORTED
+            .iter()
+            .any(|v| version::version_ge(v, config));
+    if supported {
+        return Ok(());
+    }
+    Err(CniError::new(
+        CODE_INCOMPATIBLE_VERSION,
+        format!("plugin version does not allow {what}"),
+        "",
+    ))
+}
+
+fn check_version(config: &str) -> Result<(), CniError> {
+    if version::is_supported(config) {
+        return Ok(());
+    }
+    Err(CniError::new(
+        CODE_INCOMPATIBLE_VERSION,
+        "incompatible CNI versions",
+        version::incompatible_details(config),
+    ))
+}
+
+fn config_version_given(data: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(data)
+        .ok()
+        .and_then(|v| v.get("cniVersion").and_then(|c| c.as_str()).map(|s| !s.is_empty()))
+        .unwrap_or(false)
+}
+
+/// The config's `cniVersion`; missing means 0.1.0.
+fn config_version(data: &[u8]) -> Result<String, CniError> {
+    let v: serde_json::Value = serde_json::from_slice(data)
+        .map_err(|e| CniError::new(CODE_DECODING_FAILURE, e.to_string(), ""))?;
+    match v.get("cniVersion") {
+        None | Some(serde_json::Value::Null) => Ok("0.1.0".into()),
+        Some(serde_json::Value::String(s)) if s.is_empty() => Ok("0.1.0".into()),
+        Some(serde_json::Value::String(s)) => Ok(s.clone()),
+        Some(other) => Err(CniError::new(
+            CODE_DECODING_FAILURE,
+            format!("json: cannot unmarshal {other} into Go struct field .cniVersion of type string"),
+            "",
+        )),
+    }
+}
+
+fn valid_name(s: &str) -> bool {
+    let mut bytes = s.bytes();
+    matches!(bytes.next(), Some(b) if b.is_ascii_alphanumeric())
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-')
+}
+
+fn validate_config(data: &[u8]) -> Result<(), CniError> {
+    let v: serde_json::Value = serde_json::from_slice(data).map_err(|e| {
+        CniError::new(
+            CODE_DECODING_FAILURE,
+            format!("error unmarshall network config: {e}"),
+            "",
+        )
+    })?;
+    let name = match v.get("name") {
+        None | Some(serde_json::Value::Null) => "",
+        Some(serde_json::Value::String(s)) => s.as_str(),
+        Some(other) => {
+            return Err(CniError::new(
+                CODE_DECODING_FAILURE,
+                format!("error unmarshall network config: json: cannot unmarshal {other} into Go struct field .name of type string"),
+                "",
+            ))
+        }
+    };
+    if name.is_empty() {
+        return Err(CniError::new(
+            CODE_INVALID_NETWORK_CONFIG,
+            "missing network name",
+            "",
+        ));
+    }
+    if !valid_name(name) {
+        return Err(CniError::new(
+            CODE_INVALID_NETWORK_CONFIG,
+            "invalid characters found in network name",
+            name,
+        ));
+    }
+    Ok(())
+}
+
+fn validate_container_id(id: &str) -> Result<(), CniError> {
+    if valid_name(id) {
+        Ok(())
+    } else {
+        Err(CniError::new(
+            CODE_INVALID_ENV,
+            "invalid characters in containerID",
+            id,
+        ))
+    }
+}
+
+fn validate_ifname(name: &str) -> Result<(), CniError> {
+    let err = |msg: &str, details: &str| Err(CniError::new(CODE_INVALID_ENV, msg, details));
+    if name.is_empty() {
+        return err("interface name is empty", "");
+    }
+    if name.len() > 15 {
+        return err(
+            "interface name is too long",
+            "interface name should be less than 16 characters",
+        );
+    }
+    if name == "." || name == ".." {
+        return err("interface name is . or ..", "");
+    }
+    if name.chars().any(|c| c == '/' || c == ':' || c.is_whitespace()) {
+        return err("interface name contains / or : or whitespace characters", "");
+    }
+    Ok(())
+}
+
+/// Refuses a CNI_NETNS that is the plugin's own network namespace (unless overridden).
+fn check_netns(args: &CmdArgs) -> Result<(), CniError> {
+    let o = args.netns_override.as_str();
+    if o == "1" || o.eq_ignore_ascii_case("true") || args.netns.is_empty() {
+        return Ok(());
+    }
+    let (Ok(target), Ok(own)) = (
+        std::fs::metadata(&args.netns),
+        std::fs::metadata("/proc/thread-self/ns/net"),
+    ) else {
+        return Ok(());
+    };
+    if target.dev() == own.dev() && target.ino() == own.ino() {
+        return Err(CniError::new(
+            CODE_INVALID_NETNS,
+            "plugin's netns and netns from CNI_NETNS should not be the same",
+            "",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
