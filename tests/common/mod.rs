@@ -1,0 +1,5 @@
+//! Fixtures shared by the end-to-end suites.
+pub mod cni;
+pub mod etcd;
+pub mod netns;
+pub mod world;
