@@ -129,30 +129,72 @@ pub struct ContainerSettings {
 }
 
 const TOP_FIELDS: &[&str] = &[
-    "cniVersion", "name", "type", "mtu", "num_queues", "device_type", "nodename",
-    "nodename_file", "nodename_file_optional", "hostname", "require_mtu_file", "datastore_type",
-    "etcd_endpoints", "etcd_discovery_srv", "etcd_key_file", "etcd_cert_file",
-    "etcd_ca_cert_file", "etcd_scheme", "etcd_authority", "kubernetes", "policy", "ipam",
-    "include_default_routes", "ipam_lock_file", "log_level", "log_file_path",
-    "log_file_max_size", "log_file_max_age", "log_file_max_count", "feature_control",
-    "container_settings", "readiness_gates", "policy_setup_timeout_seconds",
-    "endpoint_status_dir", "dataplane_options", "args", "calico_api_group", "qps", "burst",
-    "prevResult", "runtimeConfig",
+    "cniVersion",
+    "name",
+    "type",
+    "mtu",
+    "num_queues",
+    "device_type",
+    "nodename",
+    "nodename_file",
+    "nodename_file_optional",
+    "hostname",
+    "require_mtu_file",
+    "datastore_type",
+    "etcd_endpoints",
+    "etcd_discovery_srv",
+    "etcd_key_file",
+    "etcd_cert_file",
+    "etcd_ca_cert_file",
+    "etcd_scheme",
+    "etcd_authority",
+    "kubernetes",
+    "policy",
+    "ipam",
+    "include_default_routes",
+    "ipam_lock_file",
+    "log_level",
+    "log_file_path",
+    "log_file_max_size",
+    "log_file_max_age",
+    "log_file_max_count",
+    "feature_control",
+    "container_settings",
+    "readiness_gates",
+    "policy_setup_timeout_seconds",
+    "endpoint_status_dir",
+    "dataplane_options",
+    "args",
+    "calico_api_group",
+    "qps",
+    "burst",
+    "prevResult",
+    "runtimeConfig",
 ];
 const NESTED_FIELDS: &[(&str, &[&str])] = &[
     ("kubernetes", &["kubeconfig", "k8s_api_root", "node_name"]),
     (
         "policy",
         &[
-            "type", "k8s_api_root", "k8s_auth_token", "k8s_client_certificate",
-            "k8s_client_key", "k8s_certificate_authority",
+            "type",
+            "k8s_api_root",
+            "k8s_auth_token",
+            "k8s_client_certificate",
+            "k8s_client_key",
+            "k8s_certificate_authority",
         ],
     ),
     (
         "ipam",
         &[
-            "type", "assign_ipv4", "assign_ipv6", "ipv4_pools", "ipv6_pools", "subnet",
-            "ranges", "routes",
+            "type",
+            "assign_ipv4",
+            "assign_ipv6",
+            "ipv4_pools",
+            "ipv6_pools",
+            "subnet",
+            "ranges",
+            "routes",
         ],
     ),
     ("feature_control", &["ip_addrs_no_ipam", "floating_ips"]),
@@ -271,7 +313,9 @@ impl NetConf {
             }
         }
         if !self.hostname.is_empty() {
-            tracing::warn!("Configuration option 'hostname' is deprecated, use 'nodename' instead.");
+            tracing::warn!(
+                "Configuration option 'hostname' is deprecated, use 'nodename' instead."
+            );
             return self.hostname.clone();
         }
         nix::unistd::gethostname()
@@ -433,10 +477,9 @@ mod tests {
 
     #[test]
     fn assign_flags_are_strings() {
-        let c = NetConf::parse(
-            br#"{"name":"n","ipam":{"assign_ipv4":"false","assign_ipv6":"true"}}"#,
-        )
-        .unwrap();
+        let c =
+            NetConf::parse(br#"{"name":"n","ipam":{"assign_ipv4":"false","assign_ipv6":"true"}}"#)
+                .unwrap();
         assert!(!c.assign_ipv4() && c.assign_ipv6());
         let e = NetConf::parse(br#"{"name":"n","ipam":{"assign_ipv4":false}}"#).unwrap_err();
         assert!(e.to_string().starts_with("failed to load netconf: "), "{e}");
@@ -468,9 +511,15 @@ mod tests {
         )
         .unwrap();
         let s = c.datastore_settings();
-        assert_eq!(s.etcd_endpoints, vec!["http://127.0.0.1:1", "http://127.0.0.1:2"]);
+        assert_eq!(
+            s.etcd_endpoints,
+            vec!["http://127.0.0.1:1", "http://127.0.0.1:2"]
+        );
         assert_eq!(c.node_name(), "node1");
-        assert!(NetConf::parse(br#"{"name":"a b"}"#).unwrap().validate_name().is_err());
+        assert!(NetConf::parse(br#"{"name":"a b"}"#)
+            .unwrap()
+            .validate_name()
+            .is_err());
         assert!(NetConf::parse(br#"{"name":"n","device_type":"x"}"#)
             .unwrap()
             .validate_device_type()

@@ -129,7 +129,11 @@ impl WepIdentifiers {
         if self.is_k8s() {
             let prefix = std::env::var("FELIX_INTERFACEPREFIX").unwrap_or_default();
             let prefix = prefix.split(',').next().unwrap_or("").trim();
-            veth_name_for_workload(if prefix.is_empty() { "cali" } else { prefix }, &self.namespace, &self.pod)
+            veth_name_for_workload(
+                if prefix.is_empty() { "cali" } else { prefix },
+                &self.namespace,
+                &self.pod,
+            )
         } else {
             let cid: String = self.container_id.chars().take(11).collect();
             format!("cali{cid}")
@@ -144,7 +148,10 @@ pub fn veth_name_for_workload(prefix: &str, namespace: &str, pod: &str) -> Strin
     format!("{prefix}{}", &h[..11])
 }
 
-fn join_segments(segs: &[(&'static str, &str)], allow_prefix: bool) -> Result<String, IdentifierError> {
+fn join_segments(
+    segs: &[(&'static str, &str)],
+    allow_prefix: bool,
+) -> Result<String, IdentifierError> {
     let mut out = String::new();
     for (field, value) in segs {
         if value.is_empty() {
@@ -182,7 +189,10 @@ mod tests {
     #[test]
     fn wep_names() {
         let ids = WepIdentifiers::new("named-hostname.somewhere", "abcd1234", "eth0", "", "", "");
-        assert_eq!(ids.wep_name().unwrap(), "named--hostname.somewhere-cni-abcd1234-eth0");
+        assert_eq!(
+            ids.wep_name().unwrap(),
+            "named--hostname.somewhere-cni-abcd1234-eth0"
+        );
         assert_eq!(ids.namespace, "default");
         let k = WepIdentifiers::new("node1", "cid", "eth0", "default", "mypod-1", "");
         assert_eq!(k.wep_name().unwrap(), "node1-k8s-mypod--1-eth0");
@@ -200,7 +210,10 @@ mod tests {
 
     #[test]
     fn veth_and_handles() {
-        assert_eq!(veth_name_for_workload("cali", "default", "nginx"), "calic440f455693");
+        assert_eq!(
+            veth_name_for_workload("cali", "default", "nginx"),
+            "calic440f455693"
+        );
         let c = WepIdentifiers::new("n", "abc123", "eth0", "", "", "");
         assert_eq!(c.host_veth_name(), "caliabc123");
         assert_eq!(c.handle_id("net1"), "net1.abc123");

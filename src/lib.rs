@@ -2,18 +2,18 @@
 //! `calico` (network plugin) and `calico-ipam` (IPAM plugin) share this library; `main.rs`
 //! dispatches on argv[0].
 
+pub mod client;
+pub mod config;
 pub mod dataplane;
 pub mod datastore;
+pub mod error;
+pub mod identifiers;
 pub mod ipam;
+pub mod logging;
 pub mod net;
 pub mod plugin;
 pub mod skel;
-pub mod config;
-pub mod identifiers;
-pub mod logging;
 pub mod timefmt;
-pub mod client;
-pub mod error;
 
 /// The version printed by `-v` and in the "about" text.
 pub const VERSION: &str = concat!("v", env!("CARGO_PKG_VERSION"));

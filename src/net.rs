@@ -71,7 +71,9 @@ impl IpNet {
 
     /// Whether `other` lies entirely inside this network.
     pub fn covers(&self, other: &IpNet) -> bool {
-        other.is_ipv4() == self.is_ipv4() && other.prefix >= self.prefix && self.contains(&other.addr)
+        other.is_ipv4() == self.is_ipv4()
+            && other.prefix >= self.prefix
+            && self.contains(&other.addr)
     }
 
     /// Number of addresses in the network (saturating at u128::MAX for an IPv6 /0).
@@ -104,7 +106,11 @@ fn prefix_mask(prefix: u8, bits: u8) -> u128 {
     if prefix == 0 {
         return 0;
     }
-    let all = if bits == 32 { u128::from(u32::MAX) } else { u128::MAX };
+    let all = if bits == 32 {
+        u128::from(u32::MAX)
+    } else {
+        u128::MAX
+    };
     all & !(all >> prefix)
 }
 

@@ -17,7 +17,11 @@ fn ip_of(result: &Value) -> String {
 
 /// Nothing of a pod is left: no WEP, no handle, no allocation, no cali veth or host route.
 fn assert_clean(w: &World) {
-    assert!(w.keys(WEP_PREFIX).is_empty(), "WEPs left: {:?}", w.keys(WEP_PREFIX));
+    assert!(
+        w.keys(WEP_PREFIX).is_empty(),
+        "WEPs left: {:?}",
+        w.keys(WEP_PREFIX)
+    );
     assert!(
         w.keys("/calico/ipam/v2/handle/").is_empty(),
         "handles left: {:?}",
@@ -26,7 +30,11 @@ fn assert_clean(w: &World) {
     for k in w.keys("/calico/ipam/v2/assignment/") {
         let b = w.get(&k);
         assert!(
-            b["allocations"].as_array().unwrap().iter().all(Value::is_null),
+            b["allocations"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(Value::is_null),
             "allocations left in {k}: {b}"
         );
     }
@@ -70,7 +78,10 @@ fn k8s_add_and_del_with_calico_ipam() {
     assert_eq!(wep["metadata"]["namespace"], "default");
     assert!(wep["metadata"].get("resourceVersion").is_none());
     assert_eq!(wep["metadata"]["uid"].as_str().unwrap().len(), 36);
-    assert!(wep["metadata"]["creationTimestamp"].as_str().unwrap().ends_with('Z'));
+    assert!(wep["metadata"]["creationTimestamp"]
+        .as_str()
+        .unwrap()
+        .ends_with('Z'));
     assert_eq!(
         wep["metadata"]["labels"],
         json!({"projectcalico.org/namespace":"default","projectcalico.org/orchestrator":"k8s"})
@@ -82,10 +93,19 @@ fn k8s_add_and_del_with_calico_ipam() {
     );
     // IPAM objects.
     let handle = w.get("/calico/ipam/v2/handle/net1.a1b2c3d4e5f6");
-    let block_cidr = handle["block"].as_object().unwrap().keys().next().unwrap().clone();
+    let block_cidr = handle["block"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .next()
+        .unwrap()
+        .clone();
     assert_eq!(handle["block"][&block_cidr], 1);
     assert_eq!(handle["deleted"], false);
-    let block_key = format!("/calico/ipam/v2/assignment/ipv4/block/{}", block_cidr.replace('/', "-"));
+    let block_key = format!(
+        "/calico/ipam/v2/assignment/ipv4/block/{}",
+        block_cidr.replace('/', "-")
+    );
     let block = w.get(&block_key);
     assert_eq!(block["affinity"], format!("host:{NODE}"));
     assert_eq!(block["attributes"][0]["handle_id"], "net1.a1b2c3d4e5f6");
@@ -95,7 +115,10 @@ fn k8s_add_and_del_with_calico_ipam() {
     assert_eq!(sec["namespace"], "default");
     assert!(sec["timestamp"].as_str().unwrap().ends_with(" +0000 UTC"));
     assert_eq!(
-        w.get(&format!("/calico/ipam/v2/host/{NODE}/ipv4/block/{}", block_cidr.replace('/', "-"))),
+        w.get(&format!(
+            "/calico/ipam/v2/host/{NODE}/ipv4/block/{}",
+            block_cidr.replace('/', "-")
+        )),
         json!({"state":"confirmed","deleted":false})
     );
     // Profile created (policy.type empty, k8s rules).
@@ -107,12 +130,21 @@ fn k8s_add_and_del_with_calico_ipam() {
     // Dataplane: host side.
     let link = w.host_sh("ip -d link show calic440f455693");
     assert!(link.contains("ee:ee:ee:ee:ee:ee"), "{link}");
-    assert!(link.contains("mtu 1440") && link.contains("state UP"), "{link}");
+    assert!(
+        link.contains("mtu 1440") && link.contains("state UP"),
+        "{link}"
+    );
     let routes = w.host_sh("ip route show");
-    assert!(routes.contains(&format!("{ip} dev calic440f455693 scope link")), "{routes}");
+    assert!(
+        routes.contains(&format!("{ip} dev calic440f455693 scope link")),
+        "{routes}"
+    );
     let h = w.host.name();
     for (path, want) in [
-        ("/proc/sys/net/ipv4/conf/calic440f455693/route_localnet", "1"),
+        (
+            "/proc/sys/net/ipv4/conf/calic440f455693/route_localnet",
+            "1",
+        ),
         ("/proc/sys/net/ipv4/conf/calic440f455693/proxy_arp", "1"),
         ("/proc/sys/net/ipv4/neigh/calic440f455693/proxy_delay", "0"),
         ("/proc/sys/net/ipv4/conf/calic440f455693/forwarding", "1"),
@@ -125,14 +157,27 @@ fn k8s_add_and_del_with_calico_ipam() {
     let addr = String::from_utf8_lossy(&addr.stdout);
     assert!(addr.contains(&format!("inet {ip}/32")), "{addr}");
     let croutes = String::from_utf8_lossy(&pod.exec("ip", &["route", "show"]).stdout).to_string();
-    assert!(croutes.contains("default via 169.254.1.1 dev eth0"), "{croutes}");
-    assert!(croutes.contains("169.254.1.1 dev eth0 scope link"), "{croutes}");
+    assert!(
+        croutes.contains("default via 169.254.1.1 dev eth0"),
+        "{croutes}"
+    );
+    assert!(
+        croutes.contains("169.254.1.1 dev eth0 scope link"),
+        "{croutes}"
+    );
     assert_eq!(sysctl(pod.name(), "/proc/sys/net/ipv4/ip_forward"), "0");
-    let clink = String::from_utf8_lossy(&pod.exec("ip", &["link", "show", "eth0"]).stdout).to_string();
-    assert!(clink.contains(&mac) && clink.contains("mtu 1440"), "{clink}");
+    let clink =
+        String::from_utf8_lossy(&pod.exec("ip", &["link", "show", "eth0"]).stdout).to_string();
+    assert!(
+        clink.contains(&mac) && clink.contains("mtu 1440"),
+        "{clink}"
+    );
 
     // DEL removes everything; the empty block stays affine to the host, as upstream.
-    let del = Invocation { command: "DEL".into(), ..inv.clone() };
+    let del = Invocation {
+        command: "DEL".into(),
+        ..inv.clone()
+    };
     w.calico(&del, &conf).assert_ok();
     assert_clean(&w);
     assert!(w.keys(&block_key).len() == 1, "affine block kept");
@@ -169,7 +214,10 @@ fn cni_mode_add_del_profile_and_second_add() {
         json!({"ingress":[{"action":"Allow","source":{"selector":"has(net1)"}}],"egress":[{"action":"Allow"}],"labelsToApply":{"net1":""}})
     );
     assert_eq!(
-        w.get("/calico/ipam/v2/handle/net1.abc123")["block"].as_object().unwrap().len(),
+        w.get("/calico/ipam/v2/handle/net1.abc123")["block"]
+            .as_object()
+            .unwrap()
+            .len(),
         1
     );
 
@@ -187,7 +235,10 @@ fn cni_mode_add_del_profile_and_second_add() {
     assert_eq!(wep["spec"]["profiles"], json!(["net1", "net2"]));
     assert_eq!(w.keys(WEP_PREFIX).len(), 1);
 
-    let del = Invocation { command: "DEL".into(), ..inv.clone() };
+    let del = Invocation {
+        command: "DEL".into(),
+        ..inv.clone()
+    };
     w.calico(&del, &conf).assert_ok();
     assert_clean(&w);
 }
@@ -197,17 +248,30 @@ fn two_pods_ping_each_other() {
     let w = World::new();
     let conf = w.conf(json!({}));
     let (a, b) = (w.pod(), w.pod());
-    let ra = w.calico(&Invocation::new("ADD", "pinga", a.path()).k8s("default", "pod-a"), &conf);
-    let rb = w.calico(&Invocation::new("ADD", "pingb", b.path()).k8s("default", "pod-b"), &conf);
+    let ra = w.calico(
+        &Invocation::new("ADD", "pinga", a.path()).k8s("default", "pod-a"),
+        &conf,
+    );
+    let rb = w.calico(
+        &Invocation::new("ADD", "pingb", b.path()).k8s("default", "pod-b"),
+        &conf,
+    );
     let (ipa, ipb) = (ip_of(&ra.assert_ok().json()), ip_of(&rb.assert_ok().json()));
     assert_ne!(ipa, ipb);
     let ping = a.exec("ping", &["-c", "2", "-W", "2", "-i", "0.2", &ipb]);
-    assert!(ping.status.success(), "ping {ipa} -> {ipb}: {}", String::from_utf8_lossy(&ping.stdout));
+    assert!(
+        ping.status.success(),
+        "ping {ipa} -> {ipb}: {}",
+        String::from_utf8_lossy(&ping.stdout)
+    );
     let ping = b.exec("ping", &["-c", "1", "-W", "2", &ipa]);
     assert!(ping.status.success());
     for (cid, ns, pod) in [("pinga", &a, "pod-a"), ("pingb", &b, "pod-b")] {
-        w.calico(&Invocation::new("DEL", cid, ns.path()).k8s("default", pod), &conf)
-            .assert_ok();
+        w.calico(
+            &Invocation::new("DEL", cid, ns.path()).k8s("default", pod),
+            &conf,
+        )
+        .assert_ok();
     }
     assert_clean(&w);
 }
@@ -235,16 +299,30 @@ fn result_encoding_per_cni_version() {
                 assert!(r["interfaces"][1].get("mtu").is_none());
                 assert_eq!(r["dns"], json!({}));
                 // Go's struct order: cniVersion, interfaces, ips, routes, dns.
-                let keys: Vec<&str> = out.stdout.lines().filter(|l| l.starts_with("    \"")).map(|l| l.trim()).collect();
-                assert!(keys[0].starts_with("\"cniVersion\"") && keys.last().unwrap().starts_with("\"dns\""), "{keys:?}");
+                let keys: Vec<&str> = out
+                    .stdout
+                    .lines()
+                    .filter(|l| l.starts_with("    \""))
+                    .map(|l| l.trim())
+                    .collect();
+                assert!(
+                    keys[0].starts_with("\"cniVersion\"")
+                        && keys.last().unwrap().starts_with("\"dns\""),
+                    "{keys:?}"
+                );
             }
             _ => {
                 assert!(r.get("dns").is_none());
                 assert!(r["ips"][0].get("version").is_none());
-                assert!(out.stdout.starts_with("{\n    \"cniVersion\""), "{}", out.stdout);
+                assert!(
+                    out.stdout.starts_with("{\n    \"cniVersion\""),
+                    "{}",
+                    out.stdout
+                );
             }
         }
-        w.calico(&Invocation::new("DEL", &cid, pod.path()), &conf).assert_ok();
+        w.calico(&Invocation::new("DEL", &cid, pod.path()), &conf)
+            .assert_ok();
     }
     assert_clean(&w);
 }
@@ -267,11 +345,18 @@ fn k8s_second_add_renetworks_and_keeps_one_endpoint() {
     assert_eq!(wep["spec"]["containerID"], "cid-y");
     assert_eq!(wep["spec"]["ipNetworks"], json!([format!("{ip2}/32")]));
     // The stale sandbox's DEL keeps the WEP (other container ID) but frees its own IP.
-    let del_x = Invocation { command: "DEL".into(), netns: String::new(), ..first.clone() };
+    let del_x = Invocation {
+        command: "DEL".into(),
+        netns: String::new(),
+        ..first.clone()
+    };
     w.calico(&del_x, &conf).assert_ok();
     assert_eq!(w.keys(WEP_PREFIX).len(), 1);
     assert!(w.keys("/calico/ipam/v2/handle/net1.cid-x").is_empty());
-    let del_y = Invocation { command: "DEL".into(), ..second.clone() };
+    let del_y = Invocation {
+        command: "DEL".into(),
+        ..second.clone()
+    };
     w.calico(&del_y, &conf).assert_ok();
     assert_clean(&w);
 }
@@ -282,13 +367,24 @@ fn del_is_idempotent() {
     let conf = w.conf(json!({}));
     let pod = w.pod();
     // Never added, netns exists.
-    w.calico(&Invocation::new("DEL", "never", pod.path()), &conf).assert_ok();
-    w.calico(&Invocation::new("DEL", "never", pod.path()).k8s("default", "p"), &conf).assert_ok();
+    w.calico(&Invocation::new("DEL", "never", pod.path()), &conf)
+        .assert_ok();
+    w.calico(
+        &Invocation::new("DEL", "never", pod.path()).k8s("default", "p"),
+        &conf,
+    )
+    .assert_ok();
     // Netns that does not exist, and none at all.
-    w.calico(&Invocation::new("DEL", "gone", "/not/a/real/path1234567890"), &conf).assert_ok();
-    w.calico(&Invocation::new("DEL", "gone", ""), &conf).assert_ok();
+    w.calico(
+        &Invocation::new("DEL", "gone", "/not/a/real/path1234567890"),
+        &conf,
+    )
+    .assert_ok();
+    w.calico(&Invocation::new("DEL", "gone", ""), &conf)
+        .assert_ok();
     // calico-ipam DEL with nothing allocated.
-    w.ipam(&Invocation::new("DEL", "nothing", "b"), &conf).assert_ok();
+    w.ipam(&Invocation::new("DEL", "nothing", "b"), &conf)
+        .assert_ok();
     assert_clean(&w);
 }
 
@@ -305,7 +401,10 @@ fn ip_arg_assigns_that_address() {
     // The same address again for another container: upstream's error.
     let pod2 = w.pod();
     let err = w
-        .calico(&Invocation::new("ADD", "fixed2", pod2.path()).with_args("IP=10.65.7.7"), &conf)
+        .calico(
+            &Invocation::new("ADD", "fixed2", pod2.path()).with_args("IP=10.65.7.7"),
+            &conf,
+        )
         .assert_err();
     assert_eq!(
         err["msg"],
@@ -314,11 +413,25 @@ fn ip_arg_assigns_that_address() {
     assert!(w.keys("/calico/ipam/v2/handle/net1.fixed2").is_empty());
     // Outside every pool.
     let err = w
-        .ipam(&Invocation::new("ADD", "fixed3", "b").with_args("IP=192.168.9.9"), &conf)
+        .ipam(
+            &Invocation::new("ADD", "fixed3", "b").with_args("IP=192.168.9.9"),
+            &conf,
+        )
         .assert_err();
-    assert_eq!(err["msg"], "The provided IP address is not in a configured pool\n");
-    w.calico(&Invocation { command: "DEL".into(), ..inv }, &conf).assert_ok();
-    w.calico(&Invocation::new("DEL", "fixed2", pod2.path()), &conf).assert_ok();
+    assert_eq!(
+        err["msg"],
+        "The provided IP address is not in a configured pool\n"
+    );
+    w.calico(
+        &Invocation {
+            command: "DEL".into(),
+            ..inv
+        },
+        &conf,
+    )
+    .assert_ok();
+    w.calico(&Invocation::new("DEL", "fixed2", pod2.path()), &conf)
+        .assert_ok();
     assert_clean(&w);
 }
 
@@ -328,14 +441,25 @@ fn datastore_not_ready_fails_add_and_del() {
     w.seed_cluster_information(false);
     let conf = w.conf(json!({}));
     let pod = w.pod();
-    let err = w.calico(&Invocation::new("ADD", "nr1", pod.path()), &conf).assert_err();
+    let err = w
+        .calico(&Invocation::new("ADD", "nr1", pod.path()), &conf)
+        .assert_err();
     assert_eq!(err["code"], 999);
-    assert_eq!(err["msg"], "Calico is currently not ready to process requests");
+    assert_eq!(
+        err["msg"],
+        "Calico is currently not ready to process requests"
+    );
     assert_clean(&w);
-    w.calico(&Invocation::new("DEL", "nr1", pod.path()), &conf).assert_err();
+    w.calico(&Invocation::new("DEL", "nr1", pod.path()), &conf)
+        .assert_err();
     // No ClusterInformation at all.
-    w.etcd.etcdctl(&["del", "/calico/resources/v3/projectcalico.org/clusterinformations/default"]);
-    let err = w.calico(&Invocation::new("ADD", "nr1", pod.path()), &conf).assert_err();
+    w.etcd.etcdctl(&[
+        "del",
+        "/calico/resources/v3/projectcalico.org/clusterinformations/default",
+    ]);
+    let err = w
+        .calico(&Invocation::new("ADD", "nr1", pod.path()), &conf)
+        .assert_err();
     assert_eq!(
         err["msg"],
         "error getting ClusterInformation: resource does not exist: ClusterInformation(default) with error: <nil>"
@@ -356,11 +480,24 @@ fn host_local_ipam_delegation() {
     assert!(r["ips"][0].get("gateway").is_none());
     let wep = w.get(&format!("{WEP_PREFIX}default/node1-k8s-hlpod-eth0"));
     assert_eq!(wep["spec"]["ipNetworks"], json!([format!("{ip}/32")]));
-    assert!(w.keys("/calico/ipam/v2/handle/").is_empty(), "calico IPAM untouched");
+    assert!(
+        w.keys("/calico/ipam/v2/handle/").is_empty(),
+        "calico IPAM untouched"
+    );
     let routes = w.host_sh("ip route");
     assert!(routes.contains(&format!("{ip} dev cali")), "{routes}");
-    w.calico(&Invocation { command: "DEL".into(), ..inv }, &conf).assert_ok();
-    assert!(!data.join("net1").join(&ip).exists(), "host-local released the address");
+    w.calico(
+        &Invocation {
+            command: "DEL".into(),
+            ..inv
+        },
+        &conf,
+    )
+    .assert_ok();
+    assert!(
+        !data.join("net1").join(&ip).exists(),
+        "host-local released the address"
+    );
     assert_clean(&w);
 }
 
@@ -381,7 +518,13 @@ fn bad_input_is_refused_and_leaves_nothing() {
     let ok = Invocation::new("ADD", "bad1", pod.path()).k8s("default", "badpod");
 
     assert_bad(&w, w.calico(&ok, "{not json"), 6);
-    for var in ["CNI_COMMAND", "CNI_CONTAINERID", "CNI_IFNAME", "CNI_PATH", "CNI_NETNS"] {
+    for var in [
+        "CNI_COMMAND",
+        "CNI_CONTAINERID",
+        "CNI_IFNAME",
+        "CNI_PATH",
+        "CNI_NETNS",
+    ] {
         let mut inv = ok.clone();
         inv.unset.push(var.into());
         let out = w.calico(&inv, &conf);
@@ -394,9 +537,17 @@ fn bad_input_is_refused_and_leaves_nothing() {
         let err = assert_bad(&w, out, 4);
         assert!(err["msg"].as_str().unwrap().contains(var), "{err}");
     }
-    let err = assert_bad(&w, w.calico(&ok, &w.conf(json!({"cniVersion": "9.9.9"}))), 1);
+    let err = assert_bad(
+        &w,
+        w.calico(&ok, &w.conf(json!({"cniVersion": "9.9.9"}))),
+        1,
+    );
     assert_eq!(err["msg"], "incompatible CNI versions");
-    let err = assert_bad(&w, w.calico(&ok.clone().ifname("way-too-long-ifname0"), &conf), 4);
+    let err = assert_bad(
+        &w,
+        w.calico(&ok.clone().ifname("way-too-long-ifname0"), &conf),
+        4,
+    );
     assert_eq!(err["msg"], "interface name is too long");
     assert_bad(&w, w.calico(&ok.clone().ifname("a/b"), &conf), 4);
     // Nonexistent netns: the IPs are given back.
@@ -412,26 +563,43 @@ fn no_pool_and_exhausted_pool() {
     w.seed_node(NODE);
     let conf = w.conf(json!({}));
     let pod = w.pod();
-    let err = assert_bad(&w, w.calico(&Invocation::new("ADD", "np1", pod.path()), &conf), 999);
-    assert!(err["msg"].as_str().unwrap().contains("cannot find a qualified ippool"), "{err}");
+    let err = assert_bad(
+        &w,
+        w.calico(&Invocation::new("ADD", "np1", pod.path()), &conf),
+        999,
+    );
+    assert!(
+        err["msg"]
+            .as_str()
+            .unwrap()
+            .contains("cannot find a qualified ippool"),
+        "{err}"
+    );
     // A /30 pool with /30 blocks: four addresses, then a clear error.
     w.seed_pool("tiny", "10.65.9.0/30", 30);
     let mut pods = Vec::new();
     for i in 0..4 {
         let p = w.pod();
-        w.calico(&Invocation::new("ADD", &format!("ex{i}"), p.path()), &conf).assert_ok();
+        w.calico(&Invocation::new("ADD", &format!("ex{i}"), p.path()), &conf)
+            .assert_ok();
         pods.push(p);
     }
     let p = w.pod();
-    let err = w.calico(&Invocation::new("ADD", "ex4", p.path()), &conf).assert_err();
+    let err = w
+        .calico(&Invocation::new("ADD", "ex4", p.path()), &conf)
+        .assert_err();
     assert!(
-        err["msg"].as_str().unwrap().contains("Assigned 0 out of 1 requested IPv4 addresses"),
+        err["msg"]
+            .as_str()
+            .unwrap()
+            .contains("Assigned 0 out of 1 requested IPv4 addresses"),
         "{err}"
     );
     assert!(w.keys("/calico/ipam/v2/handle/net1.ex4").is_empty());
     assert!(!String::from_utf8_lossy(&p.exec("ip", &["link"]).stdout).contains("eth0"));
     for (i, p) in pods.iter().enumerate() {
-        w.calico(&Invocation::new("DEL", &format!("ex{i}"), p.path()), &conf).assert_ok();
+        w.calico(&Invocation::new("DEL", &format!("ex{i}"), p.path()), &conf)
+            .assert_ok();
     }
     assert_clean(&w);
 }
@@ -443,8 +611,15 @@ fn missing_node_object() {
     w.seed_pool("default-ipv4-ippool", "10.65.0.0/16", 26);
     let conf = w.conf(json!({}));
     let pod = w.pod();
-    let err = assert_bad(&w, w.calico(&Invocation::new("ADD", "nn1", pod.path()), &conf), 999);
-    assert!(err["msg"].as_str().unwrap().contains("Node(node1)"), "{err}");
+    let err = assert_bad(
+        &w,
+        w.calico(&Invocation::new("ADD", "nn1", pod.path()), &conf),
+        999,
+    );
+    assert!(
+        err["msg"].as_str().unwrap().contains("Node(node1)"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -455,7 +630,11 @@ fn etcd_unreachable_fails_fast() {
     let start = std::time::Instant::now();
     let out = w.calico(&Invocation::new("ADD", "down1", pod.path()), &conf);
     let err = out.assert_err();
-    assert!(start.elapsed() < std::time::Duration::from_secs(15), "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(15),
+        "took {:?}",
+        start.elapsed()
+    );
     assert_eq!(err["code"], 999);
     assert_clean(&w);
 }

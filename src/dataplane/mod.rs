@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use futures::TryStreamExt;
 use netlink_packet_route::address::AddressAttribute;
 use netlink_packet_route::link::{InfoData, InfoVeth, LinkAttribute, LinkMessage};
-use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope,
+};
 use rtnetlink::{Handle, LinkUnspec, LinkVeth, RouteMessageBuilder};
 use tracing::{debug, info, warn};
 
@@ -89,7 +91,14 @@ fn errno(e: &rtnetlink::Error) -> Option<i32> {
 
 /// The index of link `name`, or None when there is no such link.
 async fn link_index(h: &Handle, name: &str) -> Result<Option<u32>, rtnetlink::Error> {
-    match h.link().get().match_name(name.to_string()).execute().try_next().await {
+    match h
+        .link()
+        .get()
+        .match_name(name.to_string())
+        .execute()
+        .try_next()
+        .await
+    {
         Ok(Some(m)) => Ok(Some(m.header.index)),
         Ok(None) => Ok(None),
         Err(e) if errno(&e) == Some(ENODEV) => Ok(None),
@@ -101,7 +110,9 @@ async fn require_index(h: &Handle, name: &str) -> Result<u32, DataplaneError> {
     link_index(h, name)
         .await
         .map_err(|e| nl(&format!("failed to lookup {name:?}"), e))?
-        .ok_or_else(|| DataplaneError::Netlink(format!("failed to lookup {name:?}: Link not found")))
+        .ok_or_else(|| {
+            DataplaneError::Netlink(format!("failed to lookup {name:?}: Link not found"))
+        })
 }
 
 fn link_mac(m: &LinkMessage) -> Option<Vec<u8>> {
@@ -151,9 +162,16 @@ pub fn do_networking(req: &NetworkingRequest) -> Result<NetworkingResult, Datapl
 
     // 1. A stale host link with our name (e.g. from a crashed ADD) goes first.
     netns::run_in(None, |h| async move {
-        if let Some(idx) = link_index(&h, host_veth).await.map_err(|e| nl("failed to list links", e))? {
+        if let Some(idx) = link_index(&h, host_veth)
+            .await
+            .map_err(|e| nl("failed to list links", e))?
+        {
             info!(host_veth, "deleting pre-existing host link");
-            h.link().del(idx).execute().await.map_err(|e| nl("failed to delete stale host link", e))?;
+            h.link()
+                .del(idx)
+                .execute()
+                .await
+                .map_err(|e| nl("failed to delete stale host link", e))?;
         }
         Ok(())
     })?;
@@ -173,9 +191,14 @@ pub fn do_networking(req: &NetworkingRequest) -> Result<NetworkingResult, Datapl
             peer = peer.mtu(req.mtu);
             veth = veth.mtu(req.mtu);
         }
-        let msg = veth.set_info_data(InfoData::Veth(InfoVeth::Peer(peer.build()))).build();
+        let msg = veth
+            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer.build())))
+            .build();
         h.link().add(msg).execute().await.map_err(|e| {
-            nl(&format!("failed to create veth pair {:?}/{host_veth:?}", req.ifname), e)
+            nl(
+                &format!("failed to create veth pair {:?}/{host_veth:?}", req.ifname),
+                e,
+            )
         })
     })?;
     drop(host_ns);
@@ -211,27 +234,43 @@ pub fn do_networking(req: &NetworkingRequest) -> Result<NetworkingResult, Datapl
             .map_err(|e| nl(&format!("failed to set {ifname:?} up"), e))?;
         if let Some(mac) = req.container_mac {
             h.link()
-                .set(LinkUnspec::new_with_index(idx).address(mac.to_vec()).build())
+                .set(
+                    LinkUnspec::new_with_index(idx)
+                        .address(mac.to_vec())
+                        .build(),
+                )
                 .execute()
                 .await
                 .map_err(|e| nl("failed to set the container MAC", e))?;
         }
         let mac = link_mac(&get_link(&h, idx).await?).unwrap_or_default();
         if has_v4 {
-            add_route(&h, RouteMessageBuilder::<Ipv4Addr>::new()
-                .destination_prefix(GATEWAY_V4, 32)
-                .output_interface(idx)
-                .scope(RouteScope::Link)
-                .protocol(RouteProtocol::Boot)
-                .build(), "failed to add route inside the container").await?;
-            for r in req.routes.iter().filter(|r| r.is_ipv4()) {
-                let IpAddr::V4(dst) = r.masked().addr else { continue };
-                add_route(&h, RouteMessageBuilder::<Ipv4Addr>::new()
-                    .destination_prefix(dst, r.prefix)
-                    .gateway(GATEWAY_V4)
+            add_route(
+                &h,
+                RouteMessageBuilder::<Ipv4Addr>::new()
+                    .destination_prefix(GATEWAY_V4, 32)
                     .output_interface(idx)
+                    .scope(RouteScope::Link)
                     .protocol(RouteProtocol::Boot)
-                    .build(), &format!("failed to add IPv4 route for {r} via {GATEWAY_V4}")).await?;
+                    .build(),
+                "failed to add route inside the container",
+            )
+            .await?;
+            for r in req.routes.iter().filter(|r| r.is_ipv4()) {
+                let IpAddr::V4(dst) = r.masked().addr else {
+                    continue;
+                };
+                add_route(
+                    &h,
+                    RouteMessageBuilder::<Ipv4Addr>::new()
+                        .destination_prefix(dst, r.prefix)
+                        .gateway(GATEWAY_V4)
+                        .output_interface(idx)
+                        .protocol(RouteProtocol::Boot)
+                        .build(),
+                    &format!("failed to add IPv4 route for {r} via {GATEWAY_V4}"),
+                )
+                .await?;
             }
         }
         if has_v6 {
@@ -240,13 +279,20 @@ pub fn do_networking(req: &NetworkingRequest) -> Result<NetworkingResult, Datapl
                     .map_err(DataplaneError::ContainerSysctl)?;
             }
             for r in req.routes.iter().filter(|r| !r.is_ipv4()) {
-                let IpAddr::V6(dst) = r.masked().addr else { continue };
-                add_route(&h, RouteMessageBuilder::<Ipv6Addr>::new()
-                    .destination_prefix(dst, r.prefix)
-                    .gateway(GATEWAY_V6)
-                    .output_interface(idx)
-                    .protocol(RouteProtocol::Boot)
-                    .build(), &format!("failed to add IPv6 route for {r} via {GATEWAY_V6}")).await?;
+                let IpAddr::V6(dst) = r.masked().addr else {
+                    continue;
+                };
+                add_route(
+                    &h,
+                    RouteMessageBuilder::<Ipv6Addr>::new()
+                        .destination_prefix(dst, r.prefix)
+                        .gateway(GATEWAY_V6)
+                        .output_interface(idx)
+                        .protocol(RouteProtocol::Boot)
+                        .build(),
+                    &format!("failed to add IPv6 route for {r} via {GATEWAY_V6}"),
+                )
+                .await?;
             }
         }
         for ip in ips {
@@ -268,12 +314,12 @@ pub fn do_networking(req: &NetworkingRequest) -> Result<NetworkingResult, Datapl
         }
         if !req.skip_host_routes {
             for ip in ips {
-                add_host_route(&h, host_index, host_veth, ip).await.map_err(|error| {
-                    DataplaneError::HostRoute {
+                add_host_route(&h, host_index, host_veth, ip)
+                    .await
+                    .map_err(|error| DataplaneError::HostRoute {
                         iface: host_veth.to_string(),
                         error,
-                    }
-                })?;
+                    })?;
             }
         }
         Ok(())
@@ -286,7 +332,11 @@ pub fn do_networking(req: &NetworkingRequest) -> Result<NetworkingResult, Datapl
 }
 
 async fn add_route(h: &Handle, msg: RouteMessage, context: &str) -> Result<(), DataplaneError> {
-    h.route().add(msg).execute().await.map_err(|e| nl(context, e))
+    h.route()
+        .add(msg)
+        .execute()
+        .await
+        .map_err(|e| nl(context, e))
 }
 
 /// Sets ee:ee:ee:ee:ee:ee and waits (100 ms steps, 5 s) until the kernel reports it; if the
@@ -294,7 +344,11 @@ async fn add_route(h: &Handle, msg: RouteMessage, context: &str) -> Result<(), D
 async fn set_host_mac(h: &Handle, idx: u32, name: &str) -> Result<(), DataplaneError> {
     let set = h
         .link()
-        .set(LinkUnspec::new_with_index(idx).address(HOST_MAC.to_vec()).build())
+        .set(
+            LinkUnspec::new_with_index(idx)
+                .address(HOST_MAC.to_vec())
+                .build(),
+        )
         .execute()
         .await;
     if let Err(e) = set {
@@ -356,10 +410,16 @@ async fn wait_for_host_ipv6(h: &Handle, idx: u32) -> Result<(), DataplaneError> 
             .execute()
             .try_collect()
             .await
-            .map_err(|e| nl("error listing IPv6 addresses for the host side of the veth pair", e))?;
-        let found = addrs.iter().flat_map(|m| m.attributes.iter()).any(|a| {
-            matches!(a, AddressAttribute::Address(IpAddr::V6(ip)) if *ip == GATEWAY_V6)
-        });
+            .map_err(|e| {
+                nl(
+                    "error listing IPv6 addresses for the host side of the veth pair",
+                    e,
+                )
+            })?;
+        let found = addrs
+            .iter()
+            .flat_map(|m| m.attributes.iter())
+            .any(|a| matches!(a, AddressAttribute::Address(IpAddr::V6(ip)) if *ip == GATEWAY_V6));
         if found {
             return Ok(());
         }
@@ -434,13 +494,18 @@ async fn add_host_route(h: &Handle, idx: u32, name: &str, ip: &IpNet) -> Result<
         .map_err(|_| "error listing routes".to_string())?;
     let same_dst: Vec<&RouteMessage> = routes
         .iter()
-        .filter(|r| route_dst(r) == Some(ip.addr) && r.header.destination_prefix_length == ip.prefix)
+        .filter(|r| {
+            route_dst(r) == Some(ip.addr) && r.header.destination_prefix_length == ip.prefix
+        })
         .collect();
     if same_dst
         .iter()
         .any(|r| route_oif(r) == Some(idx) && r.header.scope == RouteScope::Link)
     {
-        info!(host_veth = name, "CNI skipping add route. Route already exists");
+        info!(
+            host_veth = name,
+            "CNI skipping add route. Route already exists"
+        );
         return Ok(());
     }
     let mut conflict = String::new();
@@ -477,7 +542,10 @@ pub fn clean_up_namespace(netns_path: &str, ifname: &str) -> Result<(), Dataplan
     let ns = match File::open(netns_path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            info!(netns = netns_path, "netns does not exist; nothing to clean up");
+            info!(
+                netns = netns_path,
+                "netns does not exist; nothing to clean up"
+            );
             return Ok(());
         }
         Err(e) => return Err(DataplaneError::EnterNetns(e.to_string())),

@@ -63,9 +63,8 @@ impl EtcdDatastore {
             || cfg.cert_file.is_some()
             || cfg.endpoints.iter().any(|e| e.starts_with("https://"));
         if wants_tls {
-            let read = |p: &str| {
-                std::fs::read(p).map_err(|e| DatastoreError::Config(format!("{p}: {e}")))
-            };
+            let read =
+                |p: &str| std::fs::read(p).map_err(|e| DatastoreError::Config(format!("{p}: {e}")));
             let mut tls = TlsOptions::new();
             if let Some(ca) = &cfg.ca_cert_file {
                 tls = tls.ca_certificate(Certificate::from_pem(read(ca)?));
@@ -340,7 +339,11 @@ impl Datastore for EtcdDatastore {
         let path = key_path(key);
         let txn = Txn::new()
             .when(vec![Compare::version(path.clone(), CompareOp::Equal, 0)])
-            .and_then(vec![TxnOp::put(path.clone(), encode_value(key, value)?, None)])
+            .and_then(vec![TxnOp::put(
+                path.clone(),
+                encode_value(key, value)?,
+                None,
+            )])
             .or_else(vec![TxnOp::get(path, None)]);
         let resp = self.txn(txn).await?;
         if !resp.succeeded() {
@@ -358,8 +361,16 @@ impl Datastore for EtcdDatastore {
         let path = key_path(key);
         let rev = parse_rev(key, revision)?;
         let txn = Txn::new()
-            .when(vec![Compare::mod_revision(path.clone(), CompareOp::Equal, rev)])
-            .and_then(vec![TxnOp::put(path.clone(), encode_value(key, value)?, None)])
+            .when(vec![Compare::mod_revision(
+                path.clone(),
+                CompareOp::Equal,
+                rev,
+            )])
+            .and_then(vec![TxnOp::put(
+                path.clone(),
+                encode_value(key, value)?,
+                None,
+            )])
             .or_else(vec![TxnOp::get(path, None)]);
         let resp = self.txn(txn).await?;
         if !resp.succeeded() {
@@ -420,12 +431,18 @@ mod tests {
             "/calico/ipam/v2/host/node1/ipv4/block/10.244.166.128-26"
         );
         assert_eq!(
-            key_path(&Key::Handle { id: "k8s-pod-network.ABC".into() }),
+            key_path(&Key::Handle {
+                id: "k8s-pod-network.ABC".into()
+            }),
             "/calico/ipam/v2/handle/k8s-pod-network.ABC"
         );
         assert_eq!(key_path(&Key::IpamConfig), "/calico/ipam/v2/config");
         assert_eq!(
-            key_path(&Key::resource(Kind::WorkloadEndpoint, Some("default"), "n-k8s-p-eth0")),
+            key_path(&Key::resource(
+                Kind::WorkloadEndpoint,
+                Some("default"),
+                "n-k8s-p-eth0"
+            )),
             "/calico/resources/v3/projectcalico.org/workloadendpoints/default/n-k8s-p-eth0"
         );
         assert_eq!(
@@ -465,7 +482,9 @@ mod tests {
         let blocks = ListKind::Blocks { version: None };
         assert_eq!(
             key_from_path(&blocks, "/calico/ipam/v2/assignment/ipv4/block/10.0.0.0-26"),
-            Some(Key::Block { cidr: "10.0.0.0/26".parse().unwrap() })
+            Some(Key::Block {
+                cidr: "10.0.0.0/26".parse().unwrap()
+            })
         );
         assert_eq!(
             describe(&Key::resource(Kind::Node, None, "node1")),

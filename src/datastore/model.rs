@@ -98,7 +98,11 @@ pub struct WorkloadEndpointSpec {
     pub workload: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub node: String,
-    #[serde(default, rename = "containerID", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        rename = "containerID",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub container_id: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub pod: String,
@@ -192,7 +196,11 @@ impl IpPool {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterInformationSpec {
-    #[serde(default, rename = "clusterGUID", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        rename = "clusterGUID",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub cluster_guid: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub cluster_type: String,
@@ -223,7 +231,11 @@ pub struct ProfileSpec {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct IpReservationSpec {
-    #[serde(default, rename = "reservedCIDRs", skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        rename = "reservedCIDRs",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub reserved_cidrs: Vec<String>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -242,7 +254,11 @@ pub struct AllocationAttribute {
         skip_serializing_if = "Option::is_none"
     )]
     pub alternate_owner_attrs: Option<BTreeMap<String, String>>,
-    #[serde(default, rename = "releasedAt", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "releasedAt",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub released_at: Option<String>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -268,7 +284,11 @@ pub struct AllocationBlock {
     pub sequence_number_for_allocation: Option<BTreeMap<String, u64>>,
     #[serde(default)]
     pub deleted: bool,
-    #[serde(default, rename = "hostAffinity", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "hostAffinity",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub host_affinity: Option<String>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,

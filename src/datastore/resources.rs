@@ -6,9 +6,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::model::{
-    Resource, API_VERSION_V3, LABEL_NAMESPACE, LABEL_ORCHESTRATOR,
-};
+use super::model::{Resource, API_VERSION_V3, LABEL_NAMESPACE, LABEL_ORCHESTRATOR};
 use super::{to_value, Datastore, DatastoreError, Key, Kind, ListKind};
 use crate::timefmt;
 
@@ -40,7 +38,7 @@ pub fn set_resource_version(value: &mut Value, revision: &str) {
 
 fn key_of<S>(kind: Kind, obj: &Resource<S>) -> Key {
     let ns = (kind.namespaced() && !obj.metadata.namespace.is_empty())
-        .then(|| obj.metadata.namespace.as_str());
+        .then_some(obj.metadata.namespace.as_str());
     Key::resource(kind, ns, &obj.metadata.name)
 }
 

@@ -48,7 +48,11 @@ pub enum IpamError {
     #[error("The provided IP address is not in a configured pool\n")]
     NotInPool,
     #[error("IP address {ip} is in IP pool \"{pool}\", which is not allowed for use \"Workload\" (allowedUses: [{uses}])")]
-    UseNotAllowed { ip: IpAddr, pool: String, uses: String },
+    UseNotAllowed {
+        ip: IpAddr,
+        pool: String,
+        uses: String,
+    },
     #[error("resource already exists: {0} with error: Address already assigned in block")]
     AddressInUse(IpAddr),
     #[error("{0}")]
@@ -211,7 +215,11 @@ impl<'a, D: Datastore> Ipam<'a, D> {
     ) -> Result<Revision, DatastoreError> {
         block.bump_sequence();
         self.ds
-            .update(&Key::Block { cidr: block.cidr }, &to_value(block)?, revision)
+            .update(
+                &Key::Block { cidr: block.cidr },
+                &to_value(block)?,
+                revision,
+            )
             .await
     }
 
@@ -360,7 +368,12 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         };
         let pools: Vec<IpPool> = pools
             .into_iter()
-            .filter(|p| p.spec.allowed_uses.iter().any(|u| u == INTENDED_USE_WORKLOAD))
+            .filter(|p| {
+                p.spec
+                    .allowed_uses
+                    .iter()
+                    .any(|u| u == INTENDED_USE_WORKLOAD)
+            })
             .collect();
         if pools.is_empty() {
             return Err(IpamError::NoQualifiedPool);
@@ -377,7 +390,10 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         let mut affine = Vec::new();
         for kv in affs {
             if let Key::BlockAffinity { cidr, .. } = kv.key {
-                if pools.iter().any(|p| p.cidr().is_some_and(|pc| pc.covers(&cidr))) {
+                if pools
+                    .iter()
+                    .any(|p| p.cidr().is_some_and(|pc| pc.covers(&cidr)))
+                {
                     affine.push(cidr);
                 }
             }
@@ -505,7 +521,10 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                 let mut existing: BlockAffinity = kv.decode()?;
                 if existing.state != AFFINITY_CONFIRMED {
                     existing.state = AFFINITY_PENDING.into();
-                    let rev = self.ds.update(&key, &to_value(&existing)?, &kv.revision).await?;
+                    let rev = self
+                        .ds
+                        .update(&key, &to_value(&existing)?, &kv.revision)
+                        .await?;
                     return Ok((existing, rev));
                 }
                 Ok((existing, kv.revision))
@@ -527,7 +546,11 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             timefmt::now_unix_nanos(),
             Some(timefmt::rfc3339(now_s)),
         );
-        match self.ds.create(&Key::Block { cidr }, &to_value(&block)?).await {
+        match self
+            .ds
+            .create(&Key::Block { cidr }, &to_value(&block)?)
+            .await
+        {
             Ok(_) => {
                 self.confirm_affinity(cidr, aff, aff_rev).await?;
                 info!(%cidr, host = %self.host, "claimed block");
@@ -604,7 +627,9 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         let mine = self.host_affinity();
         let mut reclaim: Vec<IpNet> = Vec::new();
         for pool in pools {
-            let Some(pool_cidr) = pool.cidr() else { continue };
+            let Some(pool_cidr) = pool.cidr() else {
+                continue;
+            };
             let size = u8::try_from(pool.spec.block_size).unwrap_or(pool_cidr.bits());
             for cidr in block_generator(pool_cidr, size, &self.host) {
                 if wholly_reserved(&cidr, reserved) {
@@ -612,7 +637,10 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                 }
                 match index.get(&cidr) {
                     None => return Ok(cidr),
-                    Some(info) if info.affinity.as_deref() == Some(mine.as_str()) && info.num_free != 0 => {
+                    Some(info)
+                        if info.affinity.as_deref() == Some(mine.as_str())
+                            && info.num_free != 0 =>
+                    {
                         return Ok(cidr)
                     }
                     Some(info) if info.empty && info.num_free != 0 => reclaim.push(cidr),
@@ -622,7 +650,9 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         }
         let now = timefmt::now().0;
         for cidr in reclaim {
-            let Some(info) = index.get(&cidr) else { continue };
+            let Some(info) = index.get(&cidr) else {
+                continue;
+            };
             let old_enough = info
                 .claim_time
                 .as_deref()
@@ -684,7 +714,10 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             return Err(IpamError::Block(format!("block {cidr} is not empty")));
         }
         aff.state = AFFINITY_PENDING_DELETION.into();
-        let aff_rev = self.ds.update(&key, &to_value(&aff)?, &aff_kv.revision).await?;
+        let aff_rev = self
+            .ds
+            .update(&key, &to_value(&aff)?, &aff_kv.revision)
+            .await?;
         if block.is_empty() {
             match self.ds.delete(&Key::Block { cidr }, Some(&block_rev)).await {
                 Ok(()) => {}
@@ -742,15 +775,26 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         reserved: &[IpNet],
     ) -> Result<Vec<IpNet>, IpamError> {
         let ips = block
-            .auto_assign(num, &args.handle_id, &args.attrs, &self.host, affinity_check, reserved)
+            .auto_assign(
+                num,
+                &args.handle_id,
+                &args.attrs,
+                &self.host,
+                affinity_check,
+                reserved,
+            )
             .map_err(|e| IpamError::Block(e.to_string()))?;
         if ips.is_empty() {
             return Ok(ips);
         }
         let cidr = block.cidr;
-        self.increment_handle(&args.handle_id, cidr, ips.len()).await?;
+        self.increment_handle(&args.handle_id, cidr, ips.len())
+            .await?;
         if let Err(e) = self.update_block(&mut block, &rev).await {
-            if let Err(e2) = self.decrement_handle(&args.handle_id, cidr, ips.len()).await {
+            if let Err(e2) = self
+                .decrement_handle(&args.handle_id, cidr, ips.len())
+                .await
+            {
                 warn!(error = %e2, "failed to undo handle increment");
             }
             return Err(e.into());
@@ -809,7 +853,13 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                     continue;
                 }
                 let got = self
-                    .assign_from_block_with_retries(cidr, num - out.ips.len(), args, false, reserved)
+                    .assign_from_block_with_retries(
+                        cidr,
+                        num - out.ips.len(),
+                        args,
+                        false,
+                        reserved,
+                    )
                     .await?;
                 if !got.is_empty() {
                     info!(%cidr, "borrowed addresses from a non-affine block");
@@ -901,7 +951,12 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             .filter(|p| p.is_enabled())
             .find(|p| p.cidr().is_some_and(|c| c.contains(&ip)))
             .ok_or(IpamError::NotInPool)?;
-        if !pool.spec.allowed_uses.iter().any(|u| u == INTENDED_USE_WORKLOAD) {
+        if !pool
+            .spec
+            .allowed_uses
+            .iter()
+            .any(|u| u == INTENDED_USE_WORKLOAD)
+        {
             return Err(IpamError::UseNotAllowed {
                 ip,
                 pool: pool.metadata.name.clone(),
@@ -978,11 +1033,22 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         }
         // Blocks that no longer hold anything of ours may still be listed in the handle
         // (e.g. a crash between writes): make sure the handle goes away.
-        if let Ok(kv) = self.ds.get(&Key::Handle { id: handle_id.to_string() }).await {
+        if let Ok(kv) = self
+            .ds
+            .get(&Key::Handle {
+                id: handle_id.to_string(),
+            })
+            .await
+        {
             let h: IpamHandle = kv.decode()?;
             if h.block.values().all(|n| *n <= 0) {
                 self.ds
-                    .delete(&Key::Handle { id: handle_id.to_string() }, Some(&kv.revision))
+                    .delete(
+                        &Key::Handle {
+                            id: handle_id.to_string(),
+                        },
+                        Some(&kv.revision),
+                    )
                     .await
                     .ok();
             }

@@ -112,17 +112,23 @@ impl AllocationBlock {
 
     fn check_affinity(&self, host: &str, strict: bool) -> Result<(), BlockError> {
         match &self.affinity {
-            Some(a) if strict && a != &format!("host:{host}") => Err(BlockError::AffinityMismatch {
-                affinity: a.clone(),
-                host: host.to_string(),
-            }),
+            Some(a) if strict && a != &format!("host:{host}") => {
+                Err(BlockError::AffinityMismatch {
+                    affinity: a.clone(),
+                    host: host.to_string(),
+                })
+            }
             None if strict => Err(BlockError::NoAffinity(self.cidr)),
             _ => Ok(()),
         }
     }
 
     /// The index of the attribute {handle, attrs}, reusing an identical one.
-    fn find_or_add_attribute(&mut self, handle_id: &str, attrs: &BTreeMap<String, String>) -> usize {
+    fn find_or_add_attribute(
+        &mut self,
+        handle_id: &str,
+        attrs: &BTreeMap<String, String>,
+    ) -> usize {
         let want = AllocationAttribute {
             handle_id: Some(handle_id.to_string()),
             secondary: (!attrs.is_empty()).then(|| attrs.clone()),
@@ -341,7 +347,9 @@ mod tests {
     #[test]
     fn fill_to_the_last_address_and_empty_again() {
         let mut b = block29();
-        let ips = b.auto_assign(1, "h0", &attrs("p0"), "node1", false, &[]).unwrap();
+        let ips = b
+            .auto_assign(1, "h0", &attrs("p0"), "node1", false, &[])
+            .unwrap();
         assert_eq!(ips[0].to_string(), "10.244.166.128/29");
         b.bump_sequence();
         assert_eq!(
@@ -350,12 +358,22 @@ mod tests {
         );
         for i in 1..8 {
             let got = b
-                .auto_assign(1, &format!("h{i}"), &attrs(&format!("p{i}")), "node1", true, &[])
+                .auto_assign(
+                    1,
+                    &format!("h{i}"),
+                    &attrs(&format!("p{i}")),
+                    "node1",
+                    true,
+                    &[],
+                )
                 .unwrap();
             assert_eq!(got.len(), 1);
         }
         assert_eq!(b.num_free(&[]), 0);
-        assert!(b.auto_assign(1, "hx", &attrs("px"), "node1", false, &[]).unwrap().is_empty());
+        assert!(b
+            .auto_assign(1, "hx", &attrs("px"), "node1", false, &[])
+            .unwrap()
+            .is_empty());
         assert_eq!(b.ip_of(7).to_string(), "10.244.166.135");
         // Release out of order: freed ordinals go to the tail in ascending order, attributes
         // are compacted and indexes rewritten.
@@ -364,7 +382,16 @@ mod tests {
         assert_eq!(b.unallocated, vec![5, 2]);
         assert_eq!(
             b.allocations,
-            vec![Some(0), Some(1), None, Some(2), Some(3), None, Some(4), Some(5)]
+            vec![
+                Some(0),
+                Some(1),
+                None,
+                Some(2),
+                Some(3),
+                None,
+                Some(4),
+                Some(5)
+            ]
         );
         let handles: Vec<_> = b
             .attributes
@@ -375,7 +402,9 @@ mod tests {
             .collect();
         assert_eq!(handles, ["h0", "h1", "h3", "h4", "h6", "h7"]);
         // The next assignment takes the head of the FIFO.
-        let ip = b.auto_assign(1, "h9", &attrs("p9"), "node1", false, &[]).unwrap();
+        let ip = b
+            .auto_assign(1, "h9", &attrs("p9"), "node1", false, &[])
+            .unwrap();
         assert_eq!(ip[0].addr.to_string(), "10.244.166.133");
         for h in ["h0", "h1", "h3", "h4", "h6", "h7", "h9", "h2"] {
             b.release_by_handle(h);
@@ -389,7 +418,9 @@ mod tests {
     #[test]
     fn attribute_reuse_and_specific_ip() {
         let mut b = block29();
-        let two = b.auto_assign(2, "h", &attrs("p"), "node1", false, &[]).unwrap();
+        let two = b
+            .auto_assign(2, "h", &attrs("p"), "node1", false, &[])
+            .unwrap();
         assert_eq!(two.len(), 2);
         assert_eq!(b.attributes.as_ref().unwrap().len(), 1);
         assert_eq!(b.allocations[0], b.allocations[1]);
@@ -410,7 +441,9 @@ mod tests {
         let mut b = block29();
         let reserved: Vec<IpNet> = vec!["10.244.166.128/31".parse().unwrap()];
         assert_eq!(b.num_free(&reserved), 6);
-        let got = b.auto_assign(1, "h", &attrs("p"), "node1", false, &reserved).unwrap();
+        let got = b
+            .auto_assign(1, "h", &attrs("p"), "node1", false, &reserved)
+            .unwrap();
         assert_eq!(got[0].addr.to_string(), "10.244.166.130");
         assert_eq!(b.unallocated, vec![0, 1, 3, 4, 5, 6, 7]);
     }
@@ -418,27 +451,45 @@ mod tests {
     #[test]
     fn strict_affinity() {
         let mut b = block29();
-        let e = b.auto_assign(1, "h", &attrs("p"), "node2", true, &[]).unwrap_err();
-        assert_eq!(e.to_string(), "Block affinity (host:node1) does not match provided (node2)");
+        let e = b
+            .auto_assign(1, "h", &attrs("p"), "node2", true, &[])
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "Block affinity (host:node1) does not match provided (node2)"
+        );
         b.affinity = None;
-        assert!(b.auto_assign(1, "h", &attrs("p"), "node2", true, &[]).is_err());
-        assert!(b.auto_assign(1, "h", &attrs("p"), "node2", false, &[]).is_ok());
+        assert!(b
+            .auto_assign(1, "h", &attrs("p"), "node2", true, &[])
+            .is_err());
+        assert!(b
+            .auto_assign(1, "h", &attrs("p"), "node2", false, &[])
+            .is_ok());
     }
 
     #[test]
     fn release_by_address_and_handle_counts() {
         let mut b = block29();
-        b.auto_assign(2, "h1", &attrs("p"), "node1", false, &[]).unwrap();
-        b.auto_assign(1, "h2\rjunk", &attrs("q"), "node1", false, &[]).unwrap();
+        b.auto_assign(2, "h1", &attrs("p"), "node1", false, &[])
+            .unwrap();
+        b.auto_assign(1, "h2\rjunk", &attrs("q"), "node1", false, &[])
+            .unwrap();
         let out = b.release_ips(&[
             "10.244.166.128".parse().unwrap(),
             "10.244.166.130".parse().unwrap(),
             "10.244.166.133".parse().unwrap(),
         ]);
-        assert_eq!(out.unallocated, vec!["10.244.166.133".parse::<IpAddr>().unwrap()]);
+        assert_eq!(
+            out.unallocated,
+            vec!["10.244.166.133".parse::<IpAddr>().unwrap()]
+        );
         assert_eq!(out.handles, vec![("h1".into(), 1), ("h2".into(), 1)]);
         assert_eq!(
-            b.sequence_number_for_allocation.as_ref().unwrap().keys().collect::<Vec<_>>(),
+            b.sequence_number_for_allocation
+                .as_ref()
+                .unwrap()
+                .keys()
+                .collect::<Vec<_>>(),
             ["1"]
         );
     }
@@ -446,7 +497,8 @@ mod tests {
     #[test]
     fn released_at_cooldown() {
         let mut b = block29();
-        b.auto_assign(1, "h", &attrs("p"), "node1", false, &[]).unwrap();
+        b.auto_assign(1, "h", &attrs("p"), "node1", false, &[])
+            .unwrap();
         b.attributes.as_mut().unwrap()[0].released_at = Some("2025-01-02T03:04:05Z".into());
         let t = crate::timefmt::parse_rfc3339("2025-01-02T03:04:05Z").unwrap();
         assert!(!b.garbage_collect(t + 10, 60));
@@ -456,7 +508,8 @@ mod tests {
 
     #[test]
     fn ipv6_block() {
-        let mut b = AllocationBlock::new_block("fd00:10:244::/122".parse().unwrap(), Some("n"), 1, None);
+        let mut b =
+            AllocationBlock::new_block("fd00:10:244::/122".parse().unwrap(), Some("n"), 1, None);
         assert_eq!(b.allocations.len(), 64);
         let got = b.auto_assign(1, "h", &attrs("p"), "n", true, &[]).unwrap();
         assert_eq!(got[0].to_string(), "fd00:10:244::/122");

@@ -222,7 +222,11 @@ impl GoRand {
 
     pub fn int63(&mut self) -> i64 {
         self.tap = if self.tap == 0 { LEN - 1 } else { self.tap - 1 };
-        self.feed = if self.feed == 0 { LEN - 1 } else { self.feed - 1 };
+        self.feed = if self.feed == 0 {
+            LEN - 1
+        } else {
+            self.feed - 1
+        };
         let x = self.vec[self.feed].wrapping_add(self.vec[self.tap]) & MASK;
         self.vec[self.feed] = x;
         x
@@ -296,7 +300,11 @@ pub fn block_generator(pool: IpNet, block_size: u8, host: &str) -> impl Iterator
         }
         remaining -= 1;
         let addr = from_u128(base.wrapping_add(index << shift), v4);
-        index = if num_blocks - index <= 1 { 0 } else { index + 1 };
+        index = if num_blocks - index <= 1 {
+            0
+        } else {
+            index + 1
+        };
         IpNet::new(addr, block_size)
     })
 }
@@ -357,7 +365,8 @@ mod tests {
 
     #[test]
     fn walks_every_block_once_and_wraps() {
-        let all: Vec<IpNet> = block_generator("10.0.0.0/24".parse().unwrap(), 26, "node1").collect();
+        let all: Vec<IpNet> =
+            block_generator("10.0.0.0/24".parse().unwrap(), 26, "node1").collect();
         assert_eq!(all.len(), 4);
         let mut sorted = all.clone();
         sorted.sort();
@@ -367,10 +376,17 @@ mod tests {
         for w in all.windows(2) {
             let a = crate::net::to_u128(w[0].addr);
             let b = crate::net::to_u128(w[1].addr);
-            assert!(b == a + 64 || (a == crate::net::to_u128("10.0.0.192".parse().unwrap()) && b == crate::net::to_u128("10.0.0.0".parse().unwrap())));
+            assert!(
+                b == a + 64
+                    || (a == crate::net::to_u128("10.0.0.192".parse().unwrap())
+                        && b == crate::net::to_u128("10.0.0.0".parse().unwrap()))
+            );
         }
         // A pool of one block, and /32 blocks (time-seeded) still cover the pool.
         assert_eq!(first("10.1.0.0/26", 26, "x", 5), ["10.1.0.0/26"]);
-        assert_eq!(block_generator("10.2.0.0/30".parse().unwrap(), 32, "x").count(), 4);
+        assert_eq!(
+            block_generator("10.2.0.0/30".parse().unwrap(), 32, "x").count(),
+            4
+        );
     }
 }

@@ -66,16 +66,46 @@ fn lex(s: &str) -> Result<Vec<Tok>, String> {
         let next = chars.get(i + 1).copied();
         match c {
             ' ' | '\t' | '\n' | '\r' => i += 1,
-            '(' => { out.push(Tok::LParen); i += 1 }
-            ')' => { out.push(Tok::RParen); i += 1 }
-            '{' => { out.push(Tok::LBrace); i += 1 }
-            '}' => { out.push(Tok::RBrace); i += 1 }
-            ',' => { out.push(Tok::Comma); i += 1 }
-            '=' if next == Some('=') => { out.push(Tok::EqEq); i += 2 }
-            '!' if next == Some('=') => { out.push(Tok::Ne); i += 2 }
-            '!' => { out.push(Tok::Not); i += 1 }
-            '&' if next == Some('&') => { out.push(Tok::And); i += 2 }
-            '|' if next == Some('|') => { out.push(Tok::Or); i += 2 }
+            '(' => {
+                out.push(Tok::LParen);
+                i += 1
+            }
+            ')' => {
+                out.push(Tok::RParen);
+                i += 1
+            }
+            '{' => {
+                out.push(Tok::LBrace);
+                i += 1
+            }
+            '}' => {
+                out.push(Tok::RBrace);
+                i += 1
+            }
+            ',' => {
+                out.push(Tok::Comma);
+                i += 1
+            }
+            '=' if next == Some('=') => {
+                out.push(Tok::EqEq);
+                i += 2
+            }
+            '!' if next == Some('=') => {
+                out.push(Tok::Ne);
+                i += 2
+            }
+            '!' => {
+                out.push(Tok::Not);
+                i += 1
+            }
+            '&' if next == Some('&') => {
+                out.push(Tok::And);
+                i += 2
+            }
+            '|' if next == Some('|') => {
+                out.push(Tok::Or);
+                i += 2
+            }
             '\'' | '"' => {
                 let end = chars[i + 1..]
                     .iter()
@@ -221,7 +251,10 @@ mod tests {
     use super::*;
 
     fn m(sel: &str, labels: &[(&str, &str)]) -> bool {
-        let l = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let l = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         parse(sel).unwrap().matches(&l)
     }
 

@@ -89,7 +89,15 @@ async fn add_cni(
     wep.spec.ip_networks = endpoint::ip_networks(&result);
 
     let default_routes = default_routes();
-    let net = network(args, call, &result, ids.host_veth_name(), default_routes, false, mtu);
+    let net = network(
+        args,
+        call,
+        &result,
+        ids.host_veth_name(),
+        default_routes,
+        false,
+        mtu,
+    );
     let net = match net {
         Ok(n) => n,
         Err(e) => {
@@ -105,7 +113,14 @@ async fn add_cni(
         return Err(e);
     }
     info!(name = %wep.metadata.name, "Wrote endpoint to datastore");
-    finish_result(&mut result, &net.host_veth, &args.ifname, &net.container_mac, mtu, &args.netns);
+    finish_result(
+        &mut result,
+        &net.host_veth,
+        &args.ifname,
+        &net.container_mac,
+        mtu,
+        &args.netns,
+    );
     Ok(result)
 }
 
@@ -144,7 +159,15 @@ async fn add_k8s(
     wep.spec.profiles = vec![conf.name.clone()];
     wep.spec.ip_networks = endpoint::ip_networks(&result);
 
-    let net = match network(args, call, &result, ids.host_veth_name(), routes, skip_host_routes, mtu) {
+    let net = match network(
+        args,
+        call,
+        &result,
+        ids.host_veth_name(),
+        routes,
+        skip_host_routes,
+        mtu,
+    ) {
         Ok(n) => n,
         Err(e) => {
             ipam_exec::release(ipam_type, args, &args.stdin_data);
@@ -159,7 +182,14 @@ async fn add_k8s(
         return Err(e);
     }
     info!(name = %wep.metadata.name, "Wrote endpoint to datastore");
-    finish_result(&mut result, &net.host_veth, &args.ifname, &net.container_mac, mtu, &args.netns);
+    finish_result(
+        &mut result,
+        &net.host_veth,
+        &args.ifname,
+        &net.container_mac,
+        mtu,
+        &args.netns,
+    );
     Ok(result)
 }
 
@@ -220,7 +250,11 @@ fn network(
         host_veth,
         mtu,
         num_queues: call.conf.num_queues(),
-        ips: result.ips.iter().map(|i| IpNet::host(i.address.addr)).collect(),
+        ips: result
+            .ips
+            .iter()
+            .map(|i| IpNet::host(i.address.addr))
+            .collect(),
         routes,
         allow_ip_forwarding: call.conf.container_settings.allow_ip_forwarding,
         container_mac: None,

@@ -30,7 +30,14 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
     }
 
     let ipam_result = ipam_exec::exec_del(ipam_type, args, &args.stdin_data);
-    match delete_resource(&call.ds, Kind::WorkloadEndpoint, Some(&ids.namespace), &name, None).await
+    match delete_resource(
+        &call.ds,
+        Kind::WorkloadEndpoint,
+        Some(&ids.namespace),
+        &name,
+        None,
+    )
+    .await
     {
         Ok(()) => info!(name, "deleted endpoint"),
         Err(e) if e.is_not_found() => {

@@ -29,7 +29,9 @@ pub async fn find_existing<D: Datastore>(
         },
     )
     .await?;
-    let found = weps.into_iter().find(|w| ids.name_matches(&w.metadata.name));
+    let found = weps
+        .into_iter()
+        .find(|w| ids.name_matches(&w.metadata.name));
     if let Some(w) = &found {
         info!(name = %w.metadata.name, "Calico CNI found existing endpoint");
     }
@@ -49,7 +51,12 @@ pub async fn write<D: Datastore>(ds: &D, wep: &mut WorkloadEndpoint) -> Result<(
 
 /// A new endpoint skeleton for these identifiers.
 pub fn new_endpoint(ids: &WepIdentifiers, name: &str, network: &str) -> WorkloadEndpoint {
-    let mut wep = WorkloadEndpoint::new("WorkloadEndpoint", name, Some(&ids.namespace), Default::default());
+    let mut wep = WorkloadEndpoint::new(
+        "WorkloadEndpoint",
+        name,
+        Some(&ids.namespace),
+        Default::default(),
+    );
     wep.spec.orchestrator = ids.orchestrator.clone();
     wep.spec.node = ids.node.clone();
     wep.spec.container_id = ids.container_id.clone();
@@ -70,7 +77,12 @@ pub fn ip_networks(result: &CniResult) -> Vec<String> {
 
 /// The result for an endpoint that already exists (cni mode second ADD): its addresses and
 /// interfaces, no routes.
-pub fn result_from_endpoint(wep: &WorkloadEndpoint, ifname: &str, mtu: u32, netns: &str) -> CniResult {
+pub fn result_from_endpoint(
+    wep: &WorkloadEndpoint,
+    ifname: &str,
+    mtu: u32,
+    netns: &str,
+) -> CniResult {
     let ips = wep
         .spec
         .ip_networks
@@ -90,7 +102,13 @@ pub fn result_from_endpoint(wep: &WorkloadEndpoint, ifname: &str, mtu: u32, netn
 }
 
 /// `[{name: host veth}, {name: ifname, mac, mtu, sandbox}]`.
-pub fn interfaces(host_veth: &str, ifname: &str, mac: &str, mtu: u32, netns: &str) -> Vec<Interface> {
+pub fn interfaces(
+    host_veth: &str,
+    ifname: &str,
+    mac: &str,
+    mtu: u32,
+    netns: &str,
+) -> Vec<Interface> {
     vec![
         Interface {
             name: host_veth.to_string(),

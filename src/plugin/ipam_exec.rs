@@ -38,7 +38,10 @@ fn exec(plugin: &str, command: &str, args: &CmdArgs, stdin: &[u8]) -> Result<Vec
         .env("CNI_CONTAINERID", &args.container_id)
         .env("CNI_NETNS", &args.netns)
         .env("CNI_IFNAME", &args.ifname)
-        .env("CNI_ARGS", crate::skel::args::prepend_ignore_unknown(&args.args))
+        .env(
+            "CNI_ARGS",
+            crate::skel::args::prepend_ignore_unknown(&args.args),
+        )
         .env("CNI_PATH", &args.path)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -61,7 +64,9 @@ fn exec(plugin: &str, command: &str, args: &CmdArgs, stdin: &[u8]) -> Result<Vec
         Ok(v) if v.get("code").is_some() => Err(Error::Cni(CniError::new(
             v.get("code").and_then(|c| c.as_u64()).unwrap_or(999) as u32,
             v.get("msg").and_then(|m| m.as_str()).unwrap_or_default(),
-            v.get("details").and_then(|m| m.as_str()).unwrap_or_default(),
+            v.get("details")
+                .and_then(|m| m.as_str())
+                .unwrap_or_default(),
         ))),
         _ => Err(Error::msg(format!(
             "netplugin failed: \"{}\"",

@@ -118,7 +118,9 @@ pub async fn check_datastore_ready(ds: &EtcdDatastore) -> Result<()> {
         })?;
     if ci.spec.datastore_ready != Some(true) {
         info!("Upgrade may be in progress, ready flag is not set");
-        return Err(Error::msg("Calico is currently not ready to process requests"));
+        return Err(Error::msg(
+            "Calico is currently not ready to process requests",
+        ));
     }
     Ok(())
 }

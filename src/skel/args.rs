@@ -52,7 +52,11 @@ pub fn load_args(s: &str, known: &[&str]) -> Result<BTreeMap<String, String>, Cn
         }
     };
     if !unknown.is_empty() && !ignore {
-        let list = unknown.iter().map(|p| go_quote(p)).collect::<Vec<_>>().join(" ");
+        let list = unknown
+            .iter()
+            .map(|p| go_quote(p))
+            .collect::<Vec<_>>()
+            .join(" ");
         return Err(CniError::internal(format!("ARGS: unknown args [{list}]")));
     }
     Ok(out)

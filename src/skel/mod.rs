@@ -60,7 +60,10 @@ pub fn error_json(e: &CniError) -> String {
         details: &e.details,
     };
     result::to_go_json_indent(&j).unwrap_or_else(|_| {
-        format!("{{\n    \"code\": {},\n    \"msg\": \"internal error\"\n}}", e.code)
+        format!(
+            "{{\n    \"code\": {},\n    \"msg\": \"internal error\"\n}}",
+            e.code
+        )
     })
 }
 
@@ -141,7 +144,11 @@ fn dispatch(
     }
     let mut stdin_data = Vec::new();
     stdin.read_to_end(&mut stdin_data).map_err(|e| {
-        CniError::new(CODE_IO_FAILURE, format!("error reading from stdin: {e}"), "")
+        CniError::new(
+            CODE_IO_FAILURE,
+            format!("error reading from stdin: {e}"),
+            "",
+        )
     })?;
     let args = CmdArgs {
         container_id: get("CNI_CONTAINERID"),
@@ -248,7 +255,11 @@ fn check_version(config: &str) -> Result<(), CniError> {
 fn config_version_given(data: &[u8]) -> bool {
     serde_json::from_slice::<serde_json::Value>(data)
         .ok()
-        .and_then(|v| v.get("cniVersion").and_then(|c| c.as_str()).map(|s| !s.is_empty()))
+        .and_then(|v| {
+            v.get("cniVersion")
+                .and_then(|c| c.as_str())
+                .map(|s| !s.is_empty())
+        })
         .unwrap_or(false)
 }
 
@@ -262,7 +273,9 @@ fn config_version(data: &[u8]) -> Result<String, CniError> {
         Some(serde_json::Value::String(s)) => Ok(s.clone()),
         Some(other) => Err(CniError::new(
             CODE_DECODING_FAILURE,
-            format!("json: cannot unmarshal {other} into Go struct field .cniVersion of type string"),
+            format!(
+                "json: cannot unmarshal {other} into Go struct field .cniVersion of type string"
+            ),
             "",
         )),
     }
@@ -336,8 +349,14 @@ fn validate_ifname(name: &str) -> Result<(), CniError> {
     if name == "." || name == ".." {
         return err("interface name is . or ..", "");
     }
-    if name.chars().any(|c| c == '/' || c == ':' || c.is_whitespace()) {
-        return err("interface name contains / or : or whitespace characters", "");
+    if name
+        .chars()
+        .any(|c| c == '/' || c == ':' || c.is_whitespace())
+    {
+        return err(
+            "interface name contains / or : or whitespace characters",
+            "",
+        );
     }
     Ok(())
 }

@@ -448,8 +448,8 @@ mod tests {
         assert_eq!(back.ips[0].interface, None);
         assert_eq!(back.routes, sample().routes);
         // Missing cniVersion parses as 0.1.0's shape.
-        let legacy = CniResult::parse(br#"{"ip4":{"ip":"10.1.0.2/24","gateway":"10.1.0.1"}}"#)
-            .unwrap();
+        let legacy =
+            CniResult::parse(br#"{"ip4":{"ip":"10.1.0.2/24","gateway":"10.1.0.1"}}"#).unwrap();
         assert_eq!(legacy.ips[0].gateway, Some("10.1.0.1".parse().unwrap()));
         let empty = CniResult::default();
         assert_eq!(

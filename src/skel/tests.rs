@@ -125,7 +125,10 @@ fn missing_env_per_command() {
         "required env variables [CNI_CONTAINERID,CNI_IFNAME,CNI_PATH] missing"
     );
     let r = run(&[("CNI_COMMAND", "GC")], CONF);
-    assert_eq!(err_of(&r)["msg"], "required env variables [CNI_PATH] missing");
+    assert_eq!(
+        err_of(&r)["msg"],
+        "required env variables [CNI_PATH] missing"
+    );
     let r = run(&add_env(&[("CNI_COMMAND", "DEL"), ("CNI_NETNS", "")]), CONF);
     assert_eq!(r.code, 0, "{}", r.stdout);
 }
@@ -138,7 +141,10 @@ fn error_json_format() {
         "{\n    \"code\": 4,\n    \"msg\": \"required env variables [CNI_CONTAINERID,CNI_NETNS,CNI_IFNAME,CNI_PATH] missing\"\n}"
     );
     let r = run(&add_env(&[("CNI_CONTAINERID", "fail")]), CONF);
-    assert_eq!(r.stdout, "{\n    \"code\": 999,\n    \"msg\": \"boom \\u003cx\\u003e\"\n}");
+    assert_eq!(
+        r.stdout,
+        "{\n    \"code\": 999,\n    \"msg\": \"boom \\u003cx\\u003e\"\n}"
+    );
 }
 
 #[test]
@@ -151,23 +157,38 @@ fn container_id_and_ifname_rules() {
         ("abcdefghijklmnop", "interface name is too long"),
         (".", "interface name is . or .."),
         ("..", "interface name is . or .."),
-        ("a/b", "interface name contains / or : or whitespace characters"),
-        ("a:b", "interface name contains / or : or whitespace characters"),
-        ("a b", "interface name contains / or : or whitespace characters"),
+        (
+            "a/b",
+            "interface name contains / or : or whitespace characters",
+        ),
+        (
+            "a:b",
+            "interface name contains / or : or whitespace characters",
+        ),
+        (
+            "a b",
+            "interface name contains / or : or whitespace characters",
+        ),
     ] {
         let e = err_of(&run(&add_env(&[("CNI_IFNAME", ifname)]), CONF));
         assert_eq!(e["code"], 4);
         assert_eq!(e["msg"], msg, "{ifname}");
     }
     let e = err_of(&run(&add_env(&[("CNI_IFNAME", "abcdefghijklmnop")]), CONF));
-    assert_eq!(e["details"], "interface name should be less than 16 characters");
+    assert_eq!(
+        e["details"],
+        "interface name should be less than 16 characters"
+    );
 }
 
 #[test]
 fn config_checks() {
     let e = err_of(&run(&add_env(&[]), "{bad"));
     assert_eq!(e["code"], 6);
-    assert!(e["msg"].as_str().unwrap().starts_with("error unmarshall network config: "));
+    assert!(e["msg"]
+        .as_str()
+        .unwrap()
+        .starts_with("error unmarshall network config: "));
     let e = err_of(&run(&add_env(&[]), r#"{"cniVersion":"1.0.0"}"#));
     assert_eq!(e["code"], 7);
     assert_eq!(e["msg"], "missing network name");
@@ -186,19 +207,36 @@ fn version_negotiation_and_gates() {
         e["details"],
         r#"config is "1.1.0", plugin supports ["0.1.0" "0.2.0" "0.3.0" "0.3.1" "0.4.0" "1.0.0"]"#
     );
-    let check = |v: &str| run(&add_env(&[("CNI_COMMAND", "CHECK")]), &format!(r#"{{"cniVersion":"{v}","name":"n"}}"#));
-    assert_eq!(err_of(&check("0.3.1"))["msg"], "config version does not allow CHECK");
-    assert_eq!(err_of(&check("1.1.0"))["msg"], "plugin version does not allow CHECK");
+    let check = |v: &str| {
+        run(
+            &add_env(&[("CNI_COMMAND", "CHECK")]),
+            &format!(r#"{{"cniVersion":"{v}","name":"n"}}"#),
+        )
+    };
+    assert_eq!(
+        err_of(&check("0.3.1"))["msg"],
+        "config version does not allow CHECK"
+    );
+    assert_eq!(
+        err_of(&check("1.1.0"))["msg"],
+        "plugin version does not allow CHECK"
+    );
     assert_eq!(check("0.4.0").code, 0);
     assert_eq!(check("1.0.0").stdout, "");
     for cmd in ["GC", "STATUS"] {
         let r = run(&[("CNI_COMMAND", cmd), ("CNI_PATH", "/x")], CONF);
-        assert_eq!(err_of(&r)["msg"], format!("config version does not allow {cmd}"));
+        assert_eq!(
+            err_of(&r)["msg"],
+            format!("config version does not allow {cmd}")
+        );
         let r = run(
             &[("CNI_COMMAND", cmd), ("CNI_PATH", "/x")],
             r#"{"cniVersion":"1.1.0","name":"n"}"#,
         );
-        assert_eq!(err_of(&r)["msg"], format!("plugin version does not allow {cmd}"));
+        assert_eq!(
+            err_of(&r)["msg"],
+            format!("plugin version does not allow {cmd}")
+        );
     }
     let e = err_of(&run(&add_env(&[("CNI_COMMAND", "FOO")]), CONF));
     assert_eq!(e["code"], 4);
@@ -214,7 +252,11 @@ fn add_prints_result_in_config_version() {
     // No cniVersion: the plugin's default result version.
     let r = run(&add_env(&[]), r#"{"name":"n"}"#);
     assert_eq!(r.code, 0);
-    assert!(r.stdout.contains("\"cniVersion\": \"0.2.0\""), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("\"cniVersion\": \"0.2.0\""),
+        "{}",
+        r.stdout
+    );
     assert!(r.stdout.contains("\"ip4\""));
 }
 
@@ -231,9 +273,14 @@ fn netns_guard() {
     let own = "/proc/thread-self/ns/net";
     let r = run(&add_env(&[("CNI_NETNS", own)]), CONF);
     assert_eq!(r.code, 1);
-    assert!(r.stdout.contains("plugin's netns and netns from CNI_NETNS should not be the same"));
+    assert!(r
+        .stdout
+        .contains("plugin's netns and netns from CNI_NETNS should not be the same"));
     assert!(r.stdout.starts_with("{\n    \"cniVersion\""));
-    let r = run(&add_env(&[("CNI_NETNS", own), ("CNI_NETNS_OVERRIDE", "true")]), CONF);
+    let r = run(
+        &add_env(&[("CNI_NETNS", own), ("CNI_NETNS_OVERRIDE", "true")]),
+        CONF,
+    );
     assert_eq!(r.code, 0);
     let r = run(&add_env(&[("CNI_NETNS", "/does/not/exist")]), CONF);
     assert_eq!(r.code, 0);

@@ -116,20 +116,35 @@ pub struct Outcome {
 
 impl Outcome {
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {:?}\nstderr: {}", self.stdout, self.stderr))
+        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not JSON ({e}): {:?}\nstderr: {}",
+                self.stdout, self.stderr
+            )
+        })
     }
 
     pub fn assert_ok(&self) -> &Outcome {
-        assert_eq!(self.code, 0, "plugin failed: stdout={} stderr={}", self.stdout, self.stderr);
+        assert_eq!(
+            self.code, 0,
+            "plugin failed: stdout={} stderr={}",
+            self.stdout, self.stderr
+        );
         self
     }
 
     /// Asserts a CNI error JSON and a non-zero exit; returns the error object.
     pub fn assert_err(&self) -> serde_json::Value {
-        assert_ne!(self.code, 0, "plugin unexpectedly succeeded: {}", self.stdout);
+        assert_ne!(
+            self.code, 0,
+            "plugin unexpectedly succeeded: {}",
+            self.stdout
+        );
         let v = self.json();
-        assert!(v.get("code").is_some() && v.get("msg").is_some(), "not a CNI error: {v}");
+        assert!(
+            v.get("code").is_some() && v.get("msg").is_some(),
+            "not a CNI error: {v}"
+        );
         v
     }
 }

@@ -46,13 +46,25 @@ impl EtcdServer {
         };
         cmd.args(["--name", "test", "--data-dir"])
             .arg(dir.path().join("data"))
-            .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
-            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+            .args([
+                "--listen-client-urls",
+                &client_url,
+                "--advertise-client-urls",
+                &client_url,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer_url,
+                "--initial-advertise-peer-urls",
+                &peer_url,
+            ])
             .args(["--initial-cluster", &format!("test={peer_url}")])
             .args(["--logger=zap", "--log-level=error"])
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        let child = cmd.spawn().expect("start etcd (apt-get install etcd-server)");
+        let child = cmd
+            .spawn()
+            .expect("start etcd (apt-get install etcd-server)");
         let server = EtcdServer {
             child,
             port,
@@ -61,7 +73,10 @@ impl EtcdServer {
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let out = server.ctl_cmd(&["endpoint", "health"]).output().expect("etcdctl");
+            let out = server
+                .ctl_cmd(&["endpoint", "health"])
+                .output()
+                .expect("etcdctl");
             if out.status.success() {
                 break;
             }

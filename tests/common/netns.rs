@@ -80,12 +80,49 @@ impl HostNetns {
         let uplink = Netns::new("up");
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
         let (a, b) = (format!("up{n}"), format!("peer{n}"));
-        ip_ok(&["-n", host.name(), "link", "add", &a, "type", "veth", "peer", "name", &b, "netns", uplink.name()]);
-        ip_ok(&["-n", host.name(), "addr", "add", "198.51.100.2/24", "dev", &a]);
+        ip_ok(&[
+            "-n",
+            host.name(),
+            "link",
+            "add",
+            &a,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &b,
+            "netns",
+            uplink.name(),
+        ]);
+        ip_ok(&[
+            "-n",
+            host.name(),
+            "addr",
+            "add",
+            "198.51.100.2/24",
+            "dev",
+            &a,
+        ]);
         ip_ok(&["-n", host.name(), "link", "set", &a, "up"]);
-        ip_ok(&["-n", uplink.name(), "addr", "add", "198.51.100.1/24", "dev", &b]);
+        ip_ok(&[
+            "-n",
+            uplink.name(),
+            "addr",
+            "add",
+            "198.51.100.1/24",
+            "dev",
+            &b,
+        ]);
         ip_ok(&["-n", uplink.name(), "link", "set", &b, "up"]);
-        ip_ok(&["-n", host.name(), "route", "add", "default", "via", "198.51.100.1"]);
+        ip_ok(&[
+            "-n",
+            host.name(),
+            "route",
+            "add",
+            "default",
+            "via",
+            "198.51.100.1",
+        ]);
         let out = host.exec("sh", &["-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"]);
         assert!(out.status.success());
         HostNetns { host, uplink }

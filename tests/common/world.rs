@@ -96,11 +96,23 @@ impl World {
     }
 
     pub fn calico(&self, inv: &Invocation, conf: &str) -> Outcome {
-        run_plugin(&self.bin.plugin("calico"), &self.bin.path(), Some(self.host.name()), inv, conf)
+        run_plugin(
+            &self.bin.plugin("calico"),
+            &self.bin.path(),
+            Some(self.host.name()),
+            inv,
+            conf,
+        )
     }
 
     pub fn ipam(&self, inv: &Invocation, conf: &str) -> Outcome {
-        run_plugin(&self.bin.plugin("calico-ipam"), &self.bin.path(), Some(self.host.name()), inv, conf)
+        run_plugin(
+            &self.bin.plugin("calico-ipam"),
+            &self.bin.path(),
+            Some(self.host.name()),
+            inv,
+            conf,
+        )
     }
 
     /// A fresh pod network namespace.
