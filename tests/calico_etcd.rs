@@ -528,12 +528,6 @@ fn bad_input_is_refused_and_leaves_nothing() {
         let mut inv = ok.clone();
         inv.unset.push(var.into());
         let out = w.calico(&inv, &conf);
-        if var == "CNI_COMMAND" {
-            // No command at all: about text on stderr, exit 0, nothing done.
-            assert_eq!(out.code, 0);
-            assert!(out.stderr.contains("CNI protocol versions supported"));
-            continue;
-        }
         let err = assert_bad(&w, out, 4);
         assert!(err["msg"].as_str().unwrap().contains(var), "{err}");
     }
@@ -637,4 +631,113 @@ fn etcd_unreachable_fails_fast() {
     );
     assert_eq!(err["code"], 999);
     assert_clean(&w);
+}
+
+#[test]
+fn dual_stack_k8s_pod() {
+    let w = World::new();
+    w.seed_pool("default-ipv6-ippool", "fd80:24e2:f998:72d6::/64", 122);
+    let conf = w.conf(json!({"ipam": {"assign_ipv6": "true"}}));
+    let pod = w.pod();
+    let inv = Invocation::new("ADD", "ds1", pod.path()).k8s("default", "dual");
+    let r = w.calico(&inv, &conf).assert_ok().json();
+    let ips = r["ips"].as_array().unwrap();
+    assert_eq!(ips.len(), 2, "{r}");
+    assert!(ips[0]["address"].as_str().unwrap().ends_with("/32"));
+    let v6 = ips[1]["address"].as_str().unwrap().to_string();
+    assert!(
+        v6.starts_with("fd80:24e2:f998:72d6:") && v6.ends_with("/128"),
+        "{v6}"
+    );
+    assert!(r["routes"][1]["dst"].as_str().unwrap().ends_with("/122"));
+    let handle = w.get("/calico/ipam/v2/handle/net1.ds1");
+    assert_eq!(handle["block"].as_object().unwrap().len(), 2);
+    assert_eq!(w.keys("/calico/ipam/v2/assignment/ipv6/block/").len(), 1);
+    assert_eq!(
+        w.keys(&format!("/calico/ipam/v2/host/{NODE}/ipv6/block/"))
+            .len(),
+        1
+    );
+    let wep = w.get(&format!("{WEP_PREFIX}default/node1-k8s-dual-eth0"));
+    assert_eq!(wep["spec"]["ipNetworks"].as_array().unwrap().len(), 2);
+    // Container: v6 default route via the host end's link-local, DAD off, nothing tentative.
+    let routes = pod.sh("ip -6 route show");
+    assert!(
+        routes.contains("default via fe80::ecee:eeff:feee:eeee dev eth0"),
+        "{routes}"
+    );
+    let addrs = pod.sh("ip -6 addr show dev eth0");
+    assert!(!addrs.contains("tentative"), "{addrs}");
+    assert_eq!(
+        sysctl(pod.name(), "/proc/sys/net/ipv6/conf/eth0/accept_dad"),
+        "0"
+    );
+    assert_eq!(
+        sysctl(pod.name(), "/proc/sys/net/ipv6/conf/all/forwarding"),
+        "0"
+    );
+    // Host: /128 route, v6 sysctls, the link-local the pod routes via.
+    let veth = r["interfaces"][0]["name"].as_str().unwrap().to_string();
+    let host_routes = w.host_sh("ip -6 route show");
+    assert!(
+        host_routes.contains(&format!("{} dev {veth}", v6.trim_end_matches("/128"))),
+        "{host_routes}"
+    );
+    for (path, want) in [
+        (format!("/proc/sys/net/ipv6/conf/{veth}/proxy_ndp"), "1"),
+        (format!("/proc/sys/net/ipv6/conf/{veth}/forwarding"), "1"),
+        (format!("/proc/sys/net/ipv6/conf/{veth}/accept_dad"), "0"),
+        (format!("/proc/sys/net/ipv6/conf/{veth}/disable_ipv6"), "0"),
+    ] {
+        assert_eq!(sysctl(w.host.name(), &path), want, "{path}");
+    }
+    assert!(w
+        .host_sh(&format!("ip -6 addr show dev {veth}"))
+        .contains("fe80::ecee:eeff:feee:eeee"));
+    w.calico(
+        &Invocation {
+            command: "DEL".into(),
+            ..inv
+        },
+        &conf,
+    )
+    .assert_ok();
+    assert_clean(&w);
+}
+
+#[test]
+fn unknown_fields_survive_read_modify_write_and_logs_are_written() {
+    let w = World::new();
+    let conf = w.conf(json!({}));
+    let (a, b) = (w.pod(), w.pod());
+    w.calico(&Invocation::new("ADD", "rmw1", a.path()), &conf)
+        .assert_ok();
+    // A newer Calico adds fields to the block; our next write must keep them.
+    let key = w.keys("/calico/ipam/v2/assignment/ipv4/block/").remove(0);
+    let mut block = w.get(&key);
+    block["futureField"] = json!({"x": 1});
+    block["attributes"][0]["alternateOwnerAttrs"] = json!({"pod": "other"});
+    w.etcd.put(&key, &block.to_string());
+    w.calico(&Invocation::new("ADD", "rmw2", b.path()), &conf)
+        .assert_ok();
+    let after = w.get(&key);
+    assert_eq!(after["futureField"], json!({"x": 1}));
+    assert_eq!(
+        after["attributes"][0]["alternateOwnerAttrs"],
+        json!({"pod": "other"})
+    );
+    assert_eq!(after["attributes"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        after["sequenceNumber"].as_u64().unwrap(),
+        block["sequenceNumber"].as_u64().unwrap() + 1
+    );
+    let log = std::fs::read_to_string(w.scratch.path().join("cni.log")).expect("log file");
+    assert!(
+        log.contains("[INFO]") && log.contains("cni-plugin/") && log.contains("ipam/"),
+        "{log}"
+    );
+    for (cid, ns) in [("rmw1", &a), ("rmw2", &b)] {
+        w.calico(&Invocation::new("DEL", cid, ns.path()), &conf)
+            .assert_ok();
+    }
 }

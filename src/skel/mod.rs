@@ -116,7 +116,10 @@ fn dispatch(
 ) -> Result<(), CniError> {
     let get = |k: &str| env(k).unwrap_or_default();
     let cmd = get("CNI_COMMAND");
-    if cmd.is_empty() {
+    // Run bare (by hand): the about text, as upstream. Run with other CNI_* variables but no
+    // command: a broken runtime call, answered with an error (upstream prints the about text).
+    let runtime_call = ENV_VARS[1..].iter().any(|(name, _)| !get(name).is_empty());
+    if cmd.is_empty() && !runtime_call {
         let about = plugin.about();
         let _ = writeln!(stderr, "{about}");
         let _ = writeln!(
@@ -128,7 +131,9 @@ fn dispatch(
     }
     let missing: Vec<&str> = ENV_VARS
         .iter()
-        .filter(|(name, cmds)| cmds.contains(&cmd.as_str()) && get(name).is_empty())
+        .filter(|(name, cmds)| {
+            (*name == "CNI_COMMAND" || cmds.contains(&cmd.as_str())) && get(name).is_empty()
+        })
         .map(|(name, _)| *name)
         .collect();
     if !missing.is_empty() {

@@ -100,6 +100,13 @@ fn no_command_prints_about() {
 }
 
 #[test]
+fn runtime_call_without_command_is_an_error() {
+    let e = err_of(&run(&add_env(&[("CNI_COMMAND", "")]), CONF));
+    assert_eq!(e["code"], 4);
+    assert_eq!(e["msg"], "required env variables [CNI_COMMAND] missing");
+}
+
+#[test]
 fn version_ignores_stdin() {
     let r = run(&[("CNI_COMMAND", "VERSION")], "not json at all");
     assert_eq!(r.code, 0);
