@@ -154,6 +154,24 @@ struct Result020 {
     dns: Dns,
 }
 
+/// Sorts object keys at every level (Go marshals maps in key order).
+pub fn sort_keys(v: Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            let mut entries: Vec<(String, Value)> = m.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k, sort_keys(v)))
+                    .collect(),
+            )
+        }
+        Value::Array(a) => Value::Array(a.into_iter().map(sort_keys).collect()),
+        other => other,
+    }
+}
+
 /// Go's `json.MarshalIndent(v, "", "    ")`, HTML-escaped as Go's encoder does.
 pub fn to_go_json_indent<T: Serialize>(v: &T) -> Result<String, CniError> {
     let mut buf = Vec::new();
@@ -194,9 +212,9 @@ impl CniResult {
                     routes: self.routes.clone(),
                     dns: self.dns.clone(),
                 };
-                // Through a Value (a sorted map) so every level's keys come out sorted.
+                // libcni prints 1.0 results through a map round trip: keys sorted at every level.
                 let v = serde_json::to_value(&r).map_err(|e| CniError::internal(e.to_string()))?;
-                to_go_json_indent(&v)
+                to_go_json_indent(&sort_keys(v))
             }
             "0.3.0" | "0.3.1" | "0.4.0" => {
                 let r = Result040 {

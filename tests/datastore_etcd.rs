@@ -1,0 +1,233 @@
+//! The etcd backend against a real etcd: key paths, create/CAS update/CAS delete semantics,
+//! what is stored byte for byte, and bounded failure when etcd is down.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use calico_cni::datastore::etcd::{EtcdConfig, EtcdDatastore};
+use calico_cni::datastore::model::{ProfileSpec, Resource, WorkloadEndpointSpec};
+use calico_cni::datastore::resources::{
+    create_resource, get_resource, list_resources, update_resource,
+};
+use calico_cni::datastore::{Datastore, DatastoreError, Key, Kind, ListKind};
+use common::etcd::EtcdServer;
+use serde_json::json;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn connect(endpoint: &str) -> EtcdDatastore {
+    EtcdDatastore::connect(&EtcdConfig {
+        endpoints: vec![endpoint.to_string()],
+        timeout: Duration::from_secs(2),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
+#[test]
+fn create_update_delete_semantics() {
+    let etcd = EtcdServer::start();
+    let rt = rt();
+    rt.block_on(async {
+        let ds = EtcdDatastore::connect(&EtcdConfig {
+            endpoints: vec![etcd.endpoint()],
+            timeout: Duration::from_secs(2),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let key = Key::Handle {
+            id: "net1.ABC".into(),
+        };
+        assert!(matches!(
+            ds.get(&key).await,
+            Err(DatastoreError::NotFound(_))
+        ));
+        let r1 = ds
+            .create(&key, &json!({"block":{"10.0.0.0/26":1},"deleted":false}))
+            .await
+            .unwrap();
+        assert!(matches!(
+            ds.create(&key, &json!({})).await,
+            Err(DatastoreError::AlreadyExists(_))
+        ));
+        let kv = ds.get(&key).await.unwrap();
+        assert_eq!(kv.revision, r1);
+        let r2 = ds
+            .update(
+                &key,
+                &json!({"block":{"10.0.0.0/26":2},"deleted":false}),
+                &r1,
+            )
+            .await
+            .unwrap();
+        assert_ne!(r1, r2);
+        // A stale revision is a conflict; a missing key is not found.
+        assert!(ds
+            .update(&key, &json!({}), &r1)
+            .await
+            .unwrap_err()
+            .is_conflict());
+        assert!(ds.delete(&key, Some(&r1)).await.unwrap_err().is_conflict());
+        let gone = Key::Handle { id: "nope".into() };
+        assert!(ds
+            .update(&gone, &json!({}), "5")
+            .await
+            .unwrap_err()
+            .is_not_found());
+        assert!(ds.delete(&gone, None).await.unwrap_err().is_not_found());
+        ds.delete(&key, Some(&r2)).await.unwrap();
+        assert!(ds.get(&key).await.unwrap_err().is_not_found());
+    });
+    assert!(etcd.keys("/calico/ipam/v2/handle/").is_empty());
+}
+
+#[test]
+fn stored_bytes_and_lists() {
+    let etcd = EtcdServer::start();
+    rt().block_on(async {
+        let ds = connect(&etcd.endpoint()).await;
+        let key = Key::Handle {
+            id: "k8s-pod-network.Abc".into(),
+        };
+        ds.create(&key, &json!({"block":{"10.0.0.0/26":1},"deleted":false}))
+            .await
+            .unwrap();
+        let cidr = "fd00:10:244::/122".parse().unwrap();
+        ds.create(
+            &Key::host_affinity("node1", cidr),
+            &json!({"state":"pending","deleted":false}),
+        )
+        .await
+        .unwrap();
+        let mut wep: Resource<WorkloadEndpointSpec> = Resource::new(
+            "WorkloadEndpoint",
+            "node1-k8s-p-eth0",
+            Some("ns1"),
+            Default::default(),
+        );
+        wep.spec.orchestrator = "k8s".into();
+        wep.spec.pod = "p".into();
+        create_resource(&ds, Kind::WorkloadEndpoint, &mut wep)
+            .await
+            .unwrap();
+        assert!(!wep.metadata.resource_version.is_empty());
+        // Update through the clientv3 layer: CAS on the resourceVersion it carries.
+        let stale = wep.clone();
+        wep.spec.mac = "aa:bb:cc:dd:ee:ff".into();
+        update_resource(&ds, Kind::WorkloadEndpoint, &mut wep)
+            .await
+            .unwrap();
+        let mut stale = stale;
+        assert!(update_resource(&ds, Kind::WorkloadEndpoint, &mut stale)
+            .await
+            .unwrap_err()
+            .is_conflict());
+        let got: Resource<WorkloadEndpointSpec> =
+            get_resource(&ds, Kind::WorkloadEndpoint, Some("ns1"), "node1-k8s-p-eth0")
+                .await
+                .unwrap();
+        assert_eq!(got.metadata.resource_version, wep.metadata.resource_version);
+        let listed: Vec<Resource<WorkloadEndpointSpec>> = list_resources(
+            &ds,
+            &ListKind::Resources {
+                kind: Kind::WorkloadEndpoint,
+                namespace: Some("ns1".into()),
+                name_prefix: Some("node1-k8s-p-".into()),
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(listed.len(), 1);
+        let affs = ds
+            .list(&ListKind::Affinities {
+                host: "node1".into(),
+                affinity_type: "host".into(),
+                version: Some(6),
+            })
+            .await
+            .unwrap();
+        assert_eq!(affs[0].key, Key::host_affinity("node1", cidr));
+        let mut profile: Resource<ProfileSpec> =
+            Resource::new("Profile", "net1", None, Default::default());
+        create_resource(&ds, Kind::Profile, &mut profile)
+            .await
+            .unwrap();
+    });
+    assert_eq!(
+        etcd.get_raw("/calico/ipam/v2/handle/k8s-pod-network.Abc")
+            .unwrap(),
+        r#"{"block":{"10.0.0.0/26":1},"deleted":false}"#
+    );
+    assert_eq!(
+        etcd.get_raw("/calico/ipam/v2/host/node1/ipv6/block/fd00:10:244::-122")
+            .unwrap(),
+        r#"{"state":"pending","deleted":false}"#
+    );
+    let wep = etcd
+        .get_json("/calico/resources/v3/projectcalico.org/workloadendpoints/ns1/node1-k8s-p-eth0");
+    assert_eq!(wep["kind"], "WorkloadEndpoint");
+    assert_eq!(wep["apiVersion"], "projectcalico.org/v3");
+    assert!(wep["metadata"].get("resourceVersion").is_none());
+    assert_eq!(wep["metadata"]["namespace"], "ns1");
+    assert_eq!(wep["spec"]["mac"], "aa:bb:cc:dd:ee:ff");
+    assert_eq!(
+        wep["metadata"]["labels"],
+        json!({"projectcalico.org/namespace":"ns1","projectcalico.org/orchestrator":"k8s"})
+    );
+    let raw = etcd
+        .get_raw("/calico/resources/v3/projectcalico.org/profiles/net1")
+        .unwrap();
+    assert!(raw.starts_with(r#"{"kind":"Profile","apiVersion":"projectcalico.org/v3","metadata":{"name":"net1","uid":""#), "{raw}");
+}
+
+#[test]
+fn pool_defaults_on_read() {
+    let etcd = EtcdServer::start();
+    etcd.put(
+        "/calico/resources/v3/projectcalico.org/ippools/p6",
+        r#"{"kind":"IPPool","apiVersion":"projectcalico.org/v3","metadata":{"name":"p6"},"spec":{"cidr":"fd00::/64"}}"#,
+    );
+    let pool: calico_cni::datastore::model::IpPool = rt()
+        .block_on(async {
+            let ds = connect(&etcd.endpoint()).await;
+            get_resource(&ds, Kind::IpPool, None, "p6").await
+        })
+        .unwrap();
+    assert_eq!(pool.spec.block_size, 122);
+    assert_eq!(pool.spec.node_selector, "all()");
+    assert_eq!(pool.spec.allowed_uses, ["Workload", "Tunnel"]);
+    assert_eq!(pool.spec.assignment_mode, "Automatic");
+    // Nothing was written back.
+    assert!(!etcd
+        .get_raw("/calico/resources/v3/projectcalico.org/ippools/p6")
+        .unwrap()
+        .contains("blockSize"));
+}
+
+#[test]
+fn unreachable_etcd_fails_within_the_timeout() {
+    let start = Instant::now();
+    let r = rt().block_on(async {
+        let ds = EtcdDatastore::connect(&EtcdConfig {
+            endpoints: vec!["http://127.0.0.1:1".into()],
+            timeout: Duration::from_secs(2),
+            ..Default::default()
+        })
+        .await?;
+        ds.get(&Key::IpamConfig).await.map(|_| ())
+    });
+    assert!(matches!(r, Err(DatastoreError::Unavailable(_))), "{r:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+}
