@@ -140,6 +140,17 @@ impl EtcdServer {
             .collect()
     }
 
+    /// Every (key, value) under `prefix`, in one etcdctl call (values are one-line JSON).
+    pub fn get_prefix(&self, prefix: &str) -> Vec<(String, String)> {
+        let out = self.etcdctl(&["get", "--prefix", prefix]);
+        let lines: Vec<&str> = out.lines().collect();
+        lines
+            .chunks(2)
+            .filter(|c| c.len() == 2)
+            .map(|c| (c[0].to_string(), c[1].to_string()))
+            .collect()
+    }
+
     /// Kills the server (for fault tests).
     pub fn kill(&mut self) {
         let _ = self.child.kill();
