@@ -11,18 +11,73 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 
 use common::cni::{run_plugin, Bin, Invocation, TempDir};
-use common::etcd::EtcdServer;
+use common::etcd::{EtcdCluster, EtcdServer};
 use serde_json::{json, Value};
 
+/// One etcd, or a multi-member cluster read through a member that is still alive.
+enum Store {
+    Single(EtcdServer),
+    Multi(Mutex<EtcdCluster>, usize),
+}
+
+impl Store {
+    fn put(&self, key: &str, value: &str) {
+        match self {
+            Store::Single(e) => e.put(key, value),
+            Store::Multi(c, reader) => {
+                c.lock().unwrap().ctl(*reader, &["put", key, value]);
+            }
+        }
+    }
+
+    fn get_prefix(&self, prefix: &str) -> Vec<(String, String)> {
+        match self {
+            Store::Single(e) => e.get_prefix(prefix),
+            Store::Multi(c, reader) => {
+                let out = c.lock().unwrap().ctl(*reader, &["get", "--prefix", prefix]);
+                let lines: Vec<&str> = out.lines().collect();
+                lines
+                    .chunks(2)
+                    .filter(|c| c.len() == 2)
+                    .map(|c| (c[0].to_string(), c[1].to_string()))
+                    .collect()
+            }
+        }
+    }
+
+    fn endpoints(&self) -> String {
+        match self {
+            Store::Single(e) => e.endpoint(),
+            Store::Multi(c, _) => c.lock().unwrap().endpoints_csv(),
+        }
+    }
+}
+
 struct Cluster {
-    etcd: EtcdServer,
+    etcd: Store,
+    endpoints: String,
     bin: Bin,
     scratch: TempDir,
 }
 
 impl Cluster {
     fn new(nodes: usize, pool: &str, block_size: u8, ipam_config: Option<Value>) -> Cluster {
-        let etcd = EtcdServer::start();
+        Cluster::with_store(
+            Store::Single(EtcdServer::start()),
+            nodes,
+            pool,
+            block_size,
+            ipam_config,
+        )
+    }
+
+    fn with_store(
+        etcd: Store,
+        nodes: usize,
+        pool: &str,
+        block_size: u8,
+        ipam_config: Option<Value>,
+    ) -> Cluster {
         etcd.put(
             "/calico/resources/v3/projectcalico.org/clusterinformations/default",
             r#"{"kind":"ClusterInformation","apiVersion":"projectcalico.org/v3","metadata":{"name":"default"},"spec":{"datastoreReady":true}}"#,
@@ -41,6 +96,7 @@ impl Cluster {
             etcd.put("/calico/ipam/v2/config", &c.to_string());
         }
         Cluster {
+            endpoints: etcd.endpoints(),
             etcd,
             bin: Bin::new(),
             scratch: TempDir::new("ipam-conc"),
@@ -50,7 +106,7 @@ impl Cluster {
     fn conf(&self, node: usize) -> String {
         json!({
             "cniVersion": "1.0.0", "name": "net1", "type": "calico",
-            "etcd_endpoints": self.etcd.endpoint(), "nodename": format!("node{node}"),
+            "etcd_endpoints": self.endpoints, "nodename": format!("node{node}"),
             "log_level": "warn",
             "log_file_path": self.scratch.path().join("cni.log").display().to_string(),
             "ipam_lock_file": self.scratch.path().join(format!("lock{node}")).display().to_string(),
@@ -81,8 +137,22 @@ struct Ledger {
 
 /// `nodes` parallel workers, each ADDing `pods` containers and DELing every third one.
 fn churn(c: &Cluster, nodes: usize, pods: usize) -> Ledger {
+    churn_with(c, nodes, pods, |_| {})
+}
+
+/// `churn`, calling `midway` (on its own thread) once the run is under way.
+fn churn_with(
+    c: &Cluster,
+    nodes: usize,
+    pods: usize,
+    midway: impl FnOnce(&Cluster) + Send,
+) -> Ledger {
     let ledger = Mutex::new(Ledger::default());
     std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(1500));
+            midway(c);
+        });
         for n in 0..nodes {
             let ledger = &ledger;
             s.spawn(move || {
@@ -328,5 +398,29 @@ fn small_pool_runs_out_cleanly() {
     let ledger = churn(&c, 10, 30);
     assert!(!ledger.exhausted.is_empty(), "the pool should have run out");
     assert!(ledger.live.len() <= 128);
+    verify(&c, &ledger);
+}
+
+#[test]
+fn three_member_etcd_loses_a_member_mid_run() {
+    let cluster = EtcdCluster::start(3);
+    let c = Cluster::with_store(
+        Store::Multi(Mutex::new(cluster), 0),
+        6,
+        "10.74.0.0/16",
+        26,
+        None,
+    );
+    let ledger = churn_with(&c, 6, 40, |c| {
+        if let Store::Multi(m, _) = &c.etcd {
+            m.lock().unwrap().kill(2);
+            eprintln!("killed etcd member m2");
+        }
+    });
+    assert!(
+        ledger.exhausted.is_empty(),
+        "allocations failed after the member loss"
+    );
+    assert_eq!(ledger.live.len() + ledger.deleted.len(), 240);
     verify(&c, &ledger);
 }

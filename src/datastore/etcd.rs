@@ -12,6 +12,7 @@ use etcd_client::{
     KvClient, TlsOptions, Txn, TxnOp, TxnOpResponse,
 };
 use serde_json::Value;
+use tracing::debug;
 
 use super::resources::{prepare_resource_for_storage, set_resource_version};
 use super::{Datastore, DatastoreError, Key, KvPair, ListKind, Revision};
@@ -37,6 +38,21 @@ pub struct EtcdConfig {
 pub struct EtcdDatastore {
     kv: KvClient,
     timeout: Duration,
+}
+
+/// Attempts per request when the transport fails.
+const TRANSPORT_ATTEMPTS: u64 = 4;
+
+/// A failure to reach a member (as opposed to an answer from etcd).
+fn is_transport_error(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        etcd_client::Error::GRpcStatus(s) => matches!(
+            s.code(),
+            tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
+        ),
+        _ => false,
+    }
 }
 
 fn unavailable(e: impl std::fmt::Display) -> DatastoreError {
@@ -84,23 +100,43 @@ impl EtcdDatastore {
         })
     }
 
-    async fn bounded<T, F>(&self, f: F) -> Result<T, DatastoreError>
+    /// Runs one request with the per-request timeout. Transport failures (a member down, a
+    /// leader election) are retried a few times so a cluster keeps serving through its
+    /// survivors; every write is a compare-and-swap, so a retried one cannot apply twice
+    /// unnoticed.
+    async fn bounded<T, F, Fut>(&self, mut op: F) -> Result<T, DatastoreError>
     where
-        F: Future<Output = Result<T, etcd_client::Error>>,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        match tokio::time::timeout(self.timeout, f).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(unavailable(e)),
-            Err(_) => Err(unavailable(format!(
-                "etcd request timed out after {:?}",
-                self.timeout
-            ))),
+        let mut attempt = 0u64;
+        loop {
+            attempt += 1;
+            let err = match tokio::time::timeout(self.timeout, op()).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) => e,
+                Err(_) => {
+                    return Err(unavailable(format!(
+                        "etcd request timed out after {:?}",
+                        self.timeout
+                    )))
+                }
+            };
+            if attempt >= TRANSPORT_ATTEMPTS || !is_transport_error(&err) {
+                return Err(unavailable(err));
+            }
+            debug!(attempt, error = %err, "etcd transport error; retrying");
+            tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
         }
     }
 
     async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse, DatastoreError> {
-        let mut kv = self.kv.clone();
-        self.bounded(kv.txn(txn)).await
+        self.bounded(|| {
+            let mut kv = self.kv.clone();
+            let txn = txn.clone();
+            async move { kv.txn(txn).await }
+        })
+        .await
     }
 }
 
@@ -311,8 +347,13 @@ fn header_revision(resp: &etcd_client::TxnResponse) -> Revision {
 impl Datastore for EtcdDatastore {
     async fn get(&self, key: &Key) -> Result<KvPair, DatastoreError> {
         let path = key_path(key);
-        let mut kv = self.kv.clone();
-        let resp = self.bounded(kv.get(path, None)).await?;
+        let resp = self
+            .bounded(|| {
+                let mut kv = self.kv.clone();
+                let path = path.clone();
+                async move { kv.get(path, None).await }
+            })
+            .await?;
         match resp.kvs().first() {
             Some(item) => to_pair(key.clone(), item),
             None => Err(DatastoreError::NotFound(describe(key))),
@@ -321,9 +362,12 @@ impl Datastore for EtcdDatastore {
 
     async fn list(&self, what: &ListKind) -> Result<Vec<KvPair>, DatastoreError> {
         let prefix = list_prefix(what);
-        let mut kv = self.kv.clone();
         let resp = self
-            .bounded(kv.get(prefix, Some(GetOptions::new().with_prefix())))
+            .bounded(|| {
+                let mut kv = self.kv.clone();
+                let prefix = prefix.clone();
+                async move { kv.get(prefix, Some(GetOptions::new().with_prefix())).await }
+            })
             .await?;
         let mut out = Vec::with_capacity(resp.kvs().len());
         for item in resp.kvs() {

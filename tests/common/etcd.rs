@@ -163,3 +163,113 @@ impl Drop for EtcdServer {
         self.kill();
     }
 }
+
+/// A multi-member etcd cluster on loopback (for fault tests), killed on drop.
+pub struct EtcdCluster {
+    members: Vec<(Child, u16)>,
+    _dir: TempDir,
+}
+
+impl EtcdCluster {
+    pub fn start(size: usize) -> EtcdCluster {
+        let dir = TempDir::new("etcd-cluster");
+        let ports: Vec<(u16, u16)> = (0..size).map(|_| (free_port(), free_port())).collect();
+        let initial = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut members = Vec::new();
+        for (i, (port, peer)) in ports.iter().enumerate() {
+            let client_url = format!("http://127.0.0.1:{port}");
+            let peer_url = format!("http://127.0.0.1:{peer}");
+            let child = Command::new("etcd")
+                .args(["--name", &format!("m{i}"), "--data-dir"])
+                .arg(dir.path().join(format!("m{i}")))
+                .args([
+                    "--listen-client-urls",
+                    &client_url,
+                    "--advertise-client-urls",
+                    &client_url,
+                ])
+                .args([
+                    "--listen-peer-urls",
+                    &peer_url,
+                    "--initial-advertise-peer-urls",
+                    &peer_url,
+                ])
+                .args([
+                    "--initial-cluster",
+                    &initial,
+                    "--initial-cluster-state",
+                    "new",
+                ])
+                .args(["--logger=zap", "--log-level=error"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start etcd member");
+            members.push((child, *port));
+        }
+        let c = EtcdCluster { members, _dir: dir };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !c.healthy() {
+            assert!(
+                Instant::now() < deadline,
+                "etcd cluster did not become healthy"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        c
+    }
+
+    fn healthy(&self) -> bool {
+        Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &self.endpoints_csv(), "endpoint", "health"])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    }
+
+    /// `http://127.0.0.1:a,http://127.0.0.1:b,...` (the `etcd_endpoints` form).
+    pub fn endpoints_csv(&self) -> String {
+        self.members
+            .iter()
+            .map(|(_, p)| format!("http://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// A single-member handle for etcdctl reads (`get_prefix`, `put`) through member `i`.
+    pub fn ctl(&self, i: usize, args: &[&str]) -> String {
+        let out = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &format!("127.0.0.1:{}", self.members[i].1)])
+            .args(args)
+            .output()
+            .expect("etcdctl");
+        assert!(
+            out.status.success(),
+            "etcdctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// SIGKILLs member `i`.
+    pub fn kill(&mut self, i: usize) {
+        let _ = self.members[i].0.kill();
+        let _ = self.members[i].0.wait();
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for (c, _) in &mut self.members {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
