@@ -96,6 +96,21 @@ fn prepare(args: &CmdArgs) -> Result<Call> {
 async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     let call = prepare(args)?;
     let ds = client::connect(&call.conf).await?;
+    assign(&ds, &call).await
+}
+
+/// calico-ipam ADD on an open datastore (the `calico` plugin calls this in-process when
+/// `ipam.type` is this very binary).
+pub async fn add_with<D: Datastore>(ds: &D, args: &CmdArgs) -> Result<CniResult> {
+    assign(ds, &prepare(args)?).await
+}
+
+/// calico-ipam DEL on an open datastore.
+pub async fn del_with<D: Datastore>(ds: &D, args: &CmdArgs) -> Result<()> {
+    release(ds, &prepare(args)?).await
+}
+
+async fn assign<D: Datastore>(ds: &D, call: &Call) -> Result<CniResult> {
     let handle = call.ids.handle_id(&call.conf.name);
     let mut attrs = BTreeMap::new();
     attrs.insert("node".to_string(), call.ids.node.clone());
@@ -105,7 +120,7 @@ async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
         attrs.insert("namespace".to_string(), call.ids.namespace.clone());
     }
     info!(handle, node = %call.ids.node, container_id = %call.ids.container_id, "calico-ipam ADD");
-    let ipam = Ipam::new(&ds, &call.ids.node);
+    let ipam = Ipam::new(ds, &call.ids.node);
 
     if let Some(ip) = call.ip {
         let _lock = IpamLock::acquire(call.conf.ipam_lock_file());
@@ -121,8 +136,8 @@ async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
         });
     }
 
-    let ipv4_pools = resolve_pools(&ds, &ipam, &call.conf.ipam.ipv4_pools, 4).await?;
-    let ipv6_pools = resolve_pools(&ds, &ipam, &call.conf.ipam.ipv6_pools, 6).await?;
+    let ipv4_pools = resolve_pools(&ipam, &call.conf.ipam.ipv4_pools, 4).await?;
+    let ipv6_pools = resolve_pools(&ipam, &call.conf.ipam.ipv6_pools, 6).await?;
     let req = AutoAssignArgs {
         num4: usize::from(call.conf.assign_ipv4()),
         num6: usize::from(call.conf.assign_ipv6()),
@@ -165,7 +180,11 @@ async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
 async fn cmd_del(args: &CmdArgs) -> Result<()> {
     let call = prepare(args)?;
     let ds = client::connect(&call.conf).await?;
-    let ipam = Ipam::new(&ds, &call.ids.node);
+    release(&ds, &call).await
+}
+
+async fn release<D: Datastore>(ds: &D, call: &Call) -> Result<()> {
+    let ipam = Ipam::new(ds, &call.ids.node);
     let _lock = IpamLock::acquire(call.conf.ipam_lock_file());
     for handle in [
         call.ids.handle_id(&call.conf.name),
@@ -191,7 +210,6 @@ async fn with_timeout<T>(f: impl std::future::Future<Output = T>) -> Result<T> {
 
 /// `ipv4_pools`/`ipv6_pools` entries are CIDRs or IPPool names (utils.ResolvePools).
 async fn resolve_pools<D: Datastore>(
-    _ds: &D,
     ipam: &Ipam<'_, D>,
     entries: &[String],
     version: u8,

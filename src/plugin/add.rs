@@ -32,7 +32,7 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
 
     if conf.policy.policy_type.is_empty() {
         if let Err(e) = endpoint::ensure_profile(&call.ds, &conf.name, call.ids.is_k8s()).await {
-            ipam_exec::release(&conf.ipam.ipam_type, args, &args.stdin_data);
+            ipam_exec::release(&call.ds, &conf.ipam.ipam_type, args).await;
             return Err(e);
         }
     }
@@ -69,10 +69,10 @@ async fn add_cni(
     }
 
     let ipam_type = &conf.ipam.ipam_type;
-    let mut result = ipam_exec::exec_add(ipam_type, args, &args.stdin_data)?;
+    let mut result = ipam_exec::exec_add(&call.ds, ipam_type, args).await?;
     info!(ips = ?result.ips.iter().map(|i| i.address.to_string()).collect::<Vec<_>>(), "Got result from IPAM plugin");
     if result.ips.is_empty() {
-        ipam_exec::release(ipam_type, args, &args.stdin_data);
+        ipam_exec::release(&call.ds, ipam_type, args).await;
         return Err(Error::msg("IPAM plugin returned no IP addresses in result"));
     }
 
@@ -101,7 +101,7 @@ async fn add_cni(
     let net = match net {
         Ok(n) => n,
         Err(e) => {
-            ipam_exec::release(ipam_type, args, &args.stdin_data);
+            ipam_exec::release(&call.ds, ipam_type, args).await;
             return Err(e);
         }
     };
@@ -109,7 +109,7 @@ async fn add_cni(
     wep.spec.interface_name = net.host_veth.clone();
     if let Err(e) = endpoint::write(&call.ds, &mut wep).await {
         undo_networking(args);
-        ipam_exec::release(ipam_type, args, &args.stdin_data);
+        ipam_exec::release(&call.ds, ipam_type, args).await;
         return Err(e);
     }
     info!(name = %wep.metadata.name, "Wrote endpoint to datastore");
@@ -139,10 +139,10 @@ async fn add_k8s(
     }
     let routes = k8s_routes(conf)?;
     let ipam_type = &conf.ipam.ipam_type;
-    let mut result = ipam_exec::exec_add(ipam_type, args, &args.stdin_data)?;
+    let mut result = ipam_exec::exec_add(&call.ds, ipam_type, args).await?;
     info!(ips = ?result.ips.iter().map(|i| i.address.to_string()).collect::<Vec<_>>(), "Got result from IPAM plugin");
     if result.ips.is_empty() {
-        ipam_exec::release(ipam_type, args, &args.stdin_data);
+        ipam_exec::release(&call.ds, ipam_type, args).await;
         return Err(Error::msg("IPAM plugin returned missing IP config"));
     }
     // A calico-ipam result without routes is a KubeVirt migration target: no host routes.
@@ -170,7 +170,7 @@ async fn add_k8s(
     ) {
         Ok(n) => n,
         Err(e) => {
-            ipam_exec::release(ipam_type, args, &args.stdin_data);
+            ipam_exec::release(&call.ds, ipam_type, args).await;
             return Err(e);
         }
     };
@@ -178,7 +178,7 @@ async fn add_k8s(
     wep.spec.interface_name = net.host_veth.clone();
     if let Err(e) = endpoint::write(&call.ds, &mut wep).await {
         undo_networking(args);
-        ipam_exec::release(ipam_type, args, &args.stdin_data);
+        ipam_exec::release(&call.ds, ipam_type, args).await;
         return Err(e);
     }
     info!(name = %wep.metadata.name, "Wrote endpoint to datastore");

@@ -25,11 +25,11 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
     if ids.is_k8s() {
         delete_k8s_endpoint(&call.ds, &ids.namespace, &name, &ids.container_id).await?;
         dataplane::clean_up_namespace(&args.netns, &args.ifname)?;
-        ipam_exec::exec_del(ipam_type, args, &args.stdin_data)?;
+        ipam_exec::exec_del(&call.ds, ipam_type, args).await?;
         return Ok(());
     }
 
-    let ipam_result = ipam_exec::exec_del(ipam_type, args, &args.stdin_data);
+    let ipam_result = ipam_exec::exec_del(&call.ds, ipam_type, args).await;
     match delete_resource(
         &call.ds,
         Kind::WorkloadEndpoint,

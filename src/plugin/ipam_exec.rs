@@ -1,7 +1,9 @@
 //! Running the IPAM plugin named in `ipam.type` (libcni `ipam.ExecAdd/ExecDel`): found in
 //! CNI_PATH, fed the same stdin, the same environment except CNI_COMMAND (and CNI_ARGS with
 //! `IgnoreUnknown=1` prepended), its result parsed from any CNI version and its error JSON
-//! passed through unchanged.
+//! passed through unchanged. When `ipam.type` is `calico-ipam` and that file is this very
+//! binary, the IPAM runs in-process on the already open datastore: the same code and the
+//! same stdin, without a second process start and datastore connection.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -9,6 +11,7 @@ use std::process::{Command, Stdio};
 
 use tracing::{debug, warn};
 
+use crate::datastore::Datastore;
 use crate::error::{Error, Result};
 use crate::skel::{CmdArgs, CniError, CniResult};
 
@@ -75,21 +78,51 @@ fn exec(plugin: &str, command: &str, args: &CmdArgs, stdin: &[u8]) -> Result<Vec
     }
 }
 
+/// Whether `plugin` in CNI_PATH is this executable under its IPAM name.
+fn is_own_ipam(plugin: &str, cni_path: &str) -> bool {
+    if plugin != "calico-ipam" {
+        return false;
+    }
+    let (Ok(found), Ok(me)) = (find_plugin(plugin, cni_path), std::env::current_exe()) else {
+        return false;
+    };
+    match (found.canonicalize(), me.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// The arguments the IPAM plugin sees (calico runs with `IgnoreUnknown=1` prepended).
+fn ipam_args(args: &CmdArgs) -> CmdArgs {
+    CmdArgs {
+        args: crate::skel::args::prepend_ignore_unknown(&args.args),
+        ..args.clone()
+    }
+}
+
 /// IPAM ADD: the plugin's result, converted to the 1.0 model.
-pub fn exec_add(plugin: &str, args: &CmdArgs, stdin: &[u8]) -> Result<CniResult> {
-    let out = exec(plugin, "ADD", args, stdin)?;
+pub async fn exec_add<D: Datastore>(ds: &D, plugin: &str, args: &CmdArgs) -> Result<CniResult> {
+    if is_own_ipam(plugin, &args.path) {
+        debug!("running calico-ipam ADD in-process");
+        return crate::ipam::plugin::add_with(ds, &ipam_args(args)).await;
+    }
+    let out = exec(plugin, "ADD", args, &args.stdin_data)?;
     Ok(CniResult::parse(&out)?)
 }
 
 /// IPAM DEL.
-pub fn exec_del(plugin: &str, args: &CmdArgs, stdin: &[u8]) -> Result<()> {
-    exec(plugin, "DEL", args, stdin).map(|_| ())
+pub async fn exec_del<D: Datastore>(ds: &D, plugin: &str, args: &CmdArgs) -> Result<()> {
+    if is_own_ipam(plugin, &args.path) {
+        debug!("running calico-ipam DEL in-process");
+        return crate::ipam::plugin::del_with(ds, &ipam_args(args)).await;
+    }
+    exec(plugin, "DEL", args, &args.stdin_data).map(|_| ())
 }
 
 /// Rollback after a failed ADD ("ReleaseIPAllocation"): failures are only logged.
-pub fn release(plugin: &str, args: &CmdArgs, stdin: &[u8]) {
+pub async fn release<D: Datastore>(ds: &D, plugin: &str, args: &CmdArgs) {
     debug!("releasing IPAM allocation after a failed ADD");
-    if let Err(e) = exec_del(plugin, args, stdin) {
+    if let Err(e) = exec_del(ds, plugin, args).await {
         warn!(error = %e, "failed to release IPAM allocation");
     }
 }

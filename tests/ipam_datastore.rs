@@ -1,0 +1,177 @@
+//! calico-ipam's datastore writes compared field by field with upstream's JSON
+//! (calico-datastore.md §1.9–1.12): a /29 block filled to its last address through the real
+//! binary and emptied again, the handle and affinity objects, IPAMConfig defaults.
+
+mod common;
+
+use common::cni::{run_plugin, Bin, Invocation, TempDir};
+use common::etcd::EtcdServer;
+use serde_json::{json, Value};
+
+const BLOCK: &str = "/calico/ipam/v2/assignment/ipv4/block/10.80.0.0-29";
+const AFFINITY: &str = "/calico/ipam/v2/host/node1/ipv4/block/10.80.0.0-29";
+
+struct Env {
+    etcd: EtcdServer,
+    bin: Bin,
+    scratch: TempDir,
+}
+
+impl Env {
+    fn new() -> Env {
+        let etcd = EtcdServer::start();
+        etcd.put(
+            "/calico/resources/v3/projectcalico.org/nodes/node1",
+            r#"{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node1"},"spec":{}}"#,
+        );
+        // A pool that is exactly one /29 block.
+        etcd.put(
+            "/calico/resources/v3/projectcalico.org/ippools/p29",
+            r#"{"kind":"IPPool","apiVersion":"projectcalico.org/v3","metadata":{"name":"p29"},"spec":{"cidr":"10.80.0.0/29","blockSize":29}}"#,
+        );
+        Env {
+            etcd,
+            bin: Bin::new(),
+            scratch: TempDir::new("ipam-ds"),
+        }
+    }
+
+    fn ipam(&self, cmd: &str, cid: &str) -> common::cni::Outcome {
+        let conf = json!({"cniVersion":"1.0.0","name":"net1","etcd_endpoints":self.etcd.endpoint(),
+            "nodename":"node1","log_file_path":self.scratch.path().join("cni.log").display().to_string(),
+            "ipam_lock_file":self.scratch.path().join("lock").display().to_string(),"ipam":{"type":"calico-ipam"}});
+        let inv = Invocation::new(cmd, cid, "/dev/null").k8s("ns1", &format!("pod-{cid}"));
+        run_plugin(
+            &self.bin.plugin("calico-ipam"),
+            &self.bin.path(),
+            None,
+            &inv,
+            &conf.to_string(),
+        )
+    }
+}
+
+/// The block with its time-dependent fields checked and then blanked.
+fn block(env: &Env) -> Value {
+    let raw = env.etcd.get_raw(BLOCK).expect("block");
+    let mut b: Value = serde_json::from_str(&raw).unwrap();
+    // Field order as upstream's struct.
+    let keys: Vec<&String> = b.as_object().unwrap().keys().collect();
+    assert_eq!(
+        keys,
+        [
+            "cidr",
+            "affinity",
+            "affinity_claim_time",
+            "allocations",
+            "unallocated",
+            "attributes",
+            "sequenceNumber",
+            "sequenceNumberForAllocation",
+            "deleted"
+        ]
+    );
+    assert!(b["affinity_claim_time"].as_str().unwrap().ends_with('Z'));
+    b["affinity_claim_time"] = json!("T");
+    for a in b["attributes"].as_array_mut().into_iter().flatten() {
+        let ts = a["secondary"]["timestamp"].as_str().unwrap();
+        assert!(ts.ends_with(" +0000 UTC"), "{ts}");
+        a["secondary"]["timestamp"] = json!("TS");
+    }
+    b
+}
+
+fn attr(cid: &str) -> Value {
+    json!({"handle_id": format!("net1.{cid}"), "secondary": {"namespace": "ns1", "node": "node1", "pod": format!("pod-{cid}"), "timestamp": "TS"}})
+}
+
+#[test]
+fn block_filled_to_the_last_address_and_emptied() {
+    let env = Env::new();
+    assert!(env.etcd.get_raw("/calico/ipam/v2/config").is_none());
+    let mut seqs = Vec::new();
+    for i in 0..8 {
+        let cid = format!("c{i}");
+        let r = env.ipam("ADD", &cid).assert_ok().json();
+        assert_eq!(r["ips"][0]["address"], format!("10.80.0.{i}/29"));
+        assert_eq!(r["routes"][0]["dst"], format!("10.80.0.{i}/29"));
+        let b = block(&env);
+        let mut allocations = vec![Value::Null; 8];
+        for (j, a) in allocations.iter_mut().enumerate().take(i + 1) {
+            *a = json!(j);
+        }
+        assert_eq!(b["cidr"], "10.80.0.0/29");
+        assert_eq!(b["affinity"], "host:node1");
+        assert_eq!(b["allocations"], json!(allocations));
+        assert_eq!(b["unallocated"], json!((i + 1..8).collect::<Vec<_>>()));
+        assert_eq!(
+            b["attributes"],
+            json!((0..=i).map(|j| attr(&format!("c{j}"))).collect::<Vec<_>>())
+        );
+        assert_eq!(b["deleted"], false);
+        let seq = b["sequenceNumber"].as_u64().unwrap();
+        // The allocation records the sequence number the block had before this write.
+        assert_eq!(b["sequenceNumberForAllocation"][i.to_string()], seq - 1);
+        seqs.push(seq);
+        assert_eq!(
+            env.etcd
+                .get_json(&format!("/calico/ipam/v2/handle/net1.{cid}")),
+            json!({"block": {"10.80.0.0/29": 1}, "deleted": false})
+        );
+    }
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "{seqs:?}");
+    assert_eq!(
+        env.etcd.get_json(AFFINITY),
+        json!({"state": "confirmed", "deleted": false})
+    );
+    // Full: the next ADD fails with upstream's message and leaves nothing.
+    let err = env.ipam("ADD", "c8").assert_err();
+    assert_eq!(
+        err["msg"],
+        "failed to request IPv4 addresses: Assigned 0 out of 1 requested IPv4 addresses; No IPs available in pools: [10.80.0.0/29]"
+    );
+    assert!(env.etcd.get_raw("/calico/ipam/v2/handle/net1.c8").is_none());
+
+    // Release out of order: freed ordinals go to the tail, attributes are compacted.
+    env.ipam("DEL", "c5").assert_ok();
+    env.ipam("DEL", "c2").assert_ok();
+    let b = block(&env);
+    assert_eq!(b["allocations"], json!([0, 1, null, 2, 3, null, 4, 5]));
+    assert_eq!(b["unallocated"], json!([5, 2]));
+    assert_eq!(
+        b["attributes"],
+        json!(["c0", "c1", "c3", "c4", "c6", "c7"]
+            .iter()
+            .map(|c| attr(c))
+            .collect::<Vec<_>>())
+    );
+    assert!(env.etcd.get_raw("/calico/ipam/v2/handle/net1.c5").is_none());
+    // The head of the free list is reused first.
+    let r = env.ipam("ADD", "c9").assert_ok().json();
+    assert_eq!(r["ips"][0]["address"], "10.80.0.5/29");
+    for c in ["c0", "c1", "c3", "c4", "c6", "c7", "c9", "c2"] {
+        env.ipam("DEL", c).assert_ok();
+    }
+    let b = block(&env);
+    assert_eq!(
+        b["allocations"],
+        json!([null, null, null, null, null, null, null, null])
+    );
+    assert_eq!(b["attributes"], json!([]));
+    assert_eq!(b["unallocated"].as_array().unwrap().len(), 8);
+    // The empty block stays affine to the host (upstream frees it later, via GC or reclaim).
+    assert_eq!(b["affinity"], "host:node1");
+    assert!(env.etcd.keys("/calico/ipam/v2/handle/").is_empty());
+    // Nothing wrote an IPAMConfig: absent means upstream's defaults.
+    assert!(env.etcd.get_raw("/calico/ipam/v2/config").is_none());
+}
+
+#[test]
+fn legacy_handle_and_repeated_del() {
+    let env = Env::new();
+    env.ipam("ADD", "x1").assert_ok();
+    // DEL also releases the pre-v3 handle <ns>.<pod>; a second DEL is a no-op success.
+    env.ipam("DEL", "x1").assert_ok();
+    env.ipam("DEL", "x1").assert_ok();
+    assert!(env.etcd.keys("/calico/ipam/v2/handle/").is_empty());
+}
