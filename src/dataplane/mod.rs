@@ -1,574 +1,667 @@
 //! The Linux dataplane: veth pair, MACs, addresses, routes and sysctls inside and outside the
-//! pod's network namespace (cni-plugin/pkg/dataplane/linux). Entry points: `do_networking`
-//! (ADD) and `clean_up_namespace` (DEL). Blocking functions: every netlink step runs on a
-//! short-lived thread inside the right namespace (see `netns`).
+//! pod's network namespace. Entry points: `do_networking` and `clean_up_namespace`.
+//!
+//! Threading model. The public functions are blocking and may be called from inside a tokio
+//! `block_on`, so they never create a runtime on the calling thread. All netlink work happens
+//! on short-lived spawned threads, each with its own current-thread runtime:
+//! * the "host" netns is whatever netns the *calling thread* is in (`/proc/thread-self/ns/net`);
+//! * the `do_networking` worker first opens a netlink socket in the host netns, then `setns()`es
+//!   into the pod netns and opens a second socket there. A netlink socket stays bound to the
+//!   netns it was created in, so the worker drives both sides, like upstream's host handle plus
+//!   in-netns calls;
+//! * `/proc/sys/net` resolves against the opening thread's netns, so host-side sysctls are
+//!   written from a further helper thread that joins the host netns;
+//! * every thread that entered the pod netns exits when its work is done.
 
-mod netns;
-pub mod sysctl;
+mod nl;
+mod route;
+mod sys;
 
-use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use futures::TryStreamExt;
-use netlink_packet_route::address::AddressAttribute;
-use netlink_packet_route::link::{InfoData, InfoVeth, LinkAttribute, LinkMessage};
-use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope,
-};
-use rtnetlink::{Handle, LinkUnspec, LinkVeth, RouteMessageBuilder};
-use tracing::{debug, info, warn};
+use netlink_packet_route::link::{InfoData, InfoVeth, LinkAttribute};
+use netlink_packet_route::route::RouteScope;
+use rtnetlink::{Handle, LinkUnspec, LinkVeth};
 
 use crate::net::{format_mac, IpNet};
+use nl::{link_mac, lookup, nl_text, route_message};
+use sys::{block_on, connect, open_netns, write_proc_sys, NsOpenError};
 
-/// The pod's IPv4 gateway: a link-local next hop the host answers by proxy ARP.
-pub const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
-/// The host end's IPv6 link-local address, derived from its MAC ee:ee:ee:ee:ee:ee.
-pub const GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0xecee, 0xeeff, 0xfeee, 0xeeee);
-pub const HOST_MAC: [u8; 6] = [0xee; 6];
-
-const ENODEV: i32 = -19;
-const EEXIST: i32 = -17;
+/// MAC given to every host-side veth.
+const HOST_SIDE_MAC: [u8; 6] = [0xee; 6];
+/// The IPv6 link-local address the kernel derives (EUI-64) from `HOST_SIDE_MAC`.
+const HOST_SIDE_LL: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0xecee, 0xeeff, 0xfeee, 0xeeee);
+/// Dummy IPv4 next hop inside the pod; the host answers ARP for it via proxy ARP.
+const IPV4_GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+const MAC_RETRY_INTERVAL: Duration = Duration::from_millis(100);
+const MAC_TIMEOUT: Duration = Duration::from_secs(5);
+const LL_ATTEMPTS: usize = 10;
+const LL_RETRY_INTERVAL: Duration = Duration::from_millis(50);
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(20);
 
-#[derive(Debug, thiserror::Error)]
-pub enum DataplaneError {
-    #[error("failed to enter netns: {0}")]
-    EnterNetns(String),
-    #[error("{0}")]
-    Netlink(String),
-    #[error("error configuring sysctls for interface: {iface}, error: {error}")]
-    HostSysctl { iface: String, error: String },
-    #[error("error configuring sysctls for the container netns, error: {0}")]
-    ContainerSysctl(String),
-    #[error("timed out waiting for host-side interface {0:?} to accept MAC ee:ee:ee:ee:ee:ee")]
-    MacTimeout(String),
-    #[error("failed to get IPv6 addresses for host side of the pod interface")]
-    NoHostIpv6,
-    #[error("error adding host side routes for interface: {iface}, error: {error}")]
-    HostRoute { iface: String, error: String },
-    #[error("timed out deleting device in netns {0}")]
-    CleanupTimeout(String),
-    #[error("failed to clean up workload's pod interface inside netns: {0}")]
-    Cleanup(String),
-}
-
-/// What to build for one pod interface.
-#[derive(Clone, Debug, Default)]
+/// What `do_networking` sets up for one pod interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetworkingRequest {
+    /// `CNI_NETNS`.
     pub netns_path: String,
+    /// Container-side interface name (`CNI_IFNAME`).
     pub ifname: String,
+    /// Host-side interface name, e.g. `cali1234567890a`.
     pub host_veth: String,
     /// 0 = kernel default.
     pub mtu: u32,
+    /// Tx/rx queues on both ends; 0 = kernel default.
     pub num_queues: u32,
-    /// Container addresses (masks forced to /32 and /128).
+    /// Container addresses; prefixes are forced to /32 and /128.
     pub ips: Vec<IpNet>,
-    /// Container route destinations, routed via the family's gateway.
+    /// Container route destinations (e.g. `0.0.0.0/0`, `::/0`), routed via 169.254.1.1 or the
+    /// host side's link-local address, only for families that have an address.
     pub routes: Vec<IpNet>,
     pub allow_ip_forwarding: bool,
+    /// From the `cni.projectcalico.org/hwAddr` annotation.
     pub container_mac: Option<[u8; 6]>,
+    /// Leave the host-side /32|/128 routes to someone else (KubeVirt migration targets).
     pub skip_host_routes: bool,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetworkingResult {
     pub host_veth: String,
     /// Lower-case `aa:bb:cc:dd:ee:ff`.
     pub container_mac: String,
 }
 
-fn nl(context: &str, e: rtnetlink::Error) -> DataplaneError {
-    DataplaneError::Netlink(format!("{context}: {e}"))
+/// Errors, with upstream's (Calico v3.32 `dataplane_linux.go`) texts. OS and netlink causes are
+/// rendered as Go renders them (`file exists`, `open <path>: no such file or directory`).
+#[derive(Debug, thiserror::Error)]
+pub enum DataplaneError {
+    #[error("failed to create host netlink handle: {0}")]
+    HostHandle(String),
+    #[error("failed to delete old hostVeth {name}: {reason}")]
+    DeleteOldHostVeth { name: String, reason: String },
+    /// The pod netns could not be entered (containernetworking `ns` package texts).
+    #[error("{0}")]
+    Netns(String),
+    /// Creating the veth pair failed; upstream returns the bare netlink error.
+    #[error("{0}")]
+    CreateVeth(String),
+    #[error("failed to lookup {name:?}: {reason}")]
+    Lookup { name: String, reason: String },
+    #[error("timed out waiting for host veth {0:?} to accept MAC ee:ee:ee:ee:ee:ee")]
+    MacTimeout(String),
+    #[error("failed to disable DAD for {name}: {reason}")]
+    DisableDad { name: String, reason: String },
+    /// `reason` is e.g. `failed to set net.ipv4.conf.<h>.proxy_arp=1: <e>`.
+    #[error("error configuring sysctls for interface: {iface}, error: {reason}")]
+    HostSysctls { iface: String, reason: String },
+    #[error("failed to set {name:?} up: {reason}")]
+    LinkUp { name: String, reason: String },
+    /// Upstream uses this text for both halves of the link-local "toggle" (down and up).
+    #[error("failed to set {name:?} down: {reason}")]
+    LinkDown { name: String, reason: String },
+    #[error("failed to set container veth MAC to {mac} as requested via cni.projectcalico.org/hwAddr: {reason}")]
+    ContainerMac { mac: String, reason: String },
+    #[error("failed to add route inside the container: {0}")]
+    GatewayRoute(String),
+    #[error("failed to add IPv{version} route for {dst} via {gw}: {reason}")]
+    ContainerRoute {
+        version: u8,
+        dst: IpNet,
+        gw: IpAddr,
+        reason: String,
+    },
+    #[error("failed to set net.ipv6.conf.{conf}.disable_ipv6=0: {reason}")]
+    ContainerEnableIpv6 { conf: &'static str, reason: String },
+    #[error("failed to get IPv6 addresses for host side of the veth pair")]
+    NoHostIpv6,
+    #[error("host-side veth got wrong link-local IP address: {0}")]
+    WrongLinkLocal(Ipv6Addr),
+    /// Upstream formats the whole Go link struct with `%q`; we print the interface name.
+    #[error("failed to add IP addr to {name:?}: {reason}")]
+    AddAddr { name: String, reason: String },
+    #[error("error configuring sysctls for the container netns, error: {0}")]
+    ContainerSysctls(String),
+    /// `reason` is one of the `SetupRoutes` texts (`route (...) already exists for ...`).
+    #[error("error adding host side routes for interface: {iface}, error: {reason}")]
+    HostRoutes { iface: String, reason: String },
+    #[error("failed to enter netns: {0}")]
+    EnterNetns(String),
+    #[error("failed to clean up workload's veth inside netns: {0}")]
+    CleanUpLink(String),
+    #[error("timed out deleting device in netns {0}")]
+    CleanUpTimeout(String),
+    /// Thread or runtime failures that have no upstream counterpart.
+    #[error("{0}")]
+    Internal(String),
 }
 
-fn errno(e: &rtnetlink::Error) -> Option<i32> {
-    match e {
-        rtnetlink::Error::NetlinkError(m) => m.code.map(|c| c.get()),
-        _ => None,
-    }
-}
+type Result<T, E = DataplaneError> = std::result::Result<T, E>;
 
-/// The index of link `name`, or None when there is no such link.
-async fn link_index(h: &Handle, name: &str) -> Result<Option<u32>, rtnetlink::Error> {
-    match h
-        .link()
-        .get()
-        .match_name(name.to_string())
-        .execute()
-        .try_next()
-        .await
-    {
-        Ok(Some(m)) => Ok(Some(m.header.index)),
-        Ok(None) => Ok(None),
-        Err(e) if errno(&e) == Some(ENODEV) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-async fn require_index(h: &Handle, name: &str) -> Result<u32, DataplaneError> {
-    link_index(h, name)
-        .await
-        .map_err(|e| nl(&format!("failed to lookup {name:?}"), e))?
-        .ok_or_else(|| {
-            DataplaneError::Netlink(format!("failed to lookup {name:?}: Link not found"))
-        })
-}
-
-fn link_mac(m: &LinkMessage) -> Option<Vec<u8>> {
-    m.attributes.iter().find_map(|a| match a {
-        LinkAttribute::Address(mac) => Some(mac.clone()),
-        _ => None,
+/// Calico's `DoNetworking`: creates and configures the veth pair for one pod interface.
+/// No rollback on failure: a half-built veth is left for the runtime's DEL, as upstream does.
+pub fn do_networking(req: &NetworkingRequest) -> Result<NetworkingResult> {
+    tracing::info!("Setting the host side veth name to {}", req.host_veth);
+    let host_ns = sys::current_thread_netns().map_err(DataplaneError::Netns)?;
+    std::thread::scope(|s| {
+        s.spawn(|| worker(req, &host_ns))
+            .join()
+            .unwrap_or_else(|_| Err(internal("dataplane worker thread panicked")))
     })
 }
 
-async fn get_link(h: &Handle, index: u32) -> Result<LinkMessage, DataplaneError> {
-    h.link()
-        .get()
-        .match_index(index)
-        .execute()
-        .try_next()
-        .await
-        .map_err(|e| nl("failed to read link", e))?
-        .ok_or_else(|| DataplaneError::Netlink(format!("link {index} vanished")))
-}
-
-/// Whether a link of this name exists in the caller's network namespace.
-pub fn host_link_exists(name: &str) -> Result<bool, DataplaneError> {
-    let name = name.to_string();
-    netns::run_in(None, |h| async move {
-        Ok(link_index(&h, &name)
-            .await
-            .map_err(|e| nl("failed to list links", e))?
-            .is_some())
-    })
-}
-
-fn open_netns(path: &str) -> Result<File, DataplaneError> {
-    File::open(path).map_err(|e| DataplaneError::EnterNetns(format!("{path}: {e}")))
-}
-
-/// Builds the pod's interface (calico-cni-behavior.md §2.4): the veth pair with the host end
-/// in the caller's netns, MACs, sysctls, gateway routes, addresses and host routes.
-pub fn do_networking(req: &NetworkingRequest) -> Result<NetworkingResult, DataplaneError> {
+/// Calico's `CleanUpNamespace`: deletes `ifname` inside the pod netns (which removes the host
+/// end and its routes). A missing netns or interface is success. Bounded by 20 s; on timeout
+/// the deleting thread is abandoned (the process is about to exit anyway).
+pub fn clean_up_namespace(netns_path: &str, ifname: &str) -> Result<()> {
+    if netns_path.is_empty() {
+        tracing::info!("CleanUpNamespace called with no netns name, ignoring.");
+        return Ok(());
+    }
+    tracing::info!(
+        netns = netns_path,
+        iface = ifname,
+        "Deleting workload's device in netns."
+    );
     let started = Instant::now();
-    let host_ns = netns::current()?;
-    let pod_ns = open_netns(&req.netns_path)?;
+    let (tx, rx) = mpsc::channel();
+    let (path, name) = (netns_path.to_string(), ifname.to_string());
+    std::thread::Builder::new()
+        .name("calico-netns-del".into())
+        .spawn(move || {
+            let _ = tx.send(delete_in_netns(&path, &name));
+        })
+        .map_err(|e| internal(format!("failed to spawn a thread: {e}")))?;
+    match rx.recv_timeout(CLEANUP_TIMEOUT) {
+        Ok(r) => {
+            if r.is_ok() {
+                tracing::info!(after = ?started.elapsed(), "Deleted device in netns.");
+            }
+            r
+        }
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            Err(DataplaneError::CleanUpTimeout(netns_path.to_string()))
+        }
+        Err(mpsc::RecvTimeoutError::Disconnected) => Err(internal("netns cleanup thread panicked")),
+    }
+}
+
+/// Whether a link with this name exists in the calling thread's netns.
+pub fn host_link_exists(name: &str) -> Result<bool> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            block_on(async {
+                let h = connect().map_err(|e| DataplaneError::HostHandle(e.to_string()))?;
+                nl::link_by_name(&h, name)
+                    .await
+                    .map(|l| l.is_some())
+                    .map_err(|e| DataplaneError::Lookup {
+                        name: name.to_string(),
+                        reason: nl_text(&e),
+                    })
+            })
+            .map_err(internal)?
+        })
+        .join()
+        .unwrap_or_else(|_| Err(internal("netlink thread panicked")))
+    })
+}
+
+fn internal(msg: impl Into<String>) -> DataplaneError {
+    DataplaneError::Internal(msg.into())
+}
+
+fn delete_in_netns(path: &str, ifname: &str) -> Result<()> {
+    let ns = match open_netns(path) {
+        Ok(f) => f,
+        Err(NsOpenError::NotExist(_)) => {
+            tracing::info!("Workload's netns already gone.  Nothing to do.");
+            return Ok(());
+        }
+        Err(NsOpenError::Other(m)) => return Err(DataplaneError::EnterNetns(m)),
+    };
+    sys::enter_netns(&ns, path).map_err(DataplaneError::EnterNetns)?;
+    block_on(async {
+        let h = connect().map_err(|e| DataplaneError::CleanUpLink(e.to_string()))?;
+        let link = match nl::link_by_name(&h, ifname).await {
+            Ok(Some(l)) => l,
+            Ok(None) => {
+                tracing::info!("Workload's veth was already gone.  Nothing to do.");
+                return Ok(());
+            }
+            Err(e) => return Err(DataplaneError::CleanUpLink(nl_text(&e))),
+        };
+        h.link()
+            .del(link.header.index)
+            .execute()
+            .await
+            .map_err(|e| DataplaneError::CleanUpLink(nl_text(&e)))
+    })
+    .map_err(internal)?
+}
+
+/// Body of the `do_networking` worker thread. Starts in the host netns, ends in the pod netns,
+/// and exits with the thread.
+fn worker(req: &NetworkingRequest, host_ns: &std::fs::File) -> Result<NetworkingResult> {
+    // The spawned thread inherits the caller's netns; joining it explicitly makes sure the
+    // host socket and the host fd given to the kernel name the same namespace.
+    sys::enter_netns(host_ns, "/proc/thread-self/ns/net").map_err(DataplaneError::Netns)?;
+    block_on(async {
+        let host = connect().map_err(|e| DataplaneError::HostHandle(e.to_string()))?;
+        setup(req, host_ns, &host).await
+    })
+    .map_err(internal)?
+}
+
+async fn setup(
+    req: &NetworkingRequest,
+    host_ns: &std::fs::File,
+    host: &Handle,
+) -> Result<NetworkingResult> {
+    let hv = req.host_veth.as_str();
+    let cv = req.ifname.as_str();
+
+    // 1. A leftover host link with our name goes (its peer goes with it).
+    if let Ok(Some(old)) = nl::link_by_name(host, hv).await {
+        host.link()
+            .del(old.header.index)
+            .execute()
+            .await
+            .map_err(|e| DataplaneError::DeleteOldHostVeth {
+                name: hv.to_string(),
+                reason: nl_text(&e),
+            })?;
+        tracing::info!("Cleaning old hostVeth: {hv}");
+    }
+
+    // 2. Into the pod netns; from here on this thread's /proc/sys is the pod's.
+    let pod_ns =
+        open_netns(&req.netns_path).map_err(|e| DataplaneError::Netns(e.into_message()))?;
+    sys::enter_netns(&pod_ns, &req.netns_path).map_err(DataplaneError::Netns)?;
+    let pod = connect().map_err(|e| internal(format!("failed to open netlink in netns: {e}")))?;
+
+    create_veth(req, host_ns, &pod).await?;
+
+    // 3. Host-side MAC, read back until the kernel shows it.
+    let mut host_link = lookup(host, hv).await.map_err(|r| lookup_err(hv, r))?;
+    let host_idx = host_link.header.index;
+    let mut expected_ll = None;
+    let mac_deadline = Instant::now() + MAC_TIMEOUT;
+    loop {
+        if let Err(e) = nl::set_mac(host, host_idx, &HOST_SIDE_MAC).await {
+            tracing::warn!(
+                "failed to Set MAC of {hv:?}: {}. Using kernel generated MAC.",
+                nl_text(&e)
+            );
+            break;
+        }
+        host_link = lookup(host, hv).await.map_err(|r| lookup_err(hv, r))?;
+        let mac = link_mac(&host_link).unwrap_or_default();
+        if mac == HOST_SIDE_MAC {
+            tracing::info!("Read back correct host-side MAC.");
+            expected_ll = Some(HOST_SIDE_LL);
+            break;
+        }
+        tracing::warn!(
+            "Host-side veth MAC {} does not match expected ee:ee:ee:ee:ee:ee. Retrying...",
+            format_mac(&mac)
+        );
+        if Instant::now() >= mac_deadline {
+            return Err(DataplaneError::MacTimeout(hv.to_string()));
+        }
+        tokio::time::sleep(MAC_RETRY_INTERVAL).await;
+    }
+
+    // 4. Address families, masks forced to the host prefix.
     let ips: Vec<IpNet> = req.ips.iter().map(|ip| IpNet::host(ip.addr)).collect();
     let has_v4 = ips.iter().any(IpNet::is_ipv4);
-    let has_v6 = ips.iter().any(|i| !i.is_ipv4());
-    let host_veth = req.host_veth.as_str();
-    let ips = &ips;
+    let has_v6 = ips.iter().any(|ip| !ip.is_ipv4());
 
-    // 1. A stale host link with our name (e.g. from a crashed ADD) goes first.
-    netns::run_in(None, |h| async move {
-        if let Some(idx) = link_index(&h, host_veth)
-            .await
-            .map_err(|e| nl("failed to list links", e))?
-        {
-            info!(host_veth, "deleting pre-existing host link");
-            h.link()
-                .del(idx)
-                .execute()
-                .await
-                .map_err(|e| nl("failed to delete stale host link", e))?;
-        }
-        Ok(())
-    })?;
-
-    // 2. In the pod netns: the veth pair, its peer created straight in the host netns.
-    let host_fd = std::os::fd::AsRawFd::as_raw_fd(&host_ns);
-    let queues = req.num_queues.max(1);
-    netns::run_in(Some(&pod_ns), |h| async move {
-        let mut peer = LinkUnspec::new_with_name(host_veth)
-            .append_extra_attribute(LinkAttribute::NumTxQueues(queues))
-            .append_extra_attribute(LinkAttribute::NumRxQueues(queues))
-            .append_extra_attribute(LinkAttribute::NetNsFd(host_fd));
-        let mut veth = LinkVeth::new(&req.ifname, host_veth)
-            .append_extra_attribute(LinkAttribute::NumTxQueues(queues))
-            .append_extra_attribute(LinkAttribute::NumRxQueues(queues));
-        if req.mtu > 0 {
-            peer = peer.mtu(req.mtu);
-            veth = veth.mtu(req.mtu);
-        }
-        let msg = veth
-            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer.build())))
-            .build();
-        h.link().add(msg).execute().await.map_err(|e| {
-            nl(
-                &format!("failed to create veth pair {:?}/{host_veth:?}", req.ifname),
-                e,
-            )
-        })
-    })?;
-    drop(host_ns);
-
-    // 3-7 (host side): MAC ee:ee:ee:ee:ee:ee, sysctls, up.
-    let host_index = netns::run_in(None, |h| async move {
-        let idx = require_index(&h, host_veth).await?;
-        set_host_mac(&h, idx, host_veth).await?;
-        host_sysctls(host_veth, has_v4, has_v6).map_err(|error| DataplaneError::HostSysctl {
-            iface: host_veth.to_string(),
-            error,
+    // 5. No DAD on the container side (must precede link up).
+    if has_v6 {
+        let path = format!("/proc/sys/net/ipv6/conf/{cv}/accept_dad");
+        write_proc_sys(&path, "0").map_err(|reason| DataplaneError::DisableDad {
+            name: cv.to_string(),
+            reason,
         })?;
-        h.link()
-            .set(LinkUnspec::new_with_index(idx).up().build())
-            .execute()
-            .await
-            .map_err(|e| nl(&format!("failed to set {host_veth:?} up"), e))?;
-        Ok(idx)
+    }
+
+    // 6. Host-side sysctls, written from a thread in the host netns.
+    sys::run_in_netns(host_ns, "/proc/thread-self/ns/net", || {
+        host_sysctls(hv, has_v4, has_v6)
+    })
+    .map_err(internal)?
+    .map_err(|reason| DataplaneError::HostSysctls {
+        iface: hv.to_string(),
+        reason,
     })?;
 
-    // 5, 7-12 (pod side): DAD off, up, MAC, gateway routes, addresses, sysctls.
-    let container_mac = netns::run_in(Some(&pod_ns), |h| async move {
-        let ifname = req.ifname.as_str();
-        if has_v6 {
-            sysctl::set(&format!("/proc/sys/net/ipv6/conf/{ifname}/accept_dad"), "0")
-                .map_err(DataplaneError::ContainerSysctl)?;
+    // 7. Both ends up.
+    nl::set_up(host, host_idx)
+        .await
+        .map_err(|e| up_err(hv, &e))?;
+    let cont_link = lookup(&pod, cv).await.map_err(|r| lookup_err(cv, r))?;
+    let cont_idx = cont_link.header.index;
+    nl::set_up(&pod, cont_idx)
+        .await
+        .map_err(|e| up_err(cv, &e))?;
+
+    // 8. Container MAC: the annotated one, else the kernel's.
+    let container_mac = match req.container_mac {
+        Some(mac) => {
+            nl::set_mac(&pod, cont_idx, &mac)
+                .await
+                .map_err(|e| DataplaneError::ContainerMac {
+                    mac: format_mac(&mac),
+                    reason: nl_text(&e),
+                })?;
+            tracing::info!(
+                "successfully configured container veth MAC to {} as requested via cni.projectcalico.org/hwAddr",
+                format_mac(&mac)
+            );
+            format_mac(&mac)
         }
-        let idx = require_index(&h, ifname).await?;
-        h.link()
-            .set(LinkUnspec::new_with_index(idx).up().build())
+        None => format_mac(&link_mac(&cont_link).unwrap_or_default()),
+    };
+
+    // 9. IPv4: link route to the dummy gateway, then each route through it.
+    if has_v4 {
+        let gw_net = IpNet::host(IpAddr::V4(IPV4_GATEWAY));
+        pod.route()
+            .add(route_message(gw_net, None, cont_idx, RouteScope::Link))
             .execute()
             .await
-            .map_err(|e| nl(&format!("failed to set {ifname:?} up"), e))?;
-        if let Some(mac) = req.container_mac {
-            h.link()
-                .set(
-                    LinkUnspec::new_with_index(idx)
-                        .address(mac.to_vec())
-                        .build(),
-                )
-                .execute()
-                .await
-                .map_err(|e| nl("failed to set the container MAC", e))?;
+            .map_err(|e| DataplaneError::GatewayRoute(nl_text(&e)))?;
+        for r in req.routes.iter().filter(|r| r.is_ipv4()) {
+            add_container_route(&pod, cont_idx, *r, IpAddr::V4(IPV4_GATEWAY)).await?;
         }
-        let mac = link_mac(&get_link(&h, idx).await?).unwrap_or_default();
-        if has_v4 {
-            add_route(
-                &h,
-                RouteMessageBuilder::<Ipv4Addr>::new()
-                    .destination_prefix(GATEWAY_V4, 32)
-                    .output_interface(idx)
-                    .scope(RouteScope::Link)
-                    .protocol(RouteProtocol::Boot)
-                    .build(),
-                "failed to add route inside the container",
-            )
-            .await?;
-            for r in req.routes.iter().filter(|r| r.is_ipv4()) {
-                let IpAddr::V4(dst) = r.masked().addr else {
-                    continue;
-                };
-                add_route(
-                    &h,
-                    RouteMessageBuilder::<Ipv4Addr>::new()
-                        .destination_prefix(dst, r.prefix)
-                        .gateway(GATEWAY_V4)
-                        .output_interface(idx)
-                        .protocol(RouteProtocol::Boot)
-                        .build(),
-                    &format!("failed to add IPv4 route for {r} via {GATEWAY_V4}"),
-                )
-                .await?;
-            }
-        }
-        if has_v6 {
-            for p in ["all", "default", "lo"] {
-                sysctl::set(&format!("/proc/sys/net/ipv6/conf/{p}/disable_ipv6"), "0")
-                    .map_err(DataplaneError::ContainerSysctl)?;
-            }
-            for r in req.routes.iter().filter(|r| !r.is_ipv4()) {
-                let IpAddr::V6(dst) = r.masked().addr else {
-                    continue;
-                };
-                add_route(
-                    &h,
-                    RouteMessageBuilder::<Ipv6Addr>::new()
-                        .destination_prefix(dst, r.prefix)
-                        .gateway(GATEWAY_V6)
-                        .output_interface(idx)
-                        .protocol(RouteProtocol::Boot)
-                        .build(),
-                    &format!("failed to add IPv6 route for {r} via {GATEWAY_V6}"),
-                )
-                .await?;
-            }
-        }
-        for ip in ips {
-            h.address()
-                .add(idx, ip.addr, ip.prefix)
-                .execute()
-                .await
-                .map_err(|e| nl(&format!("failed to add IP addr to {ifname:?}"), e))?;
-        }
-        container_sysctls(has_v4, has_v6, req.allow_ip_forwarding)
-            .map_err(DataplaneError::ContainerSysctl)?;
-        Ok(format_mac(&mac))
-    })?;
+    }
 
-    // 10, 13 (host side): the host end's link-local address, then the /32 and /128 routes.
-    netns::run_in(None, |h| async move {
-        if has_v6 {
-            wait_for_host_ipv6(&h, host_index).await?;
+    // 10. IPv6: enable it in the pod, wait for the host side's link-local address, route via it.
+    if has_v6 {
+        for conf in ["all", "default", "lo"] {
+            let path = format!("/proc/sys/net/ipv6/conf/{conf}/disable_ipv6");
+            write_proc_sys(&path, "0")
+                .map_err(|reason| DataplaneError::ContainerEnableIpv6 { conf, reason })?;
         }
-        if !req.skip_host_routes {
-            for ip in ips {
-                add_host_route(&h, host_index, host_veth, ip)
-                    .await
-                    .map_err(|error| DataplaneError::HostRoute {
-                        iface: host_veth.to_string(),
-                        error,
-                    })?;
-            }
+        let gw = wait_host_link_local(host, hv, host_idx, expected_ll).await?;
+        for r in req.routes.iter().filter(|r| !r.is_ipv4()) {
+            add_container_route(&pod, cont_idx, *r, IpAddr::V6(gw)).await?;
         }
-        Ok(())
-    })?;
-    debug!(elapsed = ?started.elapsed(), "networked namespace");
+    }
+
+    // 11. Addresses.
+    for ip in &ips {
+        pod.address()
+            .add(cont_idx, ip.addr, ip.prefix)
+            .execute()
+            .await
+            .map_err(|e| DataplaneError::AddAddr {
+                name: cv.to_string(),
+                reason: nl_text(&e),
+            })?;
+    }
+
+    // 12. Forwarding inside the pod.
+    container_sysctls(has_v4, has_v6, req.allow_ip_forwarding)
+        .map_err(DataplaneError::ContainerSysctls)?;
+
+    // 13. Host-side routes to the pod.
+    let host_link = lookup(host, hv).await.map_err(|r| lookup_err(hv, r))?;
+    if req.skip_host_routes {
+        tracing::info!("Skipping host-side route setup (skipHostSideRoutes=true)");
+    } else {
+        route::setup_host_routes(host, hv, host_link.header.index, &ips)
+            .await
+            .map_err(|reason| DataplaneError::HostRoutes {
+                iface: hv.to_string(),
+                reason,
+            })?;
+    }
+
     Ok(NetworkingResult {
-        host_veth: host_veth.to_string(),
+        host_veth: req.host_veth.clone(),
         container_mac,
     })
 }
 
-async fn add_route(h: &Handle, msg: RouteMessage, context: &str) -> Result<(), DataplaneError> {
-    h.route()
-        .add(msg)
-        .execute()
-        .await
-        .map_err(|e| nl(context, e))
-}
+/// One RTM_NEWLINK from inside the pod netns: container end `ifname`, peer `host_veth` placed
+/// straight into the host netns; MTU and queue counts on both ends.
+async fn create_veth(req: &NetworkingRequest, host_ns: &std::fs::File, pod: &Handle) -> Result<()> {
+    use std::os::fd::AsRawFd;
 
-/// Sets ee:ee:ee:ee:ee:ee and waits (100 ms steps, 5 s) until the kernel reports it; if the
-/// kernel refuses outright, keep its MAC (upstream only warns).
-async fn set_host_mac(h: &Handle, idx: u32, name: &str) -> Result<(), DataplaneError> {
-    let set = h
-        .link()
-        .set(
-            LinkUnspec::new_with_index(idx)
-                .address(HOST_MAC.to_vec())
-                .build(),
-        )
-        .execute()
-        .await;
-    if let Err(e) = set {
-        warn!(host_veth = name, error = %e, "failed to set the host MAC; using the kernel's");
-        return Ok(());
+    let mut peer = LinkUnspec::new_with_name(&req.host_veth);
+    let mut veth = LinkVeth::new(&req.ifname, &req.host_veth);
+    if req.mtu > 0 {
+        peer = peer.mtu(req.mtu);
+        veth = veth.mtu(req.mtu);
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        if link_mac(&get_link(h, idx).await?).as_deref() == Some(&HOST_MAC[..]) {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(DataplaneError::MacTimeout(name.to_string()));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    if req.num_queues > 0 {
+        peer = peer
+            .append_extra_attribute(LinkAttribute::NumTxQueues(req.num_queues))
+            .append_extra_attribute(LinkAttribute::NumRxQueues(req.num_queues));
+        veth = veth
+            .append_extra_attribute(LinkAttribute::NumTxQueues(req.num_queues))
+            .append_extra_attribute(LinkAttribute::NumRxQueues(req.num_queues));
     }
-}
-
-fn host_sysctls(h: &str, v4: bool, v6: bool) -> Result<(), String> {
-    if v4 {
-        sysctl::set(&format!("/proc/sys/net/ipv4/conf/{h}/route_localnet"), "1")?;
-        if let Err(e) = sysctl::set(&format!("/proc/sys/net/ipv4/neigh/{h}/proxy_delay"), "0") {
-            warn!("{e}");
-        }
-        sysctl::set(&format!("/proc/sys/net/ipv4/conf/{h}/proxy_arp"), "1")?;
-        sysctl::set(&format!("/proc/sys/net/ipv4/conf/{h}/forwarding"), "1")?;
-    }
-    if v6 {
-        sysctl::set(&format!("/proc/sys/net/ipv6/conf/{h}/accept_dad"), "0")?;
-        sysctl::set(&format!("/proc/sys/net/ipv6/conf/{h}/disable_ipv6"), "0")?;
-        sysctl::set(&format!("/proc/sys/net/ipv6/conf/{h}/proxy_ndp"), "1")?;
-        sysctl::set(&format!("/proc/sys/net/ipv6/conf/{h}/forwarding"), "1")?;
-    }
-    if let Err(e) = sysctl::set(&format!("/proc/sys/net/ipv6/conf/{h}/accept_ra"), "0") {
-        warn!("{e}");
-    }
-    Ok(())
-}
-
-fn container_sysctls(v4: bool, v6: bool, forward: bool) -> Result<(), String> {
-    let v = if forward { "1" } else { "0" };
-    if v4 {
-        sysctl::set("/proc/sys/net/ipv4/ip_forward", v)?;
-    }
-    if v6 {
-        sysctl::set("/proc/sys/net/ipv6/conf/all/forwarding", v)?;
-    }
-    Ok(())
-}
-
-/// Polls (10 × 50 ms) for the host end's link-local address, which pods use as their IPv6
-/// next hop.
-async fn wait_for_host_ipv6(h: &Handle, idx: u32) -> Result<(), DataplaneError> {
-    for _ in 0..10 {
-        let addrs: Vec<_> = h
-            .address()
-            .get()
-            .set_link_index_filter(idx)
-            .execute()
-            .try_collect()
-            .await
-            .map_err(|e| {
-                nl(
-                    "error listing IPv6 addresses for the host side of the veth pair",
-                    e,
-                )
-            })?;
-        let found = addrs
-            .iter()
-            .flat_map(|m| m.attributes.iter())
-            .any(|a| matches!(a, AddressAttribute::Address(IpAddr::V6(ip)) if *ip == GATEWAY_V6));
-        if found {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Err(DataplaneError::NoHostIpv6)
-}
-
-fn route_dst(m: &RouteMessage) -> Option<IpAddr> {
-    m.attributes.iter().find_map(|a| match a {
-        RouteAttribute::Destination(RouteAddress::Inet(ip)) => Some(IpAddr::V4(*ip)),
-        RouteAttribute::Destination(RouteAddress::Inet6(ip)) => Some(IpAddr::V6(*ip)),
-        _ => None,
+    // `host_ns` outlives this call, so the raw fd stays valid while the kernel reads it.
+    let peer = peer
+        .append_extra_attribute(LinkAttribute::NetNsFd(host_ns.as_raw_fd()))
+        .build();
+    let msg = veth
+        .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
+        .build();
+    pod.link().add(msg).execute().await.map_err(|e| {
+        tracing::error!("Error adding veth {}/{}: {e}", req.ifname, req.host_veth);
+        DataplaneError::CreateVeth(nl_text(&e))
     })
 }
 
-fn route_oif(m: &RouteMessage) -> Option<u32> {
-    m.attributes.iter().find_map(|a| match a {
-        RouteAttribute::Oif(i) => Some(*i),
-        _ => None,
-    })
-}
-
-fn scope_name(s: RouteScope) -> &'static str {
-    match s {
-        RouteScope::Universe => "universe",
-        RouteScope::Site => "site",
-        RouteScope::Link => "link",
-        RouteScope::Host => "host",
-        RouteScope::NoWhere => "nowhere",
-        _ => "unknown",
-    }
-}
-
-/// `<ip>/32 dev <host veth> scope link`. An identical route (Felix may have made it) is
-/// fine; the same destination on another interface is upstream's conflict error.
-async fn add_host_route(h: &Handle, idx: u32, name: &str, ip: &IpNet) -> Result<(), String> {
-    let msg = match ip.addr {
-        IpAddr::V4(a) => RouteMessageBuilder::<Ipv4Addr>::new()
-            .destination_prefix(a, 32)
-            .output_interface(idx)
-            .scope(RouteScope::Link)
-            .protocol(RouteProtocol::Boot)
-            .build(),
-        IpAddr::V6(a) => RouteMessageBuilder::<Ipv6Addr>::new()
-            .destination_prefix(a, 128)
-            .output_interface(idx)
-            .scope(RouteScope::Link)
-            .protocol(RouteProtocol::Boot)
-            .build(),
-    };
-    let want = format!("route (Ifindex: {idx}, Dst: {ip}, Scope: link)");
-    let err = match h.route().add(msg.clone()).execute().await {
-        Ok(()) => return Ok(()),
-        Err(e) => e,
-    };
-    if errno(&err) != Some(EEXIST) {
-        return Err(format!(
-            "failed to add route (Ifindex: {idx}, Dst: {ip}, Scope: link, Iface: {name}): {err}"
-        ));
-    }
-    let listing = match ip.addr {
-        IpAddr::V4(_) => RouteMessageBuilder::<Ipv4Addr>::new().build(),
-        IpAddr::V6(_) => RouteMessageBuilder::<Ipv6Addr>::new().build(),
-    };
-    let routes: Vec<RouteMessage> = h
-        .route()
-        .get(listing)
+async fn add_container_route(pod: &Handle, cont_idx: u32, dst: IpNet, gw: IpAddr) -> Result<()> {
+    // Go's ParseCIDR hands upstream the network address; do the same for unmasked input.
+    let dst = dst.masked();
+    tracing::info!(route = %dst, "Adding IPv{} route (inside container)", dst.version());
+    pod.route()
+        .add(route_message(dst, Some(gw), cont_idx, RouteScope::Universe))
         .execute()
-        .try_collect()
         .await
-        .map_err(|_| "error listing routes".to_string())?;
-    let same_dst: Vec<&RouteMessage> = routes
-        .iter()
-        .filter(|r| {
-            route_dst(r) == Some(ip.addr) && r.header.destination_prefix_length == ip.prefix
+        .map_err(|e| DataplaneError::ContainerRoute {
+            version: dst.version(),
+            dst,
+            gw,
+            reason: nl_text(&e),
         })
-        .collect();
-    if same_dst
-        .iter()
-        .any(|r| route_oif(r) == Some(idx) && r.header.scope == RouteScope::Link)
-    {
-        info!(
-            host_veth = name,
-            "CNI skipping add route. Route already exists"
-        );
-        return Ok(());
-    }
-    let mut conflict = String::new();
-    if let Some(r) = same_dst.first() {
-        let other = route_oif(r).unwrap_or(0);
-        let other_name = match h.link().get().match_index(other).execute().try_next().await {
-            Ok(Some(m)) => m
-                .attributes
-                .iter()
-                .find_map(|a| match a {
-                    LinkAttribute::IfName(n) => Some(n.clone()),
-                    _ => None,
-                })
-                .unwrap_or_else(|| "unknown".into()),
-            _ => "unknown".into(),
-        };
-        conflict = format!(
-            "route (Ifindex: {other}, Dst: {ip}, Scope: {}, Iface: {other_name})",
-            scope_name(r.header.scope)
-        );
-    }
-    Err(format!(
-        "{want} already exists for an interface other than '{name}': {conflict}"
-    ))
 }
 
-/// Removes the pod's interface (which takes the host end and its routes with it). An empty
-/// or missing netns, or a missing interface, is success. Bounded by 20 s.
-pub fn clean_up_namespace(netns_path: &str, ifname: &str) -> Result<(), DataplaneError> {
-    if netns_path.is_empty() {
-        info!("CleanUpNamespace called with no netns name, ignoring.");
-        return Ok(());
-    }
-    let ns = match File::open(netns_path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            info!(
-                netns = netns_path,
-                "netns does not exist; nothing to clean up"
-            );
-            return Ok(());
+/// Polls the host end for its IPv6 link-local address (10 × 50 ms). If it was derived from the
+/// kernel's random MAC instead of ee:ee:.., toggles the link down/up to regenerate it.
+async fn wait_host_link_local(
+    host: &Handle,
+    hv: &str,
+    host_idx: u32,
+    expected: Option<Ipv6Addr>,
+) -> Result<Ipv6Addr> {
+    let mut last_err = DataplaneError::NoHostIpv6;
+    for attempt in 0..LL_ATTEMPTS {
+        if attempt > 0 {
+            tokio::time::sleep(LL_RETRY_INTERVAL).await;
+            tracing::info!("Retry lookup of host-side IPv6 link local address...");
         }
-        Err(e) => return Err(DataplaneError::EnterNetns(e.to_string())),
-    };
-    let (tx, rx) = std::sync::mpsc::channel();
-    let ifname = ifname.to_string();
-    // A detached thread: a hung veth deletion must not hang the whole call.
-    std::thread::spawn(move || {
-        let r = netns::run_in(Some(&ns), |h| async move {
-            match link_index(&h, &ifname).await {
-                Ok(Some(idx)) => match h.link().del(idx).execute().await {
-                    Ok(()) => Ok(()),
-                    Err(e) if errno(&e) == Some(ENODEV) => Ok(()),
-                    Err(e) => Err(DataplaneError::Cleanup(e.to_string())),
-                },
-                Ok(None) => Ok(()),
-                Err(e) => Err(DataplaneError::Cleanup(e.to_string())),
+        let addrs = match nl::ipv6_addresses(host, host_idx).await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::error!(
+                    "Error listing IPv6 addresses for the host side of the veth pair: {}",
+                    nl_text(&e)
+                );
+                Vec::new()
             }
-        });
-        let _ = tx.send(r);
-    });
-    match rx.recv_timeout(CLEANUP_TIMEOUT) {
-        Ok(r) => r,
-        Err(_) => Err(DataplaneError::CleanupTimeout(netns_path.to_string())),
+        };
+        let Some(&first) = addrs.first() else {
+            last_err = DataplaneError::NoHostIpv6;
+            continue;
+        };
+        if expected.is_some_and(|want| want != first) {
+            tracing::warn!(
+                "Host-side veth received unexpected link-local IP; toggling it down/up to reset the IP."
+            );
+            let down_err = |e: rtnetlink::Error| DataplaneError::LinkDown {
+                name: hv.to_string(),
+                reason: nl_text(&e),
+            };
+            nl::set_down(host, host_idx).await.map_err(down_err)?;
+            if nl::set_mac(host, host_idx, &HOST_SIDE_MAC).await.is_err() {
+                tracing::warn!(
+                    "Failed to set the host-side MAC (while trying to reset the link local IP)."
+                );
+            }
+            tokio::time::sleep(LL_RETRY_INTERVAL).await;
+            nl::set_up(host, host_idx).await.map_err(down_err)?;
+            last_err = DataplaneError::WrongLinkLocal(first);
+            continue;
+        }
+        tracing::info!("Host-side veth link-local IP found: {first}");
+        return Ok(first);
+    }
+    tracing::error!("Gave up waiting for host-side link local address: {last_err}.");
+    Err(last_err)
+}
+
+/// Host-side sysctls for the host veth (`configureSysctls`); returns the inner error text.
+/// Must run on a thread in the host netns.
+fn host_sysctls(hv: &str, has_v4: bool, has_v6: bool) -> Result<(), String> {
+    let set = |family: &str, kind: &str, key: &str, value: &str| {
+        let path = format!("/proc/sys/net/{family}/{kind}/{hv}/{key}");
+        write_proc_sys(&path, value)
+            .map_err(|e| format!("failed to set net.{family}.{kind}.{hv}.{key}={value}: {e}"))
+    };
+    if has_v4 {
+        set("ipv4", "conf", "route_localnet", "1")?;
+        if let Err(e) = set("ipv4", "neigh", "proxy_delay", "0") {
+            tracing::warn!("{e}");
+        }
+        set("ipv4", "conf", "proxy_arp", "1")?;
+        set("ipv4", "conf", "forwarding", "1")?;
+    }
+    if has_v6 {
+        set("ipv6", "conf", "accept_dad", "0")?;
+        set("ipv6", "conf", "disable_ipv6", "0")?;
+        set("ipv6", "conf", "proxy_ndp", "1")?;
+        set("ipv6", "conf", "forwarding", "1")?;
+    }
+    if let Err(e) = set("ipv6", "conf", "accept_ra", "0") {
+        tracing::warn!("{e}");
+    }
+    Ok(())
+}
+
+/// Forwarding inside the pod (`configureContainerSysctls`); must run in the pod netns.
+fn container_sysctls(has_v4: bool, has_v6: bool, allow: bool) -> Result<(), String> {
+    let value = if allow { "1" } else { "0" };
+    if has_v4 {
+        write_proc_sys("/proc/sys/net/ipv4/ip_forward", value)?;
+    }
+    if has_v6 {
+        write_proc_sys("/proc/sys/net/ipv6/conf/all/forwarding", value)?;
+    }
+    Ok(())
+}
+
+fn lookup_err(name: &str, reason: String) -> DataplaneError {
+    DataplaneError::Lookup {
+        name: name.to_string(),
+        reason,
+    }
+}
+
+fn up_err(name: &str, e: &rtnetlink::Error) -> DataplaneError {
+    DataplaneError::LinkUp {
+        name: name.to_string(),
+        reason: nl_text(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_side_link_local_matches_mac() {
+        // EUI-64: flip the U/L bit of the first octet (ee -> ec), insert ff:fe.
+        let mut b = [0u8; 16];
+        b[0] = 0xfe;
+        b[1] = 0x80;
+        b[8] = HOST_SIDE_MAC[0] ^ 0x02;
+        b[9] = HOST_SIDE_MAC[1];
+        b[10] = HOST_SIDE_MAC[2];
+        b[11] = 0xff;
+        b[12] = 0xfe;
+        b[13..16].copy_from_slice(&HOST_SIDE_MAC[3..6]);
+        assert_eq!(Ipv6Addr::from(b), HOST_SIDE_LL);
+        assert_eq!(HOST_SIDE_LL.to_string(), "fe80::ecee:eeff:feee:eeee");
+    }
+
+    #[test]
+    fn error_texts() {
+        let e = DataplaneError::MacTimeout("cali123".into());
+        assert_eq!(
+            e.to_string(),
+            "timed out waiting for host veth \"cali123\" to accept MAC ee:ee:ee:ee:ee:ee"
+        );
+        let e = DataplaneError::HostSysctls {
+            iface: "cali1".into(),
+            reason: "failed to set net.ipv4.conf.cali1.proxy_arp=1: open /x: permission denied"
+                .into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "error configuring sysctls for interface: cali1, error: failed to set \
+             net.ipv4.conf.cali1.proxy_arp=1: open /x: permission denied"
+        );
+        let e = DataplaneError::ContainerRoute {
+            version: 4,
+            dst: "0.0.0.0/0".parse().unwrap(),
+            gw: IpAddr::V4(IPV4_GATEWAY),
+            reason: "file exists".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "failed to add IPv4 route for 0.0.0.0/0 via 169.254.1.1: file exists"
+        );
+        assert_eq!(
+            DataplaneError::CleanUpTimeout("/run/netns/x".into()).to_string(),
+            "timed out deleting device in netns /run/netns/x"
+        );
+        assert_eq!(
+            DataplaneError::LinkUp {
+                name: "eth0".into(),
+                reason: "no such device".into()
+            }
+            .to_string(),
+            "failed to set \"eth0\" up: no such device"
+        );
+    }
+
+    #[test]
+    fn host_sysctl_error_text() {
+        // The link does not exist, so the first (fatal) write fails with Go's PathError text.
+        let err = host_sysctls("calidoesnotexist", true, false).unwrap_err();
+        assert_eq!(
+            err,
+            "failed to set net.ipv4.conf.calidoesnotexist.route_localnet=1: open \
+             /proc/sys/net/ipv4/conf/calidoesnotexist/route_localnet: no such file or directory"
+        );
+    }
+
+    #[test]
+    fn clean_up_trivial_cases() {
+        assert!(clean_up_namespace("", "eth0").is_ok());
+        assert!(clean_up_namespace("/run/netns/definitely-not-there-xyz", "eth0").is_ok());
+        let err = clean_up_namespace("/dev", "eth0").unwrap_err().to_string();
+        assert!(
+            err.starts_with("failed to enter netns: unknown FS magic on \"/dev\""),
+            "{err}"
+        );
     }
 }

@@ -1,163 +1,265 @@
 #![allow(dead_code)]
-//! Network namespaces made by a test and deleted when dropped, including a "host" netns that
-//! looks like a real host (an uplink with an address and a default route, forwarding on), so
-//! the plugin's host-side routes, veths and sysctls never touch the machine's own.
+//! Network-namespace fixtures for root-only tests.
+//!
+//! * [`Netns`]: a uniquely named `ip netns add` namespace with `lo` up, deleted on drop (also
+//!   when the test fails), with helpers to run commands in it and to run Rust code on a thread
+//!   that has joined it.
+//! * [`HostNetns`]: a namespace that stands in for a node. It has what a real host has: an
+//!   uplink veth to a peer namespace with IPv4/IPv6 addresses and default routes (so proxy ARP
+//!   answers for 169.254.1.1 work), and IPv4/IPv6 forwarding on.
 
+use std::fs::File;
+use std::ops::Deref;
+use std::os::fd::AsFd;
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
-fn ip(args: &[&str]) -> Output {
-    Command::new("ip").args(args).output().expect("run ip")
-}
-
-fn ip_ok(args: &[&str]) {
-    let out = ip(args);
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
+/// Panics with a clear message unless running as root (`ip netns add` needs it).
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "these tests create network namespaces and must run as root"
     );
 }
 
-/// A uniquely named netns with `lo` up.
+/// Whether a usable `ping` binary (Debian's iputils-ping) is installed.
+pub fn ping_available() -> bool {
+    Command::new("ping")
+        .arg("-V")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// Runs a command, panicking with its stderr if it fails; returns stdout.
+pub fn run_ok(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("failed to run {cmd}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A network namespace created with `ip netns add`, deleted on drop.
+#[derive(Debug)]
 pub struct Netns {
     name: String,
     path: String,
 }
 
 impl Netns {
+    /// Creates `<prefix>-<pid>-<n>` and brings its `lo` up.
     pub fn new(prefix: &str) -> Netns {
+        require_root();
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
-        let name = format!("t{}-{prefix}{n}", std::process::id());
-        ip_ok(&["netns", "add", &name]);
-        ip_ok(&["-n", &name, "link", "set", "lo", "up"]);
+        let name = format!("{prefix}-{}-{n}", std::process::id());
+        run_ok("ip", &["netns", "add", &name]);
         let path = format!("/run/netns/{name}");
-        Netns { name, path }
+        let ns = Netns { name, path };
+        ns.ip(&["link", "set", "lo", "up"]);
+        ns
     }
 
     pub fn name(&self) -> &str {
         &self.name
     }
 
+    /// `/run/netns/<name>`, what a runtime passes as `CNI_NETNS`.
     pub fn path(&self) -> &str {
         &self.path
     }
 
-    /// Runs `cmd args…` inside this netns.
+    /// `sh -c script` inside the netns; stdout.
+    pub fn sh(&self, script: &str) -> String {
+        String::from_utf8_lossy(&self.exec("sh", &["-c", script]).stdout).into_owned()
+    }
+
+    /// `ip netns exec <name> <cmd> <args...>`; the caller inspects the result.
     pub fn exec(&self, cmd: &str, args: &[&str]) -> Output {
         Command::new("ip")
             .args(["netns", "exec", &self.name, cmd])
             .args(args)
             .output()
-            .expect("ip netns exec")
+            .unwrap_or_else(|e| panic!("failed to run ip netns exec {cmd}: {e}"))
     }
 
-    pub fn sh(&self, script: &str) -> String {
-        String::from_utf8_lossy(&self.exec("sh", &["-c", script]).stdout).into_owned()
+    /// Like [`Netns::exec`] but panics on failure and returns stdout.
+    pub fn exec_ok(&self, cmd: &str, args: &[&str]) -> String {
+        let out = self.exec(cmd, args);
+        assert!(
+            out.status.success(),
+            "in netns {}: {cmd} {args:?} failed: {}{}",
+            self.name,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `ip -n <name> <args...>`, panicking on failure; returns stdout.
+    pub fn ip(&self, args: &[&str]) -> String {
+        let mut full = vec!["-n", self.name.as_str()];
+        full.extend_from_slice(args);
+        run_ok("ip", &full)
+    }
+
+    /// `ip -n <name> <args...>` returning the raw output (for expected failures).
+    pub fn ip_output(&self, args: &[&str]) -> Output {
+        Command::new("ip")
+            .args(["-n", &self.name])
+            .args(args)
+            .output()
+            .expect("run ip")
+    }
+
+    /// Whether a link of that name exists in this netns.
+    pub fn has_link(&self, name: &str) -> bool {
+        self.ip_output(&["link", "show", "dev", name])
+            .status
+            .success()
+    }
+
+    /// The ifindex of a link in this netns.
+    pub fn ifindex(&self, name: &str) -> u32 {
+        let out = self.ip(&["-o", "link", "show", "dev", name]);
+        out.split(':')
+            .next()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or_else(|| panic!("cannot parse ifindex from {out:?}"))
+    }
+
+    /// Reads `/proc/sys/<key>` (e.g. `net/ipv4/ip_forward`) as seen from this netns.
+    pub fn sysctl(&self, key: &str) -> String {
+        self.run_in(|| std::fs::read_to_string(format!("/proc/sys/{key}")))
+            .unwrap_or_else(|e| panic!("read /proc/sys/{key} in {}: {e}", self.name))
+            .trim()
+            .to_string()
+    }
+
+    /// Writes `/proc/sys/<key>` in this netns.
+    pub fn set_sysctl(&self, key: &str, value: &str) {
+        self.run_in(|| std::fs::write(format!("/proc/sys/{key}"), value))
+            .unwrap_or_else(|e| panic!("write /proc/sys/{key} in {}: {e}", self.name));
+    }
+
+    /// Runs `f` on a fresh thread that has joined this netns (the thread then exits), so
+    /// library code can be called "from inside" it. Panics in `f` propagate.
+    pub fn run_in<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        let ns = File::open(self.path()).unwrap_or_else(|e| panic!("open {}: {e}", self.path()));
+        std::thread::scope(|s| {
+            let handle = s.spawn(move || {
+                nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+                    .expect("setns into test netns");
+                f()
+            });
+            match handle.join() {
+                Ok(v) => v,
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        })
     }
 }
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        let _ = ip(&["netns", "del", &self.name]);
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
     }
 }
 
-/// A "host": a netns with an uplink veth to a peer netns (198.51.100.2/24, default route via
-/// .1) and IP forwarding on — Linux answers proxy ARP for 169.254.1.1 only when it has a
-/// route to it through another interface.
+/// Uplink addressing inside every [`HostNetns`] (each lives in its own netns, so the same
+/// numbers can be reused by concurrent tests).
+pub const UPLINK_IF: &str = "uplink0";
+pub const UPLINK_V4: &str = "198.18.0.1";
+pub const UPLINK_PEER_V4: &str = "198.18.0.2";
+pub const UPLINK_V6: &str = "fd00:198:18::1";
+pub const UPLINK_PEER_V6: &str = "fd00:198:18::2";
+
+/// A namespace standing in for a node: uplink veth `uplink0` (198.18.0.1/24,
+/// fd00:198:18::1/64) to a peer netns holding the default gateway (.2 / ::2), plus
+/// `net.ipv4.ip_forward=1` and `net.ipv6.conf.all.forwarding=1`. Dereferences to its [`Netns`].
+#[derive(Debug)]
 pub struct HostNetns {
+    // Field order = drop order: the host goes first, then its uplink peer.
     host: Netns,
-    uplink: Netns,
+    peer: Netns,
 }
 
 impl HostNetns {
     pub fn new() -> HostNetns {
-        let host = Netns::new("host");
-        let uplink = Netns::new("up");
-        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
-        let (a, b) = (format!("up{n}"), format!("peer{n}"));
-        ip_ok(&[
-            "-n",
-            host.name(),
+        let host = Netns::new("cnihost");
+        let peer = Netns::new("cniuplink");
+        host.ip(&[
             "link",
             "add",
-            &a,
+            UPLINK_IF,
             "type",
             "veth",
             "peer",
             "name",
-            &b,
+            "downlink0",
             "netns",
-            uplink.name(),
+            peer.name(),
         ]);
-        ip_ok(&[
-            "-n",
-            host.name(),
+        host.ip(&["addr", "add", &format!("{UPLINK_V4}/24"), "dev", UPLINK_IF]);
+        host.ip(&[
             "addr",
             "add",
-            "198.51.100.2/24",
+            &format!("{UPLINK_V6}/64"),
             "dev",
-            &a,
+            UPLINK_IF,
+            "nodad",
         ]);
-        ip_ok(&["-n", host.name(), "link", "set", &a, "up"]);
-        ip_ok(&[
-            "-n",
-            uplink.name(),
+        host.ip(&["link", "set", UPLINK_IF, "up"]);
+        peer.ip(&[
             "addr",
             "add",
-            "198.51.100.1/24",
+            &format!("{UPLINK_PEER_V4}/24"),
             "dev",
-            &b,
+            "downlink0",
         ]);
-        ip_ok(&["-n", uplink.name(), "link", "set", &b, "up"]);
-        ip_ok(&[
-            "-n",
-            host.name(),
-            "route",
+        peer.ip(&[
+            "addr",
             "add",
-            "default",
-            "via",
-            "198.51.100.1",
+            &format!("{UPLINK_PEER_V6}/64"),
+            "dev",
+            "downlink0",
+            "nodad",
         ]);
-        let out = host.exec("sh", &["-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"]);
-        assert!(out.status.success());
-        HostNetns { host, uplink }
+        peer.ip(&["link", "set", "downlink0", "up"]);
+        host.ip(&["route", "add", "default", "via", UPLINK_PEER_V4]);
+        host.ip(&["-6", "route", "add", "default", "via", UPLINK_PEER_V6]);
+        host.set_sysctl("net/ipv4/ip_forward", "1");
+        host.set_sysctl("net/ipv6/conf/all/forwarding", "1");
+        HostNetns { host, peer }
     }
 
-    pub fn name(&self) -> &str {
-        self.host.name()
-    }
-
-    pub fn path(&self) -> &str {
-        self.host.path()
-    }
-
-    pub fn exec(&self, cmd: &str, args: &[&str]) -> Output {
-        self.host.exec(cmd, args)
-    }
-
-    /// Runs `f` on a thread that has joined the host netns (for library-level tests).
-    pub fn run_in<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        let file = std::fs::File::open(self.path()).expect("open host netns");
-        std::thread::scope(|s| {
-            s.spawn(move || {
-                nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
-                f()
-            })
-            .join()
-            .expect("host netns thread")
-        })
+    /// The namespace at the far end of the uplink (the "router").
+    pub fn uplink_peer(&self) -> &Netns {
+        &self.peer
     }
 }
 
-pub fn have_ping() -> bool {
-    Command::new("sh")
-        .args(["-c", "command -v ping"])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
+impl Default for HostNetns {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Deref for HostNetns {
+    type Target = Netns;
+    fn deref(&self) -> &Netns {
+        &self.host
+    }
 }

@@ -1,0 +1,178 @@
+//! OS-level helpers: Go-style error texts, `/proc/sys` writes, entering network namespaces on
+//! dedicated threads, and the per-thread tokio runtime plus netlink connection.
+//!
+//! Upstream is Go, so its error strings embed Go's renderings of OS errors (`file exists`,
+//! `open /proc/sys/...: no such file or directory`); the helpers here reproduce those forms.
+
+use std::fs::{File, OpenOptions};
+use std::future::Future;
+use std::io::{self, Write};
+use std::os::fd::AsFd;
+
+use nix::sched::CloneFlags;
+use nix::sys::statfs::{statfs, NSFS_MAGIC, PROC_SUPER_MAGIC};
+use rtnetlink::Handle;
+
+/// Go's text for an errno (`syscall.Errno.Error()`): the C library's description with a
+/// lower-case first letter, e.g. `file exists`, `no such device`.
+pub(crate) fn errno_text(errno: i32) -> String {
+    let desc = nix::errno::Errno::from_raw(errno.abs()).desc();
+    let mut chars = desc.chars();
+    match chars.next() {
+        Some(first) => first.to_lowercase().chain(chars).collect(),
+        None => format!("errno {errno}"),
+    }
+}
+
+/// Go's `*os.PathError` text: `<op> <path>: <errno text>`.
+pub(crate) fn path_error(op: &str, path: &str, err: &io::Error) -> String {
+    match err.raw_os_error() {
+        Some(code) => format!("{op} {path}: {}", errno_text(code)),
+        None => format!("{op} {path}: {err}"),
+    }
+}
+
+/// Writes a sysctl through `/proc/sys`. `/proc/sys/net` resolves against the network namespace
+/// of the *calling thread*, so the caller must be on a thread inside the right netns.
+pub(crate) fn write_proc_sys(path: &str, value: &str) -> Result<(), String> {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| path_error("open", path, &e))?;
+    f.write_all(value.as_bytes())
+        .map_err(|e| path_error("write", path, &e))
+}
+
+/// Why a netns path could not be opened (containernetworking's `ns.GetNS`).
+#[derive(Debug)]
+pub(crate) enum NsOpenError {
+    /// The path does not exist (`ns.NSPathNotExistErr`); DEL treats this as success.
+    NotExist(String),
+    /// Anything else: not a namespace file, permission problems, ...
+    Other(String),
+}
+
+impl NsOpenError {
+    pub(crate) fn into_message(self) -> String {
+        match self {
+            NsOpenError::NotExist(m) | NsOpenError::Other(m) => m,
+        }
+    }
+}
+
+/// Opens a network namespace file after checking, like `ns.GetNS`, that it lives on nsfs or
+/// procfs (a leftover plain file under /run/netns is rejected).
+pub(crate) fn open_netns(path: &str) -> Result<File, NsOpenError> {
+    let st = statfs(path).map_err(|errno| {
+        let msg = format!("failed to Statfs {path:?}: {}", errno_text(errno as i32));
+        if errno == nix::errno::Errno::ENOENT {
+            NsOpenError::NotExist(msg)
+        } else {
+            NsOpenError::Other(msg)
+        }
+    })?;
+    let fs_type = st.filesystem_type();
+    if fs_type != NSFS_MAGIC && fs_type != PROC_SUPER_MAGIC {
+        return Err(NsOpenError::Other(format!(
+            "unknown FS magic on {path:?}: {:x}",
+            fs_type.0
+        )));
+    }
+    File::open(path).map_err(|e| NsOpenError::Other(path_error("open", path, &e)))
+}
+
+/// Opens the network namespace of the calling thread (not the thread-group leader's, which
+/// is what `/proc/self/ns/net` would give).
+pub(crate) fn current_thread_netns() -> Result<File, String> {
+    File::open("/proc/thread-self/ns/net")
+        .map_err(|e| format!("Failed to open current namespace: {e}"))
+}
+
+/// Moves the calling thread into the network namespace `ns`. Only ever called on threads that
+/// this module spawned and that exit when their work is done.
+pub(crate) fn enter_netns(ns: &File, path: &str) -> Result<(), String> {
+    nix::sched::setns(ns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|errno| {
+        format!(
+            "error switching to ns {path}: Error switching to ns {path}: {}",
+            errno_text(errno as i32)
+        )
+    })
+}
+
+/// Runs `f` on a short-lived scoped thread that has joined the netns `ns`; the thread exits
+/// afterwards, so no thread is ever left behind in that namespace.
+pub(crate) fn run_in_netns<T: Send>(
+    ns: &File,
+    path: &str,
+    f: impl FnOnce() -> T + Send,
+) -> Result<T, String> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            enter_netns(ns, path)?;
+            Ok(f())
+        })
+        .join()
+        .unwrap_or_else(|_| Err("netns thread panicked".to_string()))
+    })
+}
+
+/// Builds a current-thread runtime on the calling (dedicated) thread and drives `fut` on it.
+pub(crate) fn block_on<F: Future>(fut: F) -> Result<F::Output, String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("failed to start a netlink runtime: {e}"))?;
+    Ok(rt.block_on(fut))
+}
+
+/// Opens an rtnetlink connection bound to the netns the calling thread is in *now*; the socket
+/// stays in that netns even if the thread moves later. Must be called inside a runtime.
+pub(crate) fn connect() -> io::Result<Handle> {
+    let (conn, handle, _) = rtnetlink::new_connection()?;
+    tokio::spawn(conn);
+    Ok(handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_texts_match_go() {
+        assert_eq!(errno_text(libc::EEXIST), "file exists");
+        assert_eq!(errno_text(-libc::ENODEV), "no such device");
+        assert_eq!(errno_text(libc::ENOENT), "no such file or directory");
+        assert_eq!(errno_text(libc::EPERM), "operation not permitted");
+    }
+
+    #[test]
+    fn path_errors_match_go() {
+        let e = io::Error::from_raw_os_error(libc::ENOENT);
+        assert_eq!(
+            path_error("open", "/proc/sys/x", &e),
+            "open /proc/sys/x: no such file or directory"
+        );
+        let err = write_proc_sys("/nonexistent-dir/file", "1").unwrap_err();
+        assert_eq!(err, "open /nonexistent-dir/file: no such file or directory");
+    }
+
+    #[test]
+    fn netns_open_errors() {
+        match open_netns("/nonexistent/netns/path") {
+            Err(NsOpenError::NotExist(m)) => assert_eq!(
+                m,
+                "failed to Statfs \"/nonexistent/netns/path\": no such file or directory"
+            ),
+            other => panic!("unexpected {other:?}"),
+        }
+        // A directory that is neither nsfs nor procfs.
+        match open_netns("/dev") {
+            Err(NsOpenError::Other(m)) => {
+                assert!(m.starts_with("unknown FS magic on \"/dev\": "), "{m}")
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        // Our own netns file is fine.
+        assert!(open_netns("/proc/thread-self/ns/net").is_ok());
+    }
+}
