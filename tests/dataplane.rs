@@ -275,7 +275,7 @@ fn host_route_owned_by_another_interface() {
     );
     // No rollback: the veth stays for the runtime's DEL to remove.
     assert!(host.has_link(hv));
-    clean_up_namespace(&pod.path(), "eth0").unwrap();
+    clean_up_namespace(pod.path(), "eth0").unwrap();
     assert!(!host.has_link(hv));
 }
 
@@ -348,7 +348,7 @@ fn clean_up_namespace_removes_everything_and_is_idempotent() {
     run(&host, &req).expect("do_networking");
     assert!(host.has_link(hv) && pod.has_link("eth0"));
 
-    cleanup(&host, &pod.path()).expect("first clean up");
+    cleanup(&host, pod.path()).expect("first clean up");
     assert!(!pod.has_link("eth0"));
     assert!(!host.has_link(hv));
     assert!(host.ip(&["route", "show", "10.65.0.13"]).trim().is_empty());
@@ -357,7 +357,7 @@ fn clean_up_namespace_removes_everything_and_is_idempotent() {
         .trim()
         .is_empty());
 
-    cleanup(&host, &pod.path()).expect("second clean up");
+    cleanup(&host, pod.path()).expect("second clean up");
     cleanup(&host, "").expect("empty netns path");
     cleanup(&host, "/run/netns/dp-definitely-missing").expect("missing netns");
     let err = cleanup(&host, "/dev").expect_err("not a netns");
@@ -375,7 +375,7 @@ fn redo_after_clean_up() {
     let pod = Netns::new("dp-pod");
     let req = request(&pod, "cali00000000013", &["10.65.0.14/32"], &["0.0.0.0/0"]);
     run(&host, &req).unwrap();
-    cleanup(&host, &pod.path()).unwrap();
+    cleanup(&host, pod.path()).unwrap();
     run(&host, &req).unwrap();
     assert!(pod.has_link("eth0"));
 }
@@ -401,7 +401,7 @@ fn timing() {
             run(&host, &req).unwrap();
             add.push(t.elapsed());
             let t = Instant::now();
-            cleanup(&host, &pod.path()).unwrap();
+            cleanup(&host, pod.path()).unwrap();
             del.push(t.elapsed());
         }
         add.sort();
