@@ -230,8 +230,9 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         &self,
         args: &AutoAssignArgs,
     ) -> Result<(Assignments, Assignments), IpamError> {
-        let config = self.ipam_config().await?;
-        let reserved = self.reservations().await?;
+        // Independent reads go out together: one round trip instead of two.
+        let (config, reserved) = tokio::join!(self.ipam_config(), self.reservations());
+        let (config, reserved) = (config?, reserved?);
         let v4 = self
             .auto_assign_family(args, 4, args.num4, &args.ipv4_pools, &config, &reserved)
             .await?;
@@ -324,8 +325,18 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         version: u8,
         requested: &[IpNet],
     ) -> Result<(Vec<IpPool>, Vec<IpNet>), IpamError> {
-        let labels = self.node_labels().await?;
-        let all = self.pools().await?;
+        let affinities = ListKind::Affinities {
+            host: self.host.clone(),
+            affinity_type: "host".into(),
+            version: Some(version),
+        };
+        // Node, pools and this host's affinities in one round trip.
+        let (labels, all, affs) = tokio::join!(
+            self.node_labels(),
+            self.pools(),
+            self.ds.list(&affinities)
+        );
+        let (labels, all, affs) = (labels?, all?, affs?);
         let enabled: Vec<IpPool> = all
             .into_iter()
             .filter(|p| p.is_enabled() && p.cidr().is_some_and(|c| c.version() == version))
@@ -379,14 +390,6 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             return Err(IpamError::NoQualifiedPool);
         }
 
-        let affs = self
-            .ds
-            .list(&ListKind::Affinities {
-                host: self.host.clone(),
-                affinity_type: "host".into(),
-                version: Some(version),
-            })
-            .await?;
         let mut affine = Vec::new();
         for kv in affs {
             if let Key::BlockAffinity { cidr, .. } = kv.key {
@@ -944,8 +947,8 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         handle_id: &str,
         attrs: &BTreeMap<String, String>,
     ) -> Result<IpNet, IpamError> {
-        let config = self.ipam_config().await?;
-        let pools = self.pools().await?;
+        let (config, pools) = tokio::join!(self.ipam_config(), self.pools());
+        let (config, pools) = (config?, pools?);
         let pool = pools
             .iter()
             .filter(|p| p.is_enabled())

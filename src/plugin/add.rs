@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::net::IpNet;
 use crate::plugin::endpoint;
 use crate::plugin::ipam_exec;
-use crate::plugin::{prelude, Call};
+use crate::plugin::{check_datastore_ready, prelude, Call};
 use crate::skel::{CmdArgs, CniResult};
 
 pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
@@ -23,15 +23,35 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     conf.validate_device_type()?;
     conf.validate_name()?;
 
-    let existing = endpoint::find_existing(&call.ds, &call.ids).await?;
+    // The ready gate, the endpoint lookup and the profile lookup are independent reads:
+    // one round trip. Nothing is written before the gate has passed.
+    let want_profile = conf.policy.policy_type.is_empty();
+    let (ready, existing, profile_exists) = tokio::join!(
+        check_datastore_ready(&call.ds),
+        endpoint::find_existing(&call.ds, &call.ids),
+        async {
+            if want_profile {
+                endpoint::profile_exists(&call.ds, &conf.name).await
+            } else {
+                Ok(true)
+            }
+        }
+    );
+    ready?;
+    let existing = existing?;
     let mut result = if call.ids.is_k8s() {
         add_k8s(args, &call, existing, mtu).await?
     } else {
         add_cni(args, &call, existing, mtu).await?
     };
 
-    if conf.policy.policy_type.is_empty() {
-        if let Err(e) = endpoint::ensure_profile(&call.ds, &conf.name, call.ids.is_k8s()).await {
+    if want_profile {
+        let ensured = match profile_exists {
+            Ok(true) => Ok(()),
+            Ok(false) => endpoint::create_profile(&call.ds, &conf.name, call.ids.is_k8s()).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = ensured {
             ipam_exec::release(&call.ds, &conf.ipam.ipam_type, args).await;
             return Err(e);
         }

@@ -10,7 +10,7 @@ use crate::datastore::resources::{delete_resource, get_resource};
 use crate::datastore::{DatastoreError, Kind};
 use crate::error::{Error, Result};
 use crate::plugin::ipam_exec;
-use crate::plugin::prelude;
+use crate::plugin::{check_datastore_ready, prelude};
 use crate::skel::CmdArgs;
 
 /// Attempts at the get-then-CAS-delete of a k8s endpoint.
@@ -18,6 +18,7 @@ const K8S_DELETE_ATTEMPTS: usize = 6;
 
 pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
     let call = prelude(args).await?;
+    check_datastore_ready(&call.ds).await?;
     let ids = &call.ids;
     let name = ids.wep_name()?;
     let ipam_type = &call.conf.ipam.ipam_type;

@@ -123,14 +123,19 @@ pub fn interfaces(
     ]
 }
 
-/// Creates Profile `<network>` if absent (never updates one): allow-all egress, ingress from
-/// the same profile (cni) or from anywhere (k8s), labelsToApply `{<network>: ""}`.
-pub async fn ensure_profile<D: Datastore>(ds: &D, network: &str, k8s: bool) -> Result<()> {
-    match get_resource::<D, ProfileSpec>(ds, Kind::Profile, None, network).await {
-        Ok(_) => return Ok(()),
-        Err(e) if e.is_not_found() => {}
-        Err(e) => return Err(e.into()),
+/// Whether Profile `<network>` exists.
+pub async fn profile_exists<D: Datastore>(ds: &D, network: &str) -> Result<bool> {
+    let got: Result<Profile, _> = get_resource(ds, Kind::Profile, None, network).await;
+    match got {
+        Ok(_) => Ok(true),
+        Err(e) if e.is_not_found() => Ok(false),
+        Err(e) => Err(e.into()),
     }
+}
+
+/// Creates Profile `<network>` (the CNI never updates one): allow-all egress, ingress from
+/// the same profile (cni) or from anywhere (k8s), labelsToApply `{<network>: ""}`.
+pub async fn create_profile<D: Datastore>(ds: &D, network: &str, k8s: bool) -> Result<()> {
     info!(profile = network, "Calico CNI creating profile");
     let ingress = if k8s {
         json!({"action": "Allow"})

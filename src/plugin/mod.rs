@@ -74,7 +74,8 @@ pub struct Call {
     pub ds: EtcdDatastore,
 }
 
-/// Config, logging, nodename gate, identifiers, datastore client, ready gate.
+/// Config, logging, nodename gate, identifiers, datastore client. Callers then check the
+/// ready gate (`check_datastore_ready`), ADD together with its other first reads.
 pub async fn prelude(args: &CmdArgs) -> Result<Call> {
     let conf = NetConf::parse(&args.stdin_data)?;
     crate::logging::init(&conf, "cni-plugin");
@@ -100,7 +101,6 @@ pub async fn prelude(args: &CmdArgs) -> Result<Call> {
         "call"
     );
     let ds = client::connect(&conf).await?;
-    check_datastore_ready(&ds).await?;
     Ok(Call { conf, ids, ds })
 }
 
