@@ -179,7 +179,12 @@ fn churn_with(
                     }
                     if p % 3 == 2 && !mine.is_empty() {
                         let victim = mine.remove(p % mine.len());
-                        c.ipam(n, "DEL", &victim).assert_ok();
+                        let del = c.ipam(n, "DEL", &victim);
+                        assert_eq!(
+                            del.code, 0,
+                            "DEL {victim} failed: {} {}",
+                            del.stdout, del.stderr
+                        );
                         let mut l = ledger.lock().unwrap();
                         l.live.remove(&victim);
                         l.deleted.insert(victim);

@@ -230,14 +230,37 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         &self,
         args: &AutoAssignArgs,
     ) -> Result<(Assignments, Assignments), IpamError> {
-        // Independent reads go out together: one round trip instead of two.
-        let (config, reserved) = tokio::join!(self.ipam_config(), self.reservations());
-        let (config, reserved) = (config?, reserved?);
+        // Every read AutoAssign needs up front goes out together: one round trip.
+        let all_affinities = ListKind::Affinities {
+            host: self.host.clone(),
+            affinity_type: "host".into(),
+            version: None,
+        };
+        let (config, reserved, labels, pools, affs) = tokio::join!(
+            self.ipam_config(),
+            self.reservations(),
+            self.node_labels(),
+            self.pools(),
+            self.ds.list(&all_affinities)
+        );
+        let view = HostView {
+            config: config?,
+            reserved: reserved?,
+            labels: labels?,
+            pools: pools?,
+            affine: affs?
+                .into_iter()
+                .filter_map(|kv| match kv.key {
+                    Key::BlockAffinity { cidr, .. } => Some(cidr),
+                    _ => None,
+                })
+                .collect(),
+        };
         let v4 = self
-            .auto_assign_family(args, 4, args.num4, &args.ipv4_pools, &config, &reserved)
+            .auto_assign_family(args, 4, args.num4, &args.ipv4_pools, &view)
             .await?;
         let v6 = self
-            .auto_assign_family(args, 6, args.num6, &args.ipv6_pools, &config, &reserved)
+            .auto_assign_family(args, 6, args.num6, &args.ipv6_pools, &view)
             .await?;
         Ok((v4, v6))
     }
@@ -248,9 +271,9 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         version: u8,
         num: usize,
         requested_pools: &[IpNet],
-        config: &IpamConfig,
-        reserved: &[IpNet],
+        view: &HostView,
     ) -> Result<Assignments, IpamError> {
+        let (config, reserved) = (&view.config, &view.reserved[..]);
         let mut out = Assignments {
             num_requested: num,
             version,
@@ -259,9 +282,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         if num == 0 {
             return Ok(out);
         }
-        let (pools, mut affine) = self
-            .prepare_affinity_blocks(version, requested_pools)
-            .await?;
+        let (pools, mut affine) = self.usable_pools_and_blocks(view, version, requested_pools)?;
         debug!(?affine, "affine blocks for host");
         let mut owned = affine.len() as i64;
         let max_blocks = max_blocks(args.max_blocks_per_host, config.max_blocks_per_host);
@@ -273,7 +294,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             let claimed = self
                 .find_or_claim_block(&mut affine, &pools, config, reserved, allow_new_claim)
                 .await;
-            let (cidr, newly) = match claimed {
+            let (cidr, newly, first) = match claimed {
                 Ok(c) => c,
                 Err(FindError::NoFreeBlocks) => {
                     let msg = if config.strict_affinity {
@@ -296,6 +317,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                     args,
                     config.strict_affinity,
                     reserved,
+                    first,
                 )
                 .await?;
             out.ips.extend(got);
@@ -320,26 +342,17 @@ impl<'a, D: Datastore> Ipam<'a, D> {
     }
 
     /// Pools usable for this family on this node, and the node's affine blocks in them.
-    async fn prepare_affinity_blocks(
+    fn usable_pools_and_blocks(
         &self,
+        view: &HostView,
         version: u8,
         requested: &[IpNet],
     ) -> Result<(Vec<IpPool>, Vec<IpNet>), IpamError> {
-        let affinities = ListKind::Affinities {
-            host: self.host.clone(),
-            affinity_type: "host".into(),
-            version: Some(version),
-        };
-        // Node, pools and this host's affinities in one round trip.
-        let (labels, all, affs) = tokio::join!(
-            self.node_labels(),
-            self.pools(),
-            self.ds.list(&affinities)
-        );
-        let (labels, all, affs) = (labels?, all?, affs?);
-        let enabled: Vec<IpPool> = all
-            .into_iter()
+        let enabled: Vec<IpPool> = view
+            .pools
+            .iter()
             .filter(|p| p.is_enabled() && p.cidr().is_some_and(|c| c.version() == version))
+            .cloned()
             .collect();
         let bits = if version == 4 { 32 } else { 128 };
         let qualified: Vec<&IpPool> = enabled
@@ -365,7 +378,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                 if p.spec.assignment_mode != "Automatic" {
                     continue;
                 }
-                if !selector_matches(&p.spec.node_selector, &labels)
+                if !selector_matches(&p.spec.node_selector, &view.labels)
                     || !selector_matches(&p.spec.namespace_selector, &BTreeMap::new())
                 {
                     continue;
@@ -390,17 +403,17 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             return Err(IpamError::NoQualifiedPool);
         }
 
-        let mut affine = Vec::new();
-        for kv in affs {
-            if let Key::BlockAffinity { cidr, .. } = kv.key {
-                if pools
+        let affine: Vec<IpNet> = view
+            .affine
+            .iter()
+            .filter(|cidr| cidr.version() == version)
+            .filter(|cidr| {
+                pools
                     .iter()
-                    .any(|p| p.cidr().is_some_and(|pc| pc.covers(&cidr)))
-                {
-                    affine.push(cidr);
-                }
-            }
-        }
+                    .any(|p| p.cidr().is_some_and(|pc| pc.covers(cidr)))
+            })
+            .copied()
+            .collect();
         Ok((pools, affine))
     }
 
@@ -412,7 +425,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         config: &IpamConfig,
         reserved: &[IpNet],
         allow_new_claim: bool,
-    ) -> Result<(IpNet, bool), FindError> {
+    ) -> Result<(IpNet, bool, Option<(AllocationBlock, Revision)>), FindError> {
         // A. Existing affine blocks, in order.
         while !affine.is_empty() {
             let cidr = affine.remove(0);
@@ -420,18 +433,25 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                 continue;
             }
             for _ in 0..DATASTORE_RETRIES {
-                let aff = match self.ds.get(&Key::host_affinity(&self.host, cidr)).await {
+                // The affinity and its block in one round trip.
+                let key = Key::host_affinity(&self.host, cidr);
+                let (aff, block) = tokio::join!(self.ds.get(&key), self.get_block(cidr));
+                let aff = match aff {
                     Ok(kv) => kv,
                     Err(e) => {
                         debug!(%cidr, error = %e, "affinity vanished");
                         break;
                     }
                 };
+                let block = block.map_err(|e| FindError::Fatal(e.into()))?;
                 let state: BlockAffinity = aff.decode().map_err(|e| FindError::Fatal(e.into()))?;
-                match self.block_from_affinity(cidr, state, aff.revision).await {
-                    Ok(block) => {
+                match self
+                    .block_from_affinity(cidr, state, aff.revision, Some(block))
+                    .await
+                {
+                    Ok((block, rev)) => {
                         if block.num_free(reserved) >= 1 {
-                            return Ok((cidr, false));
+                            return Ok((cidr, false, Some((block, rev))));
                         }
                         break;
                     }
@@ -462,14 +482,15 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                     Err(ClaimError::Fatal(e)) => return Err(FindError::Fatal(e)),
                     Err(_) => break,
                 };
-                match self.block_from_affinity(cidr, aff, rev).await {
-                    Ok(block) => {
+                match self.block_from_affinity(cidr, aff, rev, None).await {
+                    Ok((block, brev)) => {
                         if block.num_free(reserved) >= 1 {
-                            return Ok((cidr, true));
+                            return Ok((cidr, true, Some((block, brev))));
                         }
-                        return Err(FindError::Fatal(IpamError::Block(format!(
-                            "block {cidr} was claimed but has no free addresses"
-                        ))));
+                        // Filled meanwhile (other hosts borrow from it). Upstream fails the
+                        // call here; we look for another block instead.
+                        debug!(%cidr, "block filled up while we claimed it");
+                        break;
                     }
                     Err(ClaimError::Conflict) => continue,
                     Err(ClaimError::StaleAffinity) | Err(ClaimError::ClaimConflict) => break,
@@ -487,9 +508,14 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         cidr: IpNet,
         mut aff: BlockAffinity,
         aff_rev: Revision,
-    ) -> Result<AllocationBlock, ClaimError> {
+        prefetched: Option<Option<(AllocationBlock, Revision)>>,
+    ) -> Result<(AllocationBlock, Revision), ClaimError> {
         let key = Key::host_affinity(&self.host, cidr);
-        match self.get_block(cidr).await? {
+        let block = match prefetched {
+            Some(b) => b,
+            None => self.get_block(cidr).await?,
+        };
+        match block {
             None => {
                 aff.state = AFFINITY_PENDING.into();
                 let rev = self.ds.update(&key, &to_value(&aff)?, &aff_rev).await?;
@@ -501,14 +527,15 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                     self.ds.delete(&key, Some(&aff_rev)).await?;
                     return Err(ClaimError::StaleAffinity);
                 }
+                let mut block_rev = block_rev;
                 if !aff.is_confirmed() {
                     aff.state = AFFINITY_PENDING.into();
                     let rev = self.ds.update(&key, &to_value(&aff)?, &aff_rev).await?;
-                    self.update_block(&mut block, &block_rev).await?;
+                    block_rev = self.update_block(&mut block, &block_rev).await?;
                     aff.state = AFFINITY_CONFIRMED.into();
                     self.ds.update(&key, &to_value(&aff)?, &rev).await?;
                 }
-                Ok(block)
+                Ok((block, block_rev))
             }
         }
     }
@@ -541,7 +568,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         cidr: IpNet,
         aff: BlockAffinity,
         aff_rev: Revision,
-    ) -> Result<AllocationBlock, ClaimError> {
+    ) -> Result<(AllocationBlock, Revision), ClaimError> {
         let (now_s, _) = timefmt::now();
         let block = AllocationBlock::new_block(
             cidr,
@@ -554,18 +581,18 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             .create(&Key::Block { cidr }, &to_value(&block)?)
             .await
         {
-            Ok(_) => {
+            Ok(rev) => {
                 self.confirm_affinity(cidr, aff, aff_rev).await?;
                 info!(%cidr, host = %self.host, "claimed block");
-                Ok(block)
+                Ok((block, rev))
             }
             Err(e) if e.is_already_exists() => {
-                let Some((existing, _)) = self.get_block(cidr).await? else {
+                let Some((existing, rev)) = self.get_block(cidr).await? else {
                     return Err(ClaimError::Conflict);
                 };
                 if existing.affinity.as_deref() == Some(self.host_affinity().as_str()) {
                     self.confirm_affinity(cidr, aff, aff_rev).await?;
-                    return Ok(existing);
+                    return Ok((existing, rev));
                 }
                 let key = Key::host_affinity(&self.host, cidr);
                 if let Err(e) = self.ds.delete(&key, Some(&aff_rev)).await {
@@ -747,9 +774,15 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         args: &AutoAssignArgs,
         affinity_check: bool,
         reserved: &[IpNet],
+        mut first: Option<(AllocationBlock, Revision)>,
     ) -> Result<Vec<IpNet>, IpamError> {
         for _ in 0..DATASTORE_RETRIES {
-            let Some((block, rev)) = self.get_block(cidr).await? else {
+            // The caller's fresh copy first; after a conflict, re-read.
+            let current = match first.take() {
+                Some(b) => Some(b),
+                None => self.get_block(cidr).await?,
+            };
+            let Some((block, rev)) = current else {
                 return Ok(Vec::new());
             };
             match self
@@ -862,6 +895,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                         args,
                         false,
                         reserved,
+                        None,
                     )
                     .await?;
                 if !got.is_empty() {
@@ -880,6 +914,14 @@ impl<'a, D: Datastore> Ipam<'a, D> {
 
     async fn increment_handle(&self, id: &str, cidr: IpNet, n: usize) -> Result<(), IpamError> {
         let key = Key::Handle { id: id.to_string() };
+        // Most handles are new: try the create first (one round trip), else read-modify-write.
+        let mut fresh = IpamHandle::default();
+        fresh.block.insert(cidr.to_string(), n as i64);
+        match self.ds.create(&key, &to_value(&fresh)?).await {
+            Ok(_) => return Ok(()),
+            Err(e) if e.is_already_exists() => {}
+            Err(e) => debug!(handle = id, error = %e, "handle create failed; retrying as update"),
+        }
         let mut last = None;
         for _ in 0..DATASTORE_RETRIES {
             let (mut handle, rev) = match self.ds.get(&key).await {
@@ -1141,6 +1183,16 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         }
         Ok(unallocated)
     }
+}
+
+/// What AutoAssign reads once per call: config, reservations, this node's labels, all
+/// pools and this host's affine blocks.
+struct HostView {
+    config: IpamConfig,
+    reserved: Vec<IpNet>,
+    labels: BTreeMap<String, String>,
+    pools: Vec<IpPool>,
+    affine: Vec<IpNet>,
 }
 
 enum FindError {
