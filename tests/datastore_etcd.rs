@@ -231,3 +231,86 @@ fn unreachable_etcd_fails_within_the_timeout() {
         start.elapsed()
     );
 }
+
+#[test]
+fn tls_with_client_certificates() {
+    let etcd = EtcdServer::start_tls();
+    let files = etcd.tls_files().unwrap();
+    assert!(etcd.endpoint().starts_with("https://"));
+    rt().block_on(async {
+        let cfg = EtcdConfig {
+            endpoints: vec![etcd.endpoint()],
+            ca_cert_file: Some(files.ca.clone()),
+            cert_file: Some(files.cert.clone()),
+            key_file: Some(files.key.clone()),
+            timeout: Duration::from_secs(5),
+            ..Default::default()
+        };
+        let ds = EtcdDatastore::connect(&cfg).await.unwrap();
+        let key = Key::Handle { id: "tls".into() };
+        ds.create(&key, &json!({"block":{},"deleted":false}))
+            .await
+            .unwrap();
+        assert_eq!(ds.get(&key).await.unwrap().value["deleted"], false);
+        // Without a client certificate the server refuses: an error, not a hang.
+        let start = Instant::now();
+        let no_cert = EtcdConfig {
+            cert_file: None,
+            key_file: None,
+            timeout: Duration::from_secs(2),
+            ..cfg.clone()
+        };
+        let r = match EtcdDatastore::connect(&no_cert).await {
+            Ok(ds) => ds.get(&key).await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        assert!(r.is_err());
+        assert!(start.elapsed() < Duration::from_secs(10));
+    });
+    assert_eq!(
+        etcd.keys("/calico/ipam/v2/handle/"),
+        ["/calico/ipam/v2/handle/tls"]
+    );
+}
+
+/// The NetConf's etcd_*_file fields reach the TLS client: calico-ipam ADD/DEL over mTLS.
+#[test]
+fn calico_ipam_over_tls_from_netconf() {
+    let etcd = EtcdServer::start_tls();
+    let files = etcd.tls_files().unwrap();
+    etcd.put(
+        "/calico/resources/v3/projectcalico.org/nodes/node1",
+        r#"{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node1"},"spec":{}}"#,
+    );
+    etcd.put(
+        "/calico/resources/v3/projectcalico.org/ippools/p",
+        r#"{"kind":"IPPool","apiVersion":"projectcalico.org/v3","metadata":{"name":"p"},"spec":{"cidr":"10.90.0.0/24"}}"#,
+    );
+    let bin = common::cni::Bin::new();
+    let scratch = common::cni::TempDir::new("tls");
+    let conf = json!({"cniVersion":"1.0.0","name":"net1","etcd_endpoints":etcd.endpoint(),
+        "etcd_ca_cert_file":files.ca,"etcd_cert_file":files.cert,"etcd_key_file":files.key,
+        "nodename":"node1","log_file_path":scratch.path().join("cni.log").display().to_string(),
+        "ipam_lock_file":scratch.path().join("lock").display().to_string(),"ipam":{"type":"calico-ipam"}})
+    .to_string();
+    let run = |cmd: &str| {
+        common::cni::run_plugin(
+            &bin.plugin("calico-ipam"),
+            &bin.path(),
+            None,
+            &common::cni::Invocation::new(cmd, "tls1", "/dev/null"),
+            &conf,
+        )
+    };
+    let r = run("ADD").assert_ok().json();
+    assert!(r["ips"][0]["address"]
+        .as_str()
+        .unwrap()
+        .starts_with("10.90.0."));
+    assert_eq!(
+        etcd.keys("/calico/ipam/v2/handle/"),
+        ["/calico/ipam/v2/handle/net1.tls1"]
+    );
+    run("DEL").assert_ok();
+    assert!(etcd.keys("/calico/ipam/v2/handle/").is_empty());
+}

@@ -1,143 +1,371 @@
+//! Test fixture: a private etcd (Debian's `/usr/bin/etcd` 3.4) on 127.0.0.1 with free ports and
+//! a temp data dir, optionally inside a network namespace (loopback is per netns) and
+//! optionally with TLS (client certificates required). Killed by PID and cleaned up on drop.
 #![allow(dead_code)]
-//! A real etcd (Debian's etcd-server) for one test: free loopback ports, a temp data dir,
-//! optionally inside a network namespace (loopback is per netns), killed on drop.
 
+use std::fs;
 use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde_json::Value;
+const ETCD: &str = "/usr/bin/etcd";
+const ETCDCTL: &str = "/usr/bin/etcdctl";
+const START_TIMEOUT: Duration = Duration::from_secs(20);
 
-use super::cni::TempDir;
+static COUNTER: AtomicU32 = AtomicU32::new(0);
 
-pub struct EtcdServer {
-    child: Child,
-    port: u16,
-    netns: Option<String>,
-    _dir: TempDir,
+/// PEM files for a TLS etcd: the CA, and a client certificate and key it accepts.
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    pub ca: String,
+    pub cert: String,
+    pub key: String,
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+/// A running etcd.
+pub struct EtcdServer {
+    child: Child,
+    dir: PathBuf,
+    port: u16,
+    netns: Option<String>,
+    tls: Option<TlsFiles>,
+    user: Option<(String, String)>,
+    /// Whether Drop removes `dir` (not while start-up may still retry in it).
+    owns_dir: bool,
+}
+
+/// Two distinct free ports on the host's loopback. In a fresh netns nothing listens at all,
+/// so they are free there too.
+fn free_ports() -> (u16, u16) {
+    let a = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    let b = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    (
+        a.local_addr().unwrap().port(),
+        b.local_addr().unwrap().port(),
+    )
+}
+
+fn temp_dir() -> PathBuf {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let dir = std::env::temp_dir().join(format!(
+        "calico-etcd-test-{}-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::SeqCst),
+        nanos
+    ));
+    fs::create_dir_all(&dir).expect("create etcd temp dir");
+    dir
+}
+
+/// A command, run inside `netns` when given (`ip netns exec` execs it, keeping the PID).
+fn command_in(netns: Option<&str>, program: &str) -> Command {
+    match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, program]);
+            c
+        }
+        None => Command::new(program),
+    }
+}
+
+fn run_openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A throw-away CA plus server (127.0.0.1) and client certificates, EC P-256.
+fn make_certs(dir: &Path) -> (TlsFiles, String, String) {
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
+    let mut ca = vec![
+        "req",
+        "-x509",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=etcd-test-ca",
+    ];
+    ca.extend(ec);
+    ca.extend(["-keyout", "ca.key", "-out", "ca.pem"]);
+    run_openssl(dir, &ca);
+    fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+    for (name, cn) in [("server", "127.0.0.1"), ("client", "calico-cni")] {
+        let subj = format!("/CN={cn}");
+        let key = format!("{name}.key");
+        let csr = format!("{name}.csr");
+        let pem = format!("{name}.pem");
+        let ext = format!("{name}.ext");
+        let mut req = vec!["req", "-nodes", "-subj", &subj];
+        req.extend(ec);
+        req.extend(["-keyout", &key, "-out", &csr]);
+        run_openssl(dir, &req);
+        run_openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                &ext,
+                "-out",
+                &pem,
+            ],
+        );
+    }
+    let p = |f: &str| dir.join(f).to_string_lossy().into_owned();
+    (
+        TlsFiles {
+            ca: p("ca.pem"),
+            cert: p("client.pem"),
+            key: p("client.key"),
+        },
+        p("server.pem"),
+        p("server.key"),
+    )
 }
 
 impl EtcdServer {
+    /// Starts etcd on the host's loopback.
     pub fn start() -> EtcdServer {
-        EtcdServer::start_in_netns(None)
+        Self::start_with(None, false)
     }
 
-    /// Starts etcd inside `netns` (by name) when given. Ports are picked on the real host's
-    /// loopback; inside a fresh netns they are free too.
-    pub fn start_in_netns(netns: Option<&str>) -> EtcdServer {
-        let dir = TempDir::new("etcd");
-        let (port, peer) = (free_port(), free_port());
-        let client_url = format!("http://127.0.0.1:{port}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
-        let mut cmd = match netns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, "etcd"]);
-                c
+    /// Starts etcd inside the named network namespace (or on the host for `None`).
+    pub fn start_in_netns(netns_name: Option<&str>) -> EtcdServer {
+        Self::start_with(netns_name, false)
+    }
+
+    /// Starts an etcd that serves https only and requires client certificates.
+    pub fn start_tls() -> EtcdServer {
+        Self::start_with(None, true)
+    }
+
+    fn start_with(netns: Option<&str>, tls: bool) -> EtcdServer {
+        let dir = temp_dir();
+        let certs = tls.then(|| make_certs(&dir));
+        // A port grabbed by someone else between probing and etcd's bind makes etcd exit at
+        // once; retry with fresh ports.
+        let mut last_log = String::new();
+        for attempt in 0..3 {
+            let (port, peer) = free_ports();
+            let data = dir.join(format!("data{attempt}"));
+            let log = dir.join(format!("etcd{attempt}.log"));
+            let scheme = if tls { "https" } else { "http" };
+            let client_url = format!("{scheme}://127.0.0.1:{port}");
+            let peer_url = format!("http://127.0.0.1:{peer}");
+            let logf = fs::File::create(&log).expect("create etcd log");
+            let mut cmd = command_in(netns, ETCD);
+            cmd.arg("--name")
+                .arg("test")
+                .arg("--data-dir")
+                .arg(&data)
+                .arg("--listen-client-urls")
+                .arg(&client_url)
+                .arg("--advertise-client-urls")
+                .arg(&client_url)
+                .arg("--listen-peer-urls")
+                .arg(&peer_url)
+                .arg("--initial-advertise-peer-urls")
+                .arg(&peer_url)
+                .arg("--initial-cluster")
+                .arg(format!("test={peer_url}"))
+                .args(["--logger=zap", "--log-level=error"]);
+            if let Some((_, cert, key)) = &certs {
+                cmd.args(["--cert-file", cert, "--key-file", key])
+                    .args(["--trusted-ca-file", &certs.as_ref().unwrap().0.ca])
+                    .arg("--client-cert-auth");
             }
-            None => Command::new("etcd"),
-        };
-        cmd.args(["--name", "test", "--data-dir"])
-            .arg(dir.path().join("data"))
-            .args([
-                "--listen-client-urls",
-                &client_url,
-                "--advertise-client-urls",
-                &client_url,
-            ])
-            .args([
-                "--listen-peer-urls",
-                &peer_url,
-                "--initial-advertise-peer-urls",
-                &peer_url,
-            ])
-            .args(["--initial-cluster", &format!("test={peer_url}")])
-            .args(["--logger=zap", "--log-level=error"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let child = cmd
-            .spawn()
-            .expect("start etcd (apt-get install etcd-server)");
-        let server = EtcdServer {
-            child,
-            port,
-            netns: netns.map(str::to_string),
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let out = server
-                .ctl_cmd(&["endpoint", "health"])
-                .output()
-                .expect("etcdctl");
+            let child = cmd
+                .stdin(Stdio::null())
+                .stdout(logf.try_clone().unwrap())
+                .stderr(logf)
+                .spawn()
+                .unwrap_or_else(|e| panic!("failed to start {ETCD}: {e}"));
+            let mut server = EtcdServer {
+                child,
+                dir: dir.clone(),
+                port,
+                netns: netns.map(str::to_string),
+                tls: certs.as_ref().map(|c| c.0.clone()),
+                user: None,
+                owns_dir: false,
+            };
+            let result = server.wait_healthy();
+            if result.is_ok() {
+                server.owns_dir = true;
+                return server;
+            }
+            drop(server); // kills this attempt's etcd, keeps the dir
+            last_log = fs::read_to_string(&log).unwrap_or_default();
+            if result == Err(false) {
+                let _ = fs::remove_dir_all(&dir);
+                panic!(
+                    "etcd did not become healthy within {START_TIMEOUT:?} (netns {netns:?}); \
+                     log:\n{last_log}"
+                );
+            }
+        }
+        let _ = fs::remove_dir_all(&dir);
+        panic!("etcd exited during start-up three times (netns {netns:?}); last log:\n{last_log}");
+    }
+
+    /// Polls `etcdctl endpoint health`; `Err(true)` if etcd exited, `Err(false)` on timeout.
+    fn wait_healthy(&mut self) -> Result<(), bool> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return Err(true);
+            }
+            let out = self.etcdctl_output(&[
+                "endpoint",
+                "health",
+                "--dial-timeout=1s",
+                "--command-timeout=1s",
+            ]);
             if out.status.success() {
-                break;
+                return Ok(());
             }
-            assert!(Instant::now() < deadline, "etcd did not become healthy");
             std::thread::sleep(Duration::from_millis(50));
         }
-        server
+        Err(false)
     }
 
+    /// `http://127.0.0.1:PORT` (`https://` for a TLS server).
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
-    fn ctl_cmd(&self, args: &[&str]) -> Command {
-        let mut c = match &self.netns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, "etcdctl"]);
-                c
-            }
-            None => Command::new("etcdctl"),
-        };
-        c.env("ETCDCTL_API", "3")
-            .args(["--endpoints", &format!("127.0.0.1:{}", self.port)])
-            .args(args);
-        c
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
-    /// Runs etcdctl against this server; returns stdout.
+    /// The etcd PID (etcd's own, also when started through `ip netns exec`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The client TLS files of a TLS server.
+    pub fn tls_files(&self) -> Option<TlsFiles> {
+        self.tls.clone()
+    }
+
+    /// Creates a `root` user with `password`, enables authentication and uses the user for
+    /// later `etcdctl` calls.
+    pub fn enable_auth(&mut self, password: &str) {
+        self.etcdctl(&["user", "add", "root", "--new-user-password", password]);
+        self.etcdctl(&["auth", "enable"]);
+        self.user = Some(("root".into(), password.into()));
+    }
+
+    /// Runs `etcdctl` (API v3) against this server, in its netns; the raw output.
+    pub fn etcdctl_output(&self, args: &[&str]) -> Output {
+        self.etcdctl_cmd(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("failed to run {ETCDCTL}: {e}"))
+    }
+
+    fn etcdctl_cmd(&self, args: &[&str]) -> Command {
+        let mut cmd = command_in(self.netns.as_deref(), ETCDCTL);
+        cmd.env("ETCDCTL_API", "3")
+            .env_remove("ETCDCTL_ENDPOINTS")
+            .arg(format!("--endpoints={}", self.endpoint()));
+        if let Some(t) = &self.tls {
+            cmd.arg(format!("--cacert={}", t.ca))
+                .arg(format!("--cert={}", t.cert))
+                .arg(format!("--key={}", t.key));
+        }
+        if let Some((u, p)) = &self.user {
+            cmd.arg(format!("--user={u}:{p}"));
+        }
+        cmd.args(args);
+        cmd
+    }
+
+    /// Runs `etcdctl` and returns its stdout; panics (with stderr) when it fails.
     pub fn etcdctl(&self, args: &[&str]) -> String {
-        let out = self.ctl_cmd(args).output().expect("etcdctl");
+        let out = self.etcdctl_output(args);
         assert!(
             out.status.success(),
-            "etcdctl {args:?}: {}",
+            "etcdctl {args:?} failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        String::from_utf8(out.stdout).expect("etcdctl output is UTF-8")
     }
 
-    pub fn put(&self, key: &str, value: &str) {
-        self.etcdctl(&["put", key, value]);
-    }
-
-    /// The raw stored value, or None.
+    /// The stored value of `key` exactly as bytes-in-a-string, `None` when absent.
     pub fn get_raw(&self, key: &str) -> Option<String> {
-        let out = self.etcdctl(&["get", "--print-value-only", key]);
-        let v = out.trim_end_matches('\n');
-        (!out.is_empty()).then(|| v.to_string())
+        // Simple format: the key line, then the value line (our values have no newlines).
+        let out = self.etcdctl(&["get", "--", key]);
+        let (_, value) = out.split_once('\n')?;
+        Some(value.strip_suffix('\n').unwrap_or(value).to_string())
     }
 
-    pub fn get_json(&self, key: &str) -> Value {
-        let raw = self.get_raw(key).unwrap_or_else(|| panic!("no key {key}"));
-        serde_json::from_str(&raw).unwrap_or_else(|e| panic!("{key}: {e}: {raw}"))
+    /// The stored value of `key` parsed as JSON; panics when absent or not JSON.
+    pub fn get_json(&self, key: &str) -> serde_json::Value {
+        let raw = self
+            .get_raw(key)
+            .unwrap_or_else(|| panic!("etcd key {key} does not exist"));
+        serde_json::from_str(&raw).unwrap_or_else(|e| panic!("{key} holds non-JSON {raw:?}: {e}"))
     }
 
+    /// The ModRevision of `key`; panics when absent.
+    pub fn mod_revision(&self, key: &str) -> i64 {
+        let out = self.etcdctl(&["get", "-w", "fields", "--", key]);
+        out.lines()
+            .find_map(|l| l.strip_prefix("\"ModRevision\" : "))
+            .unwrap_or_else(|| panic!("etcd key {key} does not exist"))
+            .trim()
+            .parse()
+            .expect("numeric ModRevision")
+    }
+
+    /// Writes `value` (verbatim; may be empty) at `key`.
+    pub fn put(&self, key: &str, value: &str) {
+        // After `--` neither an empty value nor a leading dash is taken for a flag.
+        self.etcdctl(&["put", "--", key, value]);
+    }
+
+    /// All keys under `prefix`, in key order.
     pub fn keys(&self, prefix: &str) -> Vec<String> {
-        self.etcdctl(&["get", "--prefix", "--keys-only", prefix])
+        self.etcdctl(&["get", "--prefix", "--keys-only", "--", prefix])
             .lines()
             .filter(|l| !l.is_empty())
             .map(str::to_string)
             .collect()
+    }
+
+    /// Deletes everything under `prefix`.
+    pub fn delete_prefix(&self, prefix: &str) {
+        self.etcdctl(&["del", "--prefix", "--", prefix]);
     }
 
     /// Every (key, value) under `prefix`, in one etcdctl call (values are one-line JSON).
@@ -150,30 +378,29 @@ impl EtcdServer {
             .map(|c| (c[0].to_string(), c[1].to_string()))
             .collect()
     }
-
-    /// Kills the server (for fault tests).
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Drop for EtcdServer {
     fn drop(&mut self) {
-        self.kill();
+        // SIGKILL by PID: the child is etcd itself (also via `ip netns exec`).
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if self.owns_dir {
+            let _ = fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
 /// A multi-member etcd cluster on loopback (for fault tests), killed on drop.
 pub struct EtcdCluster {
     members: Vec<(Child, u16)>,
-    _dir: TempDir,
+    _dir: super::cni::TempDir,
 }
 
 impl EtcdCluster {
     pub fn start(size: usize) -> EtcdCluster {
-        let dir = TempDir::new("etcd-cluster");
-        let ports: Vec<(u16, u16)> = (0..size).map(|_| (free_port(), free_port())).collect();
+        let dir = super::cni::TempDir::new("etcd-cluster");
+        let ports: Vec<(u16, u16)> = (0..size).map(|_| free_ports()).collect();
         let initial = ports
             .iter()
             .enumerate()
