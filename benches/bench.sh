@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
-# make bench: see bench.py. Usage: benches/bench.sh path/to/calico [runs]
+# make bench: bench.py (ADD/DEL vs ptp+host-local, VERSION, RSS) and ipam_bench.py
+# (allocations/s, empty vs 90 %-full pool). Usage: benches/bench.sh path/to/calico [runs]
 set -euo pipefail
-exec python3 "$(dirname "$0")/bench.py" "$@"
+python3 "$(dirname "$0")/bench.py" "$@"
+python3 "$(dirname "$0")/ipam_bench.py" "$1"
