@@ -175,3 +175,57 @@ fn legacy_handle_and_repeated_del() {
     env.ipam("DEL", "x1").assert_ok();
     assert!(env.etcd.keys("/calico/ipam/v2/handle/").is_empty());
 }
+
+fn put_pool(env: &Env, name: &str, cidr: &str, selector: &str) {
+    env.etcd.put(
+        &format!("/calico/resources/v3/projectcalico.org/ippools/{name}"),
+        &json!({"kind":"IPPool","apiVersion":"projectcalico.org/v3","metadata":{"name":name},
+            "spec":{"cidr":cidr,"blockSize":29,"nodeSelector":selector}})
+        .to_string(),
+    );
+}
+
+/// Empty affine blocks of pools that stop selecting the node are given up: on the next ADD
+/// (getAffineBlocks) and when a release empties them (ensureConsistentAffinity).
+#[test]
+fn deselected_empty_blocks_lose_their_affinity() {
+    let env = Env::new();
+    env.ipam("ADD", "d1").assert_ok();
+    env.ipam("DEL", "d1").assert_ok();
+    assert!(
+        env.etcd.get_raw(AFFINITY).is_some(),
+        "an empty block stays affine"
+    );
+    // The pool now selects other nodes only; a second pool takes over.
+    put_pool(&env, "p29", "10.80.0.0/29", "zone == 'x'");
+    put_pool(&env, "q29", "10.81.0.0/29", "all()");
+    let r = env.ipam("ADD", "d2").assert_ok().json();
+    assert_eq!(r["ips"][0]["address"], "10.81.0.0/29");
+    assert!(
+        env.etcd.get_raw(AFFINITY).is_none(),
+        "deselected affinity released"
+    );
+    assert!(
+        env.etcd.get_raw(BLOCK).is_none(),
+        "the empty block went with it"
+    );
+    // ensureConsistentAffinity: deselect q29 while d2 holds an address, then release it.
+    put_pool(&env, "q29", "10.81.0.0/29", "zone == 'x'");
+    env.ipam("DEL", "d2").assert_ok();
+    assert!(env
+        .etcd
+        .get_raw("/calico/ipam/v2/host/node1/ipv4/block/10.81.0.0-29")
+        .is_none());
+    assert!(env
+        .etcd
+        .get_raw("/calico/ipam/v2/assignment/ipv4/block/10.81.0.0-29")
+        .is_none());
+    // A selector that still matches keeps the affinity.
+    put_pool(&env, "q29", "10.81.0.0/29", "all()");
+    env.ipam("ADD", "d3").assert_ok();
+    env.ipam("DEL", "d3").assert_ok();
+    assert!(env
+        .etcd
+        .get_raw("/calico/ipam/v2/host/node1/ipv4/block/10.81.0.0-29")
+        .is_some());
+}

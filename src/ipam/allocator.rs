@@ -283,6 +283,8 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             return Ok(out);
         }
         let (pools, mut affine) = self.usable_pools_and_blocks(view, version, requested_pools)?;
+        self.release_deselected_affinities(view, version, &affine)
+            .await;
         debug!(?affine, "affine blocks for host");
         let mut owned = affine.len() as i64;
         let max_blocks = max_blocks(args.max_blocks_per_host, config.max_blocks_per_host);
@@ -415,6 +417,72 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             .copied()
             .collect();
         Ok((pools, affine))
+    }
+
+    /// Affine blocks outside the usable pools whose pool no longer selects this node are
+    /// given up when empty (upstream's getAffineBlocks); failures are only logged.
+    async fn release_deselected_affinities(&self, view: &HostView, version: u8, usable: &[IpNet]) {
+        for cidr in view.affine.iter().filter(|c| c.version() == version) {
+            if usable.contains(cidr) {
+                continue;
+            }
+            let pool = view
+                .pools
+                .iter()
+                .find(|p| p.cidr().is_some_and(|pc| pc.covers(cidr)));
+            let Some(pool) = pool else { continue };
+            if selector_matches(&pool.spec.node_selector, &view.labels) {
+                continue;
+            }
+            match self
+                .release_block_affinity(&self.host, *cidr, true, None)
+                .await
+            {
+                Ok(()) => {
+                    info!(%cidr, "released the affinity of a block whose pool no longer selects this node")
+                }
+                Err(e) => debug!(%cidr, error = %e, "kept the affinity of a deselected block"),
+            }
+        }
+    }
+
+    /// After a release empties a block: if its pool no longer selects the affine node, give
+    /// the affinity up (upstream's ensureConsistentAffinity). Failures are only logged.
+    async fn ensure_consistent_affinity(&self, block: &AllocationBlock) {
+        let Some(host) = block
+            .affinity
+            .as_deref()
+            .and_then(|a| a.strip_prefix("host:"))
+        else {
+            return;
+        };
+        let node: Result<Node, _> = get_resource(self.ds, Kind::Node, None, host).await;
+        let labels = match node {
+            Ok(n) => n.metadata.labels.unwrap_or_default(),
+            Err(e) if e.is_not_found() => BTreeMap::new(),
+            Err(e) => {
+                debug!(error = %e, "cannot read the affine node");
+                return;
+            }
+        };
+        let Ok(pools) = self.pools().await else {
+            return;
+        };
+        let selected = pools
+            .iter()
+            .find(|p| p.cidr().is_some_and(|pc| pc.covers(&block.cidr)))
+            .is_some_and(|p| selector_matches(&p.spec.node_selector, &labels));
+        if selected {
+            return;
+        }
+        if let Err(e) = self
+            .release_block_affinity(host, block.cidr, true, None)
+            .await
+        {
+            debug!(cidr = %block.cidr, error = %e, "kept the affinity of a deselected block");
+        } else {
+            info!(cidr = %block.cidr, host, "released the affinity of an empty, deselected block");
+        }
     }
 
     /// Finds an affine block with room, or claims a new one. Returns (cidr, newly claimed).
@@ -1120,7 +1188,12 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                 self.update_block(&mut block, &rev).await.map(|_| ())
             };
             match r {
-                Ok(()) => return Ok(n),
+                Ok(()) => {
+                    if block.is_empty() && block.affinity.is_some() {
+                        self.ensure_consistent_affinity(&block).await;
+                    }
+                    return Ok(n);
+                }
                 Err(e) if e.is_conflict() => continue,
                 Err(e) => return Err(e.into()),
             }

@@ -363,6 +363,37 @@ mod tests {
         );
     }
 
+    /// More vectors, computed with an independent Python port of the same recipe that
+    /// reproduces all of upstream's vectors above: other hosts, pool sizes, block sizes, and
+    /// IPv6 walks whose index needs more than one 64-bit word.
+    #[test]
+    fn more_vectors() {
+        assert_eq!(
+            first("fd00:10:244::/64", 122, "node2", 1),
+            ["fd00:10:244:0:d460:b250:45:b00/122"]
+        );
+        assert_eq!(
+            first("10.96.0.0/12", 26, "worker-3", 1),
+            ["10.96.97.192/26"]
+        );
+        assert_eq!(
+            first("192.168.0.0/16", 24, "node1", 1),
+            ["192.168.154.0/24"]
+        );
+        assert_eq!(
+            first("100.64.0.0/10", 26, "ip-10-0-1-23.ec2.internal", 1),
+            ["100.110.127.128/26"]
+        );
+        assert_eq!(
+            big_int_rand(&mut GoRand::new(i64::from(fnv1_32("node1"))), 1 << 68),
+            37_813_956_956_984_576_839
+        );
+        assert_eq!(
+            first("fd00::/48", 116, "node1", 1),
+            ["fd00::20cc:6298:164f:a0b4:7000/116"]
+        );
+    }
+
     #[test]
     fn walks_every_block_once_and_wraps() {
         let all: Vec<IpNet> =
