@@ -229,3 +229,79 @@ fn deselected_empty_blocks_lose_their_affinity() {
         .get_raw("/calico/ipam/v2/host/node1/ipv4/block/10.81.0.0-29")
         .is_some());
 }
+
+/// A claimer that crashed after writing its `pending` affinity (no block yet): the next ADD
+/// on that host finishes the claim — block created, affinity confirmed.
+#[test]
+fn pending_affinity_left_by_a_crash_is_recovered() {
+    let env = Env::new();
+    env.etcd
+        .put(AFFINITY, r#"{"state":"pending","deleted":false}"#);
+    let r = env.ipam("ADD", "p1").assert_ok().json();
+    assert_eq!(r["ips"][0]["address"], "10.80.0.0/29");
+    assert_eq!(
+        env.etcd.get_json(AFFINITY),
+        json!({"state": "confirmed", "deleted": false})
+    );
+    assert_eq!(block(&env)["affinity"], "host:node1");
+    // A pending affinity whose block exists and is ours is confirmed too.
+    env.etcd
+        .put(AFFINITY, r#"{"state":"pending","deleted":false}"#);
+    env.ipam("ADD", "p2").assert_ok();
+    assert_eq!(
+        env.etcd.get_json(AFFINITY),
+        json!({"state": "confirmed", "deleted": false})
+    );
+    // An affinity to a block another host owns is stale and removed.
+    let other = "/calico/ipam/v2/host/node2/ipv4/block/10.80.0.0-29";
+    env.etcd.put(
+        "/calico/resources/v3/projectcalico.org/nodes/node2",
+        r#"{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node2"},"spec":{}}"#,
+    );
+    env.etcd
+        .put(other, r#"{"state":"confirmed","deleted":false}"#);
+    let conf = json!({"cniVersion":"1.0.0","name":"net1","etcd_endpoints":env.etcd.endpoint(),
+        "nodename":"node2","log_file_path":env.scratch.path().join("cni.log").display().to_string(),
+        "ipam_lock_file":env.scratch.path().join("lock2").display().to_string(),"ipam":{"type":"calico-ipam"}});
+    let out = run_plugin(
+        &env.bin.plugin("calico-ipam"),
+        &env.bin.path(),
+        None,
+        &Invocation::new("ADD", "n2", "/dev/null"),
+        &conf.to_string(),
+    );
+    // node2 borrows from node1's block (strict affinity off) after dropping its stale claim.
+    let r = out.assert_ok().json();
+    assert_eq!(r["ips"][0]["address"], "10.80.0.2/29");
+    assert!(env.etcd.get_raw(other).is_none(), "stale affinity removed");
+    let b = block(&env);
+    assert_eq!(b["affinity"], "host:node1");
+    assert_eq!(b["attributes"][2]["secondary"]["node"], "node2");
+}
+
+/// IP= in a pool that does not allow workloads: upstream's text.
+#[test]
+fn requested_ip_in_a_tunnel_only_pool() {
+    let env = Env::new();
+    env.etcd.put(
+        "/calico/resources/v3/projectcalico.org/ippools/tunnels",
+        r#"{"kind":"IPPool","apiVersion":"projectcalico.org/v3","metadata":{"name":"tunnels"},"spec":{"cidr":"10.123.0.0/24","allowedUses":["Tunnel"]}}"#,
+    );
+    let conf = json!({"cniVersion":"1.0.0","name":"net1","etcd_endpoints":env.etcd.endpoint(),
+        "nodename":"node1","log_file_path":env.scratch.path().join("cni.log").display().to_string(),
+        "ipam_lock_file":env.scratch.path().join("lock").display().to_string(),"ipam":{"type":"calico-ipam"}});
+    let inv = Invocation::new("ADD", "t1", "/dev/null").with_args("IP=10.123.0.5");
+    let err = run_plugin(
+        &env.bin.plugin("calico-ipam"),
+        &env.bin.path(),
+        None,
+        &inv,
+        &conf.to_string(),
+    )
+    .assert_err();
+    assert_eq!(
+        err["msg"],
+        "IP address 10.123.0.5 is in IP pool \"tunnels\", which is not allowed for use \"Workload\" (allowedUses: [Tunnel])"
+    );
+    assert!(env.etcd.keys("/calico/ipam/v2/").is_empty());
+}
