@@ -3,6 +3,17 @@
 
 use sha1::{Digest, Sha1};
 
+/// CNI_ARGS keys both plugins read (`types.K8sArgs`, plus calico-ipam's `IP`).
+pub const CNI_ARGS_KEYS: &[&str] = &[
+    "IgnoreUnknown",
+    "IP",
+    "K8S_POD_NAMESPACE",
+    "K8S_POD_NAME",
+    "K8S_POD_INFRA_CONTAINER_ID",
+    "K8S_POD_UID",
+    "CNI_TEST_NAMESPACE",
+];
+
 pub const ORCH_K8S: &str = "k8s";
 pub const ORCH_CNI: &str = "cni";
 
@@ -65,6 +76,24 @@ impl WepIdentifiers {
                 endpoint: ifname.into(),
             }
         }
+    }
+
+    /// Identifiers from parsed CNI_ARGS (keys of `CNI_ARGS_KEYS`).
+    pub fn from_cni_args(
+        node: &str,
+        container_id: &str,
+        ifname: &str,
+        cni_args: &std::collections::BTreeMap<String, String>,
+    ) -> WepIdentifiers {
+        let get = |k: &str| cni_args.get(k).map(String::as_str).unwrap_or_default();
+        WepIdentifiers::new(
+            node,
+            container_id,
+            ifname,
+            get("K8S_POD_NAMESPACE"),
+            get("K8S_POD_NAME"),
+            get("CNI_TEST_NAMESPACE"),
+        )
     }
 
     pub fn is_k8s(&self) -> bool {

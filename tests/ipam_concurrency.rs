@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 
 use common::cni::{run_plugin, Bin, Invocation, TempDir};
-use common::etcd::{EtcdCluster, EtcdServer};
+use common::etcd::{key_value_lines, EtcdCluster, EtcdServer};
 use serde_json::{json, Value};
 
 /// One etcd, or a multi-member cluster read through a member that is still alive.
@@ -34,13 +34,7 @@ impl Store {
         match self {
             Store::Single(e) => e.get_prefix(prefix),
             Store::Multi(c, reader) => {
-                let out = c.lock().unwrap().ctl(*reader, &["get", "--prefix", prefix]);
-                let lines: Vec<&str> = out.lines().collect();
-                lines
-                    .chunks(2)
-                    .filter(|c| c.len() == 2)
-                    .map(|c| (c[0].to_string(), c[1].to_string()))
-                    .collect()
+                key_value_lines(&c.lock().unwrap().ctl(*reader, &["get", "--prefix", prefix]))
             }
         }
     }
@@ -170,16 +164,31 @@ fn churn_with(
                     } else {
                         let e = out.json();
                         let msg = e["msg"].as_str().unwrap_or_default().to_string();
-                        assert!(
-                            msg.contains("Assigned 0 out of 1 requested IPv4 addresses")
-                                || msg.contains("per host block limit"),
-                            "unexpected ADD failure: {e}"
-                        );
+                        if msg.contains("error connecting to the datastore") {
+                            // A failed ADD is followed by a DEL, as kubelet does.
+                            eprintln!("ADD {cid} failed on the datastore; cleaning up: {msg}");
+                            c.ipam(n, "DEL", &cid).assert_ok();
+                        } else {
+                            assert!(
+                                msg.contains("Assigned 0 out of 1 requested IPv4 addresses")
+                                    || msg.contains("per host block limit"),
+                                "unexpected ADD failure: {e}"
+                            );
+                        }
                         ledger.lock().unwrap().exhausted.push(cid.clone());
                     }
                     if p % 3 == 2 && !mine.is_empty() {
                         let victim = mine.remove(p % mine.len());
-                        let del = c.ipam(n, "DEL", &victim);
+                        // Like kubelet, retry a DEL that failed on an unreachable datastore.
+                        let mut del = c.ipam(n, "DEL", &victim);
+                        for _ in 0..3 {
+                            if del.code == 0
+                                || !del.stdout.contains("error connecting to the datastore")
+                            {
+                                break;
+                            }
+                            del = c.ipam(n, "DEL", &victim);
+                        }
                         assert_eq!(
                             del.code, 0,
                             "DEL {victim} failed: {} {}",

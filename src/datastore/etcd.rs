@@ -109,20 +109,19 @@ impl EtcdDatastore {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
+        // A request stuck on a member that just died is abandoned after half the budget and
+        // sent again (the balancer then picks a live member).
+        let per_attempt = self.timeout / 2;
         let mut attempt = 0u64;
         loop {
             attempt += 1;
-            let err = match tokio::time::timeout(self.timeout, op()).await {
+            let err = match tokio::time::timeout(per_attempt, op()).await {
                 Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) => e,
-                Err(_) => {
-                    return Err(unavailable(format!(
-                        "etcd request timed out after {:?}",
-                        self.timeout
-                    )))
-                }
+                Ok(Err(e)) if is_transport_error(&e) => e.to_string(),
+                Ok(Err(e)) => return Err(unavailable(e)),
+                Err(_) => format!("etcd request timed out after {per_attempt:?}"),
             };
-            if attempt >= TRANSPORT_ATTEMPTS || !is_transport_error(&err) {
+            if attempt >= TRANSPORT_ATTEMPTS {
                 return Err(unavailable(err));
             }
             debug!(attempt, error = %err, "etcd transport error; retrying");

@@ -327,7 +327,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
 
         // 2. Borrow from any block of the pools when strict affinity is off.
         if out.ips.len() < num && !config.strict_affinity {
-            self.borrow(args, version, num, &pool_cidrs, reserved, &mut out)
+            self.borrow(args, version, num, &pools, reserved, &mut out)
                 .await?;
         }
         if out.ips.len() < num {
@@ -912,47 +912,28 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         args: &AutoAssignArgs,
         version: u8,
         num: usize,
-        pool_cidrs: &[IpNet],
+        pools: &[IpPool],
         reserved: &[IpNet],
         out: &mut Assignments,
     ) -> Result<(), IpamError> {
-        // One list instead of a Get per CIDR of the walk (same order, far fewer round trips).
-        let existing: Vec<IpNet> = self
-            .ds
-            .list(&ListKind::Blocks {
-                version: Some(version),
-            })
-            .await?
-            .into_iter()
-            .filter_map(|kv| match kv.key {
-                Key::Block { cidr } => Some(cidr),
-                _ => None,
-            })
-            .collect();
-        let pools = self.pools().await?;
-        for pool_cidr in pool_cidrs {
-            let size = pools
-                .iter()
-                .find(|p| p.cidr() == Some(*pool_cidr))
-                .and_then(|p| u8::try_from(p.spec.block_size).ok())
-                .unwrap_or(pool_cidr.bits());
-            let in_pool: std::collections::HashSet<IpNet> = existing
+        // One list of the existing blocks, visited in this host's walk order (rather than a
+        // Get per CIDR of the walk, which for an IPv6 pool would never end).
+        let existing = self.block_cidrs(Some(version)).await?;
+        for pool in pools {
+            let Some(pool_cidr) = pool.cidr() else {
+                continue;
+            };
+            let size = u8::try_from(pool.spec.block_size).unwrap_or(pool_cidr.bits());
+            let mut in_pool: Vec<IpNet> = existing
                 .iter()
                 .filter(|c| pool_cidr.covers(c))
                 .copied()
                 .collect();
-            if in_pool.is_empty() {
-                continue;
-            }
-            let mut seen = 0;
-            for cidr in block_generator(*pool_cidr, size, &self.host) {
-                if out.ips.len() >= num || seen == in_pool.len() {
+            sort_in_walk_order(&mut in_pool, pool_cidr, size, &self.host);
+            for cidr in in_pool {
+                if out.ips.len() >= num {
                     break;
                 }
-                if !in_pool.contains(&cidr) {
-                    continue;
-                }
-                seen += 1;
                 if wholly_reserved(&cidr, reserved) {
                     continue;
                 }
@@ -976,6 +957,20 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             }
         }
         Ok(())
+    }
+
+    /// The CIDRs of all existing blocks (of one IP version).
+    async fn block_cidrs(&self, version: Option<u8>) -> Result<Vec<IpNet>, IpamError> {
+        Ok(self
+            .ds
+            .list(&ListKind::Blocks { version })
+            .await?
+            .into_iter()
+            .filter_map(|kv| match kv.key {
+                Key::Block { cidr } => Some(cidr),
+                _ => None,
+            })
+            .collect())
     }
 
     // ---------------------------------------------------------------- handles
@@ -1203,16 +1198,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
 
     /// Releases specific addresses (dual-stack rollback). Returns those not allocated.
     pub async fn release_ips(&self, ips: &[IpAddr]) -> Result<Vec<IpAddr>, IpamError> {
-        let blocks: Vec<IpNet> = self
-            .ds
-            .list(&ListKind::Blocks { version: None })
-            .await?
-            .into_iter()
-            .filter_map(|kv| match kv.key {
-                Key::Block { cidr } => Some(cidr),
-                _ => None,
-            })
-            .collect();
+        let blocks = self.block_cidrs(None).await?;
         let mut unallocated = Vec::new();
         let mut by_block: BTreeMap<IpNet, Vec<IpAddr>> = BTreeMap::new();
         for ip in ips {
@@ -1298,6 +1284,26 @@ fn selector_matches(sel: &str, labels: &BTreeMap<String, String>) -> bool {
     }
 }
 
+/// Orders blocks of `pool` as `host`'s random walk would visit them: by their distance from
+/// the walk's first block, wrapping at the end of the pool.
+fn sort_in_walk_order(blocks: &mut [IpNet], pool: IpNet, block_size: u8, host: &str) {
+    let Some(first) = block_generator(pool, block_size, host).next() else {
+        return;
+    };
+    let shift = u32::from(pool.bits().saturating_sub(block_size));
+    let base = crate::net::to_u128(pool.masked().addr);
+    let index = |c: &IpNet| crate::net::to_u128(c.addr).wrapping_sub(base) >> shift;
+    let start = index(&first);
+    let span = 1u128.checked_shl(u32::from(block_size.saturating_sub(pool.prefix)));
+    blocks.sort_by_key(|c| {
+        let d = index(c).wrapping_sub(start);
+        match span {
+            Some(n) => d.rem_euclid(n),
+            None => d,
+        }
+    });
+}
+
 fn wholly_reserved(cidr: &IpNet, reserved: &[IpNet]) -> bool {
     reserved.iter().any(|r| r.masked().covers(cidr))
 }
@@ -1307,4 +1313,28 @@ fn parse_cidr_or_ip(s: &str) -> Option<IpNet> {
     s.parse::<IpNet>()
         .ok()
         .or_else(|| s.parse::<IpAddr>().ok().map(IpNet::host))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn walk_order_matches_the_generator() {
+        for (pool, size) in [("10.0.0.0/24", 28u8), ("fd00::/120", 124)] {
+            let pool: IpNet = pool.parse().unwrap();
+            let walk: Vec<IpNet> = block_generator(pool, size, "node1").collect();
+            let mut some = vec![walk[9], walk[2], walk[15], walk[0], walk[11]];
+            sort_in_walk_order(&mut some, pool, size, "node1");
+            assert_eq!(some, vec![walk[0], walk[2], walk[9], walk[11], walk[15]]);
+        }
+    }
+
+    #[test]
+    fn block_limits() {
+        assert_eq!(max_blocks(0, 0), DEFAULT_MAX_BLOCKS_PER_HOST);
+        assert_eq!(max_blocks(0, 3), 3);
+        assert_eq!(max_blocks(5, 3), 3);
+        assert_eq!(max_blocks(1, 0), 1);
+    }
 }

@@ -12,7 +12,7 @@ use crate::client;
 use crate::config::NetConf;
 use crate::datastore::Datastore;
 use crate::error::{Error, Result};
-use crate::identifiers::WepIdentifiers;
+use crate::identifiers::{WepIdentifiers, CNI_ARGS_KEYS};
 use crate::ipam::allocator::{AutoAssignArgs, Ipam, IpamError};
 use crate::ipam::lock::IpamLock;
 use crate::net::IpNet;
@@ -23,17 +23,6 @@ use crate::timefmt;
 
 /// Upstream's budget for one assignment or release, counted after the lock is taken.
 pub const IPAM_TIMEOUT: Duration = Duration::from_secs(90);
-
-/// CNI_ARGS keys calico-ipam understands (`ipamArgs` + `K8sArgs`).
-pub const KNOWN_ARGS: &[&str] = &[
-    "IgnoreUnknown",
-    "IP",
-    "K8S_POD_NAMESPACE",
-    "K8S_POD_NAME",
-    "K8S_POD_INFRA_CONTAINER_ID",
-    "K8S_POD_UID",
-    "CNI_TEST_NAMESPACE",
-];
 
 pub struct IpamPlugin;
 
@@ -74,22 +63,14 @@ fn prepare(args: &CmdArgs) -> Result<Call> {
     let conf = NetConf::parse(&args.stdin_data)?;
     crate::logging::init(&conf, "ipam");
     let node = conf.node_name();
-    let cni_args = load_args(&args.args, KNOWN_ARGS)?;
-    let get = |k: &str| cni_args.get(k).cloned().unwrap_or_default();
+    let cni_args = load_args(&args.args, CNI_ARGS_KEYS)?;
     let ip = match cni_args.get("IP").map(String::as_str) {
         None | Some("") => None,
         Some(s) => Some(s.parse::<IpAddr>().map_err(|e| {
             Error::msg(format!("ARGS: error parsing value of pair \"IP={s}\": {e}"))
         })?),
     };
-    let ids = WepIdentifiers::new(
-        &node,
-        &args.container_id,
-        &args.ifname,
-        &get("K8S_POD_NAMESPACE"),
-        &get("K8S_POD_NAME"),
-        &get("CNI_TEST_NAMESPACE"),
-    );
+    let ids = WepIdentifiers::from_cni_args(&node, &args.container_id, &args.ifname, &cni_args);
     Ok(Call { conf, ids, ip })
 }
 

@@ -88,14 +88,7 @@ async fn add_cni(
         return Ok(result);
     }
 
-    let ipam_type = &conf.ipam.ipam_type;
-    let mut result = ipam_exec::exec_add(&call.ds, ipam_type, args).await?;
-    info!(ips = ?result.ips.iter().map(|i| i.address.to_string()).collect::<Vec<_>>(), "Got result from IPAM plugin");
-    if result.ips.is_empty() {
-        ipam_exec::release(&call.ds, ipam_type, args).await;
-        return Err(Error::msg("IPAM plugin returned no IP addresses in result"));
-    }
-
+    let result = ipam_add(call, args, "IPAM plugin returned no IP addresses in result").await?;
     let mut ids = ids.clone();
     let mut labels = conf.mesos_labels();
     if let Some(ns) = labels.remove("projectcalico.org.namespace") {
@@ -106,42 +99,8 @@ async fn add_cni(
     if !labels.is_empty() {
         wep.metadata.labels = Some(labels);
     }
-    wep.spec.ip_networks = endpoint::ip_networks(&result);
-
-    let default_routes = default_routes();
-    let net = network(
-        args,
-        call,
-        &result,
-        ids.host_veth_name(),
-        default_routes,
-        false,
-        mtu,
-    );
-    let net = match net {
-        Ok(n) => n,
-        Err(e) => {
-            ipam_exec::release(&call.ds, ipam_type, args).await;
-            return Err(e);
-        }
-    };
-    wep.spec.mac = net.container_mac.clone();
-    wep.spec.interface_name = net.host_veth.clone();
-    if let Err(e) = endpoint::write(&call.ds, &mut wep).await {
-        undo_networking(args);
-        ipam_exec::release(&call.ds, ipam_type, args).await;
-        return Err(e);
-    }
-    info!(name = %wep.metadata.name, "Wrote endpoint to datastore");
-    finish_result(
-        &mut result,
-        &net.host_veth,
-        &args.ifname,
-        &net.container_mac,
-        mtu,
-        &args.netns,
-    );
-    Ok(result)
+    let veth = ids.host_veth_name();
+    network_and_write(args, call, result, wep, veth, default_routes(), false, mtu).await
 }
 
 async fn add_k8s(
@@ -158,16 +117,9 @@ async fn add_k8s(
         ));
     }
     let routes = k8s_routes(conf)?;
-    let ipam_type = &conf.ipam.ipam_type;
-    let mut result = ipam_exec::exec_add(&call.ds, ipam_type, args).await?;
-    info!(ips = ?result.ips.iter().map(|i| i.address.to_string()).collect::<Vec<_>>(), "Got result from IPAM plugin");
-    if result.ips.is_empty() {
-        ipam_exec::release(&call.ds, ipam_type, args).await;
-        return Err(Error::msg("IPAM plugin returned missing IP config"));
-    }
+    let result = ipam_add(call, args, "IPAM plugin returned missing IP config").await?;
     // A calico-ipam result without routes is a KubeVirt migration target: no host routes.
-    let skip_host_routes = ipam_type == "calico-ipam" && result.routes.is_empty();
-
+    let skip_host_routes = conf.ipam.ipam_type == "calico-ipam" && result.routes.is_empty();
     let mut wep = match existing {
         Some(mut w) => {
             info!(name = %w.metadata.name, "re-networking existing endpoint");
@@ -177,13 +129,42 @@ async fn add_k8s(
         None => endpoint::new_endpoint(ids, &ids.wep_name()?, &conf.name),
     };
     wep.spec.profiles = vec![conf.name.clone()];
-    wep.spec.ip_networks = endpoint::ip_networks(&result);
+    let veth = ids.host_veth_name();
+    network_and_write(args, call, result, wep, veth, routes, skip_host_routes, mtu).await
+}
 
+/// Runs the IPAM plugin; a result without addresses is given back and refused with `empty`.
+async fn ipam_add(call: &Call, args: &CmdArgs, empty: &str) -> Result<CniResult> {
+    let ipam_type = &call.conf.ipam.ipam_type;
+    let result = ipam_exec::exec_add(&call.ds, ipam_type, args).await?;
+    info!(ips = ?result.ips.iter().map(|i| i.address.to_string()).collect::<Vec<_>>(), "Got result from IPAM plugin");
+    if result.ips.is_empty() {
+        ipam_exec::release(&call.ds, ipam_type, args).await;
+        return Err(Error::msg(empty));
+    }
+    Ok(result)
+}
+
+/// The common tail of both modes: build the interface, write the endpoint, shape the result.
+/// Any failure gives the addresses back (and removes a half-built interface).
+#[allow(clippy::too_many_arguments)]
+async fn network_and_write(
+    args: &CmdArgs,
+    call: &Call,
+    mut result: CniResult,
+    mut wep: WorkloadEndpoint,
+    host_veth: String,
+    routes: Vec<IpNet>,
+    skip_host_routes: bool,
+    mtu: u32,
+) -> Result<CniResult> {
+    let ipam_type = &call.conf.ipam.ipam_type;
+    wep.spec.ip_networks = endpoint::ip_networks(&result);
     let net = match network(
         args,
         call,
         &result,
-        ids.host_veth_name(),
+        host_veth,
         routes,
         skip_host_routes,
         mtu,

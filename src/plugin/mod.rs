@@ -16,20 +16,9 @@ use crate::datastore::model::ClusterInformation;
 use crate::datastore::resources::get_resource;
 use crate::datastore::Kind;
 use crate::error::{Error, Result};
-use crate::identifiers::WepIdentifiers;
+use crate::identifiers::{WepIdentifiers, CNI_ARGS_KEYS};
 use crate::skel::args::{load_args, prepend_ignore_unknown};
 use crate::skel::{CmdArgs, CniError, CniResult, Plugin};
-
-/// CNI_ARGS keys `calico` reads (`types.K8sArgs`); others are ignored (IgnoreUnknown).
-pub const KNOWN_ARGS: &[&str] = &[
-    "IgnoreUnknown",
-    "IP",
-    "K8S_POD_NAMESPACE",
-    "K8S_POD_NAME",
-    "K8S_POD_INFRA_CONTAINER_ID",
-    "K8S_POD_UID",
-    "CNI_TEST_NAMESPACE",
-];
 
 pub struct CalicoPlugin;
 
@@ -81,16 +70,9 @@ pub async fn prelude(args: &CmdArgs) -> Result<Call> {
     crate::logging::init(&conf, "cni-plugin");
     conf.check_nodename_file()?;
     let node = conf.node_name();
-    let cni_args = load_args(&prepend_ignore_unknown(&args.args), KNOWN_ARGS)?;
-    let get = |k: &str| cni_args.get(k).cloned().unwrap_or_default();
-    let ids = WepIdentifiers::new(
-        &node,
-        &args.container_id,
-        &args.ifname,
-        &get("K8S_POD_NAMESPACE"),
-        &get("K8S_POD_NAME"),
-        &get("CNI_TEST_NAMESPACE"),
-    );
+    // calico runs with IgnoreUnknown=1 prepended, so unknown keys are fine.
+    let cni_args = load_args(&prepend_ignore_unknown(&args.args), CNI_ARGS_KEYS)?;
+    let ids = WepIdentifiers::from_cni_args(&node, &args.container_id, &args.ifname, &cni_args);
     info!(
         container_id = %args.container_id,
         node = %ids.node,

@@ -370,13 +370,7 @@ impl EtcdServer {
 
     /// Every (key, value) under `prefix`, in one etcdctl call (values are one-line JSON).
     pub fn get_prefix(&self, prefix: &str) -> Vec<(String, String)> {
-        let out = self.etcdctl(&["get", "--prefix", prefix]);
-        let lines: Vec<&str> = out.lines().collect();
-        lines
-            .chunks(2)
-            .filter(|c| c.len() == 2)
-            .map(|c| (c[0].to_string(), c[1].to_string()))
-            .collect()
+        key_value_lines(&self.etcdctl(&["get", "--prefix", prefix]))
     }
 }
 
@@ -499,4 +493,14 @@ impl Drop for EtcdCluster {
             let _ = c.wait();
         }
     }
+}
+
+/// etcdctl's `get` output: a key line, then its (one-line) value.
+pub fn key_value_lines(out: &str) -> Vec<(String, String)> {
+    let lines: Vec<&str> = out.lines().collect();
+    lines
+        .chunks(2)
+        .filter(|c| c.len() == 2)
+        .map(|c| (c[0].to_string(), c[1].to_string()))
+        .collect()
 }
