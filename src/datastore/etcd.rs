@@ -104,7 +104,16 @@ impl EtcdDatastore {
     /// leader election) are retried a few times so a cluster keeps serving through its
     /// survivors; every write is a compare-and-swap, so a retried one cannot apply twice
     /// unnoticed.
-    async fn bounded<T, F, Fut>(&self, mut op: F) -> Result<T, DatastoreError>
+    async fn bounded<T, F, Fut>(&self, op: F) -> Result<T, DatastoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.bounded_counted(op).await.map(|(v, _)| v)
+    }
+
+    /// `bounded`, also saying how many attempts it took.
+    async fn bounded_counted<T, F, Fut>(&self, mut op: F) -> Result<(T, u64), DatastoreError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
@@ -116,7 +125,7 @@ impl EtcdDatastore {
         loop {
             attempt += 1;
             let err = match tokio::time::timeout(per_attempt, op()).await {
-                Ok(Ok(v)) => return Ok(v),
+                Ok(Ok(v)) => return Ok((v, attempt)),
                 Ok(Err(e)) if is_transport_error(&e) => e.to_string(),
                 Ok(Err(e)) => return Err(unavailable(e)),
                 Err(_) => format!("etcd request timed out after {per_attempt:?}"),
@@ -129,8 +138,13 @@ impl EtcdDatastore {
         }
     }
 
-    async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse, DatastoreError> {
-        self.bounded(|| {
+    /// A transaction, and how many attempts it took (more than one: an earlier attempt may
+    /// have been applied).
+    async fn txn_counted(
+        &self,
+        txn: Txn,
+    ) -> Result<(etcd_client::TxnResponse, u64), DatastoreError> {
+        self.bounded_counted(|| {
             let mut kv = self.kv.clone();
             let txn = txn.clone();
             async move { kv.txn(txn).await }
@@ -337,6 +351,21 @@ fn failed_compare(key: &Key, resp: &etcd_client::TxnResponse) -> DatastoreError 
     }
 }
 
+/// When a conditional write "fails" but the key already holds exactly the bytes we wrote,
+/// an earlier attempt of this same request was applied and its answer lost (a member died
+/// mid-request): that is success, at the stored revision. Without this, a retried create or
+/// update would be taken for a conflict and applied twice by the caller's retry loop.
+fn already_applied(resp: &etcd_client::TxnResponse, bytes: &[u8]) -> Option<Revision> {
+    resp.op_responses().iter().find_map(|r| match r {
+        TxnOpResponse::Get(g) => g
+            .kvs()
+            .first()
+            .filter(|kv| kv.value() == bytes)
+            .map(|kv| kv.mod_revision().to_string()),
+        _ => None,
+    })
+}
+
 fn header_revision(resp: &etcd_client::TxnResponse) -> Revision {
     resp.header()
         .map(|h| h.revision().to_string())
@@ -380,16 +409,18 @@ impl Datastore for EtcdDatastore {
 
     async fn create(&self, key: &Key, value: &Value) -> Result<Revision, DatastoreError> {
         let path = key_path(key);
+        let bytes = encode_value(key, value)?;
         let txn = Txn::new()
             .when(vec![Compare::version(path.clone(), CompareOp::Equal, 0)])
-            .and_then(vec![TxnOp::put(
-                path.clone(),
-                encode_value(key, value)?,
-                None,
-            )])
+            .and_then(vec![TxnOp::put(path.clone(), bytes.clone(), None)])
             .or_else(vec![TxnOp::get(path, None)]);
-        let resp = self.txn(txn).await?;
+        let (resp, attempts) = self.txn_counted(txn).await?;
         if !resp.succeeded() {
+            if attempts > 1 {
+                if let Some(rev) = already_applied(&resp, &bytes) {
+                    return Ok(rev);
+                }
+            }
             return Err(DatastoreError::AlreadyExists(describe(key)));
         }
         Ok(header_revision(&resp))
@@ -403,20 +434,22 @@ impl Datastore for EtcdDatastore {
     ) -> Result<Revision, DatastoreError> {
         let path = key_path(key);
         let rev = parse_rev(key, revision)?;
+        let bytes = encode_value(key, value)?;
         let txn = Txn::new()
             .when(vec![Compare::mod_revision(
                 path.clone(),
                 CompareOp::Equal,
                 rev,
             )])
-            .and_then(vec![TxnOp::put(
-                path.clone(),
-                encode_value(key, value)?,
-                None,
-            )])
+            .and_then(vec![TxnOp::put(path.clone(), bytes.clone(), None)])
             .or_else(vec![TxnOp::get(path, None)]);
-        let resp = self.txn(txn).await?;
+        let (resp, attempts) = self.txn_counted(txn).await?;
         if !resp.succeeded() {
+            if attempts > 1 {
+                if let Some(rev) = already_applied(&resp, &bytes) {
+                    return Ok(rev);
+                }
+            }
             return Err(failed_compare(key, &resp));
         }
         Ok(header_revision(&resp))
@@ -436,18 +469,21 @@ impl Datastore for EtcdDatastore {
             .when(compares)
             .and_then(vec![TxnOp::delete(path.clone(), None)])
             .or_else(vec![TxnOp::get(path, None)]);
-        let resp = self.txn(txn).await?;
-        if !resp.succeeded() {
-            return Err(failed_compare(key, &resp));
-        }
-        let deleted = resp.op_responses().iter().any(|r| match r {
+        let (resp, attempts) = self.txn_counted(txn).await?;
+        let outcome = if !resp.succeeded() {
+            Err(failed_compare(key, &resp))
+        } else if resp.op_responses().iter().any(|r| match r {
             TxnOpResponse::Delete(d) => d.deleted() > 0,
             _ => false,
-        });
-        if deleted {
+        }) {
             Ok(())
         } else {
             Err(DatastoreError::NotFound(describe(key)))
+        };
+        match outcome {
+            // Retried after a lost answer: the first attempt deleted it.
+            Err(DatastoreError::NotFound(_)) if attempts > 1 => Ok(()),
+            other => other,
         }
     }
 }

@@ -1017,11 +1017,11 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             let k = cidr.to_string();
             let left = handle.block.get(&k).copied().unwrap_or(0) - n as i64;
             if left < 0 {
-                return Err(IpamError::Other(format!(
-                    "decrementHandle: no allocations left for handle {id} in block {cidr}"
-                )));
+                // The blocks are the truth; a count that fell behind (a write retried after a
+                // lost answer) must not make a release fail. Upstream errors here.
+                warn!(handle = id, block = %cidr, "handle count was lower than its allocations");
             }
-            if left == 0 {
+            if left <= 0 {
                 handle.block.remove(&k);
             } else {
                 handle.block.insert(k, left);
@@ -1139,26 +1139,30 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                 }
             }
         }
-        // Blocks that no longer hold anything of ours may still be listed in the handle
-        // (e.g. a crash between writes): make sure the handle goes away.
-        if let Ok(kv) = self
-            .ds
-            .get(&Key::Handle {
-                id: handle_id.to_string(),
-            })
-            .await
-        {
-            let h: IpamHandle = kv.decode()?;
-            if h.block.values().all(|n| *n <= 0) {
-                self.ds
-                    .delete(
-                        &Key::Handle {
-                            id: handle_id.to_string(),
-                        },
-                        Some(&kv.revision),
-                    )
-                    .await
-                    .ok();
+        // Every address of the handle is released now. If the handle survived (its count
+        // was off: a crash between writes, or a write retried after a lost answer), check
+        // that no block still holds it and remove it: DEL leaves no handle behind.
+        let key = Key::Handle {
+            id: handle_id.to_string(),
+        };
+        if let Ok(kv) = self.ds.get(&key).await {
+            let left: IpamHandle = kv.decode()?;
+            let mut holds = false;
+            for cidr in left.block.keys().filter_map(|c| c.parse::<IpNet>().ok()) {
+                if let Some((b, _)) = self.get_block(cidr).await? {
+                    holds |= b.holds_handle(handle_id);
+                }
+            }
+            if !holds {
+                warn!(
+                    handle = handle_id,
+                    "removing a handle whose counts were off"
+                );
+                match self.ds.delete(&key, Some(&kv.revision)).await {
+                    Ok(()) => {}
+                    Err(e) if e.is_not_found() || e.is_conflict() => {}
+                    Err(e) => return Err(e.into()),
+                }
             }
         }
         Ok(())

@@ -247,6 +247,15 @@ impl AllocationBlock {
         self.attributes = Some(kept);
     }
 
+    /// Whether any allocation belongs to `handle_id`.
+    pub fn holds_handle(&self, handle_id: &str) -> bool {
+        self.allocations.iter().flatten().any(|i| {
+            self.attribute(*i)
+                .and_then(|a| a.handle_id.as_deref())
+                .is_some_and(|h| sanitize_handle(h) == handle_id)
+        })
+    }
+
     /// Releases every address of `handle_id`; returns how many.
     pub fn release_by_handle(&mut self, handle_id: &str) -> usize {
         let ordinals: Vec<usize> = (0..self.allocations.len())
