@@ -1,279 +1,502 @@
-//! A subset of Calico's label selector language, enough for IP pool `nodeSelector` and
-//! `namespaceSelector`: `all()`, `k == 'v'`, `k != "v"`, `has(k)`, `k in {'a','b'}`,
-//! `k not in {...}`, `!`, `&&`, `||` and parentheses (`||` binds loosest, then `&&`, then `!`).
-//! An empty selector matches everything.
+//! Calico label selectors (`libcalico-go/lib/selector`), as IP pools use them in
+//! `nodeSelector` and `namespaceSelector`.
+//!
+//! Grammar, loosest binding first:
+//! ```text
+//! or    := and ( "||" and )*
+//! and   := op ( "&&" op )*
+//! op    := "!"* ( "all()" | "global()" | "has(" key ")" | "(" or ")"
+//!              | key ( "==" | "!=" | "contains" | "starts with" | "ends with" ) string
+//!              | key ( "in" | "not in" ) "{" [ string ( "," string )* [","] ] "}" )
+//! ```
+//! Strings are single- or double-quoted with no escapes; keys are `[a-zA-Z0-9_./-]+`;
+//! whitespace is spaces and tabs. An empty selector matches everything. A missing label
+//! makes `==`, `in`, `contains`, `starts with`, `ends with` false and `!=`, `not in` true.
 
 use std::collections::BTreeMap;
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("invalid selector {selector:?}: {why}")]
-pub struct SelectorError {
-    pub selector: String,
-    pub why: String,
+/// A selector that fails to parse; the message is upstream's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct SelectorError(pub String);
+
+fn err<T>(msg: impl Into<String>) -> Result<T, SelectorError> {
+    Err(SelectorError(msg.into()))
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A parsed selector.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Selector {
     All,
+    Global,
     Has(String),
     Eq(String, String),
     Ne(String, String),
+    Contains(String, String),
+    StartsWith(String, String),
+    EndsWith(String, String),
     In(String, Vec<String>),
     NotIn(String, Vec<String>),
     Not(Box<Selector>),
-    And(Box<Selector>, Box<Selector>),
-    Or(Box<Selector>, Box<Selector>),
+    And(Vec<Selector>),
+    Or(Vec<Selector>),
 }
 
 impl Selector {
+    /// Evaluates the selector against a label set.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        let get = |k: &str| labels.get(k).map(String::as_str);
         match self {
-            Selector::All => true,
+            Selector::All | Selector::Global => true,
             Selector::Has(k) => labels.contains_key(k),
-            Selector::Eq(k, v) => labels.get(k) == Some(v),
-            Selector::Ne(k, v) => labels.get(k) != Some(v),
-            Selector::In(k, vs) => labels.get(k).is_some_and(|x| vs.contains(x)),
-            Selector::NotIn(k, vs) => !labels.get(k).is_some_and(|x| vs.contains(x)),
+            Selector::Eq(k, v) => get(k) == Some(v.as_str()),
+            Selector::Ne(k, v) => get(k) != Some(v.as_str()),
+            Selector::Contains(k, v) => get(k).is_some_and(|x| x.contains(v.as_str())),
+            Selector::StartsWith(k, v) => get(k).is_some_and(|x| x.starts_with(v.as_str())),
+            Selector::EndsWith(k, v) => get(k).is_some_and(|x| x.ends_with(v.as_str())),
+            Selector::In(k, set) => get(k).is_some_and(|x| set.iter().any(|s| s == x)),
+            Selector::NotIn(k, set) => !get(k).is_some_and(|x| set.iter().any(|s| s == x)),
             Selector::Not(s) => !s.matches(labels),
-            Selector::And(a, b) => a.matches(labels) && b.matches(labels),
-            Selector::Or(a, b) => a.matches(labels) || b.matches(labels),
+            Selector::And(ops) => ops.iter().all(|s| s.matches(labels)),
+            Selector::Or(ops) => ops.iter().any(|s| s.matches(labels)),
         }
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Parses a selector; the empty (or all-whitespace) string is `all()`.
+pub fn parse(s: &str) -> Result<Selector, SelectorError> {
+    let tokens = tokenize(s)?;
+    if tokens.first() == Some(&Tok::Eof) {
+        return Ok(Selector::All);
+    }
+    let mut p = Parser {
+        toks: &tokens,
+        pos: 0,
+    };
+    let sel = p.or()?;
+    if p.peek() != &Tok::Eof {
+        return err(format!(
+            "unexpected content at end of selector {:?}",
+            &tokens[p.pos..]
+        ));
+    }
+    Ok(sel)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Tok {
-    Ident(String),
+    Label(String),
     Str(String),
-    EqEq,
-    Ne,
-    Not,
-    And,
-    Or,
-    LParen,
-    RParen,
     LBrace,
     RBrace,
     Comma,
+    Eq,
+    Ne,
+    In,
+    Not,
+    NotIn,
+    Contains,
+    StartsWith,
+    EndsWith,
+    All,
+    Has(String),
+    LParen,
+    RParen,
+    And,
+    Or,
+    Global,
+    Eof,
 }
 
-fn lex(s: &str) -> Result<Vec<Tok>, String> {
-    let mut out = Vec::new();
-    let chars: Vec<char> = s.chars().collect();
-    let mut i = 0;
-    while i < chars.len() {
-        let c = chars[i];
-        let next = chars.get(i + 1).copied();
-        match c {
-            ' ' | '\t' | '\n' | '\r' => i += 1,
-            '(' => {
-                out.push(Tok::LParen);
-                i += 1
-            }
-            ')' => {
-                out.push(Tok::RParen);
-                i += 1
-            }
-            '{' => {
-                out.push(Tok::LBrace);
-                i += 1
-            }
-            '}' => {
-                out.push(Tok::RBrace);
-                i += 1
-            }
-            ',' => {
-                out.push(Tok::Comma);
-                i += 1
-            }
-            '=' if next == Some('=') => {
-                out.push(Tok::EqEq);
-                i += 2
-            }
-            '!' if next == Some('=') => {
-                out.push(Tok::Ne);
-                i += 2
-            }
-            '!' => {
-                out.push(Tok::Not);
-                i += 1
-            }
-            '&' if next == Some('&') => {
-                out.push(Tok::And);
-                i += 2
-            }
-            '|' if next == Some('|') => {
-                out.push(Tok::Or);
-                i += 2
-            }
-            '\'' | '"' => {
-                let end = chars[i + 1..]
-                    .iter()
-                    .position(|x| *x == c)
-                    .ok_or("unterminated string")?;
-                out.push(Tok::Str(chars[i + 1..i + 1 + end].iter().collect()));
-                i += end + 2;
-            }
-            c if c.is_alphanumeric() || "_./-".contains(c) => {
-                let start = i;
-                while i < chars.len() && (chars[i].is_alphanumeric() || "_./-".contains(chars[i])) {
-                    i += 1;
-                }
-                out.push(Tok::Ident(chars[start..i].iter().collect()));
-            }
-            other => return Err(format!("unexpected character {other:?}")),
-        }
+fn is_key_char(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'/' | b'-')
+}
+
+/// The longest label key at the start of `s` (upstream's `findIdentifier`, which only
+/// accepts a key that is followed by something).
+fn identifier(s: &str) -> &str {
+    match s.bytes().position(|c| !is_key_char(c)) {
+        Some(i) => &s[..i],
+        None => "",
     }
-    Ok(out)
 }
 
-struct Parser {
-    toks: Vec<Tok>,
+fn trim_ws(s: &str) -> &str {
+    s.trim_start_matches([' ', '\t'])
+}
+
+/// Upstream's tokenizer, including its context rule: right after a label only an operator
+/// word (`in`, `not in`, `contains`, `starts with`, `ends with`) is accepted.
+fn tokenize(input: &str) -> Result<Vec<Tok>, SelectorError> {
+    let mut toks: Vec<Tok> = Vec::new();
+    let mut s = input;
+    loop {
+        s = trim_ws(s);
+        let Some(&c) = s.as_bytes().first() else {
+            toks.push(Tok::Eof);
+            return Ok(toks);
+        };
+        let after_label = matches!(toks.last(), Some(Tok::Label(_)));
+        let next = |t: Tok, n: usize, toks: &mut Vec<Tok>| {
+            toks.push(t);
+            n
+        };
+        let consumed = match c {
+            b'(' => next(Tok::LParen, 1, &mut toks),
+            b')' => next(Tok::RParen, 1, &mut toks),
+            b'{' => next(Tok::LBrace, 1, &mut toks),
+            b'}' => next(Tok::RBrace, 1, &mut toks),
+            b',' => next(Tok::Comma, 1, &mut toks),
+            b'"' | b'\'' => {
+                let quote = c as char;
+                let Some(end) = s[1..].find(quote) else {
+                    return err("unterminated string");
+                };
+                next(Tok::Str(s[1..1 + end].to_string()), end + 2, &mut toks)
+            }
+            b'=' if s.as_bytes().get(1) == Some(&b'=') => next(Tok::Eq, 2, &mut toks),
+            b'=' => return err("expected =="),
+            b'!' if s.as_bytes().get(1) == Some(&b'=') => next(Tok::Ne, 2, &mut toks),
+            b'!' => next(Tok::Not, 1, &mut toks),
+            b'&' if s.as_bytes().get(1) == Some(&b'&') => next(Tok::And, 2, &mut toks),
+            b'&' => return err("expected &&"),
+            b'|' if s.as_bytes().get(1) == Some(&b'|') => next(Tok::Or, 2, &mut toks),
+            b'|' => return err("expected ||"),
+            _ if after_label => {
+                let label = match toks.last() {
+                    Some(Tok::Label(l)) => l.clone(),
+                    _ => String::new(),
+                };
+                let bad = || {
+                    err(format!(
+                        "unexpected characters after label '{label}', was expecting an operator"
+                    ))
+                };
+                // Each arm yields the rest of the input after the operator.
+                let rest = if let Some(r) = s.strip_prefix("contains") {
+                    toks.push(Tok::Contains);
+                    r
+                } else if let Some(r) = s.strip_prefix("starts") {
+                    let Some(r) = trim_ws(r).strip_prefix("with") else {
+                        return bad();
+                    };
+                    toks.push(Tok::StartsWith);
+                    r
+                } else if let Some(r) = s.strip_prefix("ends") {
+                    let Some(r) = trim_ws(r).strip_prefix("with") else {
+                        return bad();
+                    };
+                    toks.push(Tok::EndsWith);
+                    r
+                } else if let Some(r) = s.strip_prefix("not") {
+                    let Some(r) = trim_ws(r).strip_prefix("in") else {
+                        return bad();
+                    };
+                    toks.push(Tok::NotIn);
+                    r
+                } else if let Some(r) = s.strip_prefix("in") {
+                    toks.push(Tok::In);
+                    r
+                } else {
+                    return bad();
+                };
+                s.len() - rest.len()
+            }
+            _ => {
+                if let Some(r) = s.strip_prefix("has(") {
+                    let r = trim_ws(r);
+                    let ident = identifier(r);
+                    if ident.is_empty() {
+                        return err("no label name in has( expression");
+                    }
+                    let Some(r) = trim_ws(&r[ident.len()..]).strip_prefix(')') else {
+                        return err("no closing ')' after has(");
+                    };
+                    toks.push(Tok::Has(ident.to_string()));
+                    s.len() - r.len()
+                } else if let Some(r) = s.strip_prefix("all(") {
+                    let Some(r) = trim_ws(r).strip_prefix(')') else {
+                        return err("no closing ')' after all(");
+                    };
+                    toks.push(Tok::All);
+                    s.len() - r.len()
+                } else if let Some(r) = s.strip_prefix("global(") {
+                    let Some(r) = trim_ws(r).strip_prefix(')') else {
+                        return err("no closing ')' after global(");
+                    };
+                    toks.push(Tok::Global);
+                    s.len() - r.len()
+                } else {
+                    let ident = identifier(s);
+                    if ident.is_empty() {
+                        return err("unexpected characters");
+                    }
+                    next(Tok::Label(ident.to_string()), ident.len(), &mut toks)
+                }
+            }
+        };
+        s = &s[consumed..];
+    }
+}
+
+struct Parser<'a> {
+    toks: &'a [Tok],
     pos: usize,
 }
 
-impl Parser {
-    fn peek(&self) -> Option<&Tok> {
-        self.toks.get(self.pos)
+impl Parser<'_> {
+    fn peek(&self) -> &Tok {
+        // The token list always ends with Eof and the parser never moves past it.
+        self.toks.get(self.pos).unwrap_or(&Tok::Eof)
     }
-    fn next(&mut self) -> Option<Tok> {
-        let t = self.toks.get(self.pos).cloned();
-        self.pos += 1;
+
+    fn bump(&mut self) -> Tok {
+        let t = self.peek().clone();
+        if self.pos < self.toks.len() {
+            self.pos += 1;
+        }
         t
     }
-    fn expect(&mut self, t: Tok) -> Result<(), String> {
-        match self.next() {
-            Some(x) if x == t => Ok(()),
-            other => Err(format!("expected {t:?}, found {other:?}")),
-        }
-    }
-    fn or(&mut self) -> Result<Selector, String> {
-        let mut left = self.and()?;
-        while self.peek() == Some(&Tok::Or) {
-            self.pos += 1;
-            left = Selector::Or(Box::new(left), Box::new(self.and()?));
-        }
-        Ok(left)
-    }
-    fn and(&mut self) -> Result<Selector, String> {
-        let mut left = self.unary()?;
-        while self.peek() == Some(&Tok::And) {
-            self.pos += 1;
-            left = Selector::And(Box::new(left), Box::new(self.unary()?));
-        }
-        Ok(left)
-    }
-    fn unary(&mut self) -> Result<Selector, String> {
-        match self.peek() {
-            Some(Tok::Not) => {
-                self.pos += 1;
-                Ok(Selector::Not(Box::new(self.unary()?)))
-            }
-            Some(Tok::LParen) => {
-                self.pos += 1;
-                let s = self.or()?;
-                self.expect(Tok::RParen)?;
-                Ok(s)
-            }
-            _ => self.term(),
-        }
-    }
-    fn string_list(&mut self) -> Result<Vec<String>, String> {
-        self.expect(Tok::LBrace)?;
-        let mut out = Vec::new();
-        loop {
-            match self.next() {
-                Some(Tok::RBrace) if out.is_empty() => return Ok(out),
-                Some(Tok::Str(s)) => out.push(s),
-                other => return Err(format!("expected a string, found {other:?}")),
-            }
-            match self.next() {
-                Some(Tok::Comma) => continue,
-                Some(Tok::RBrace) => return Ok(out),
-                other => return Err(format!("expected , or }}, found {other:?}")),
-            }
-        }
-    }
-    fn term(&mut self) -> Result<Selector, String> {
-        let Some(Tok::Ident(id)) = self.next() else {
-            return Err("expected a label or function".into());
-        };
-        if id == "all" || id == "has" {
-            self.expect(Tok::LParen)?;
-            if id == "all" {
-                self.expect(Tok::RParen)?;
-                return Ok(Selector::All);
-            }
-            let Some(Tok::Ident(k)) = self.next() else {
-                return Err("has() needs a label name".into());
-            };
-            self.expect(Tok::RParen)?;
-            return Ok(Selector::Has(k));
-        }
-        match self.next() {
-            Some(Tok::EqEq) => match self.next() {
-                Some(Tok::Str(v)) => Ok(Selector::Eq(id, v)),
-                other => Err(format!("expected a string, found {other:?}")),
-            },
-            Some(Tok::Ne) => match self.next() {
-                Some(Tok::Str(v)) => Ok(Selector::Ne(id, v)),
-                other => Err(format!("expected a string, found {other:?}")),
-            },
-            Some(Tok::Ident(w)) if w == "in" => Ok(Selector::In(id, self.string_list()?)),
-            Some(Tok::Ident(w)) if w == "not" => match self.next() {
-                Some(Tok::Ident(w2)) if w2 == "in" => Ok(Selector::NotIn(id, self.string_list()?)),
-                other => Err(format!("expected 'in', found {other:?}")),
-            },
-            other => Err(format!("expected an operator after {id}, found {other:?}")),
-        }
-    }
-}
 
-pub fn parse(s: &str) -> Result<Selector, SelectorError> {
-    let err = |why: String| SelectorError {
-        selector: s.to_string(),
-        why,
-    };
-    if s.trim().is_empty() {
-        return Ok(Selector::All);
+    fn or(&mut self) -> Result<Selector, SelectorError> {
+        let mut ops = vec![self.and()?];
+        while self.peek() == &Tok::Or {
+            self.bump();
+            ops.push(self.and()?);
+        }
+        Ok(if ops.len() == 1 {
+            ops.remove(0)
+        } else {
+            Selector::Or(ops)
+        })
     }
-    let toks = lex(s).map_err(err)?;
-    let mut p = Parser { toks, pos: 0 };
-    let sel = p.or().map_err(err)?;
-    if p.pos != p.toks.len() {
-        return Err(err("trailing input".into()));
+
+    fn and(&mut self) -> Result<Selector, SelectorError> {
+        let mut ops = vec![self.operation()?];
+        while self.peek() == &Tok::And {
+            self.bump();
+            ops.push(self.operation()?);
+        }
+        Ok(if ops.len() == 1 {
+            ops.remove(0)
+        } else {
+            Selector::And(ops)
+        })
     }
-    Ok(sel)
+
+    fn string(&mut self) -> Result<String, SelectorError> {
+        match self.bump() {
+            Tok::Str(v) => Ok(v),
+            _ => err("expected string"),
+        }
+    }
+
+    fn operation(&mut self) -> Result<Selector, SelectorError> {
+        // Any run of leading "!" collapses to one negation (or none).
+        let mut negated = false;
+        while self.peek() == &Tok::Not {
+            self.bump();
+            negated = !negated;
+        }
+        let sel = match self.bump() {
+            Tok::Has(k) => Selector::Has(k),
+            Tok::All => Selector::All,
+            Tok::Global => Selector::Global,
+            Tok::Label(k) => match self.bump() {
+                Tok::Eq => Selector::Eq(k, self.string()?),
+                Tok::Ne => Selector::Ne(k, self.string()?),
+                Tok::Contains => Selector::Contains(k, self.string()?),
+                Tok::StartsWith => Selector::StartsWith(k, self.string()?),
+                Tok::EndsWith => Selector::EndsWith(k, self.string()?),
+                op @ (Tok::In | Tok::NotIn) => {
+                    if self.bump() != Tok::LBrace {
+                        return err("expected set literal");
+                    }
+                    let mut values = Vec::new();
+                    while let Tok::Str(v) = self.peek() {
+                        values.push(v.clone());
+                        self.bump();
+                        if self.peek() == &Tok::Comma {
+                            self.bump();
+                        } else {
+                            break;
+                        }
+                    }
+                    if self.bump() != Tok::RBrace {
+                        return err("expected }");
+                    }
+                    values.sort();
+                    values.dedup();
+                    if op == Tok::In {
+                        Selector::In(k, values)
+                    } else {
+                        Selector::NotIn(k, values)
+                    }
+                }
+                Tok::Eof => return err("unexpected end of string looking for op"),
+                other => return err(format!("expected == or != not: {other:?}")),
+            },
+            Tok::LParen => {
+                let inner = self.or()?;
+                if self.bump() != Tok::RParen {
+                    return err("expected )");
+                }
+                inner
+            }
+            other => return err(format!("unexpected token: {other:?}")),
+        };
+        Ok(if negated {
+            Selector::Not(Box::new(sel))
+        } else {
+            sel
+        })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn m(sel: &str, labels: &[(&str, &str)]) -> bool {
-        let l = labels
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        parse(sel).unwrap().matches(&l)
+            .collect()
+    }
+
+    fn m(sel: &str, l: &[(&str, &str)]) -> bool {
+        parse(sel)
+            .unwrap_or_else(|e| panic!("{sel}: {e}"))
+            .matches(&labels(l))
     }
 
     #[test]
-    fn operators() {
-        let l = [("zone", "a"), ("kubernetes.io/hostname", "node1")];
-        assert!(m("all()", &l) && m("", &l));
-        assert!(m("zone == 'a'", &l) && !m("zone == \"b\"", &l));
-        assert!(m("zone != 'b'", &l) && m("missing != 'b'", &l));
-        assert!(m("has(zone)", &l) && !m("has(rack)", &l) && m("!has(rack)", &l));
-        assert!(m("zone in {'a', 'b'}", &l) && !m("zone in {'c'}", &l));
-        assert!(m("zone not in {'c'}", &l) && m("rack not in {'c'}", &l));
-        assert!(m("zone == 'a' && kubernetes.io/hostname == 'node1'", &l));
-        assert!(m("zone == 'x' || has(zone)", &l));
-        assert!(!m("!(zone == 'a')", &l));
-        // && binds tighter than ||.
-        assert!(m("has(zone) || has(x) && has(y)", &l));
-        assert!(!m("(has(zone) || has(x)) && has(y)", &l));
-        assert!(parse("zone ==").is_err());
-        assert!(parse("zone = 'a'").is_err());
+    fn all_and_empty() {
+        assert_eq!(parse("").unwrap(), Selector::All);
+        assert_eq!(parse("  \t ").unwrap(), Selector::All);
+        assert!(m("all()", &[]));
+        assert!(m("all( )", &[("a", "b")]));
+        assert!(m("global()", &[]));
+        assert!(!m("!all()", &[]));
+    }
+
+    #[test]
+    fn equality() {
+        let l = [("zone", "us-east"), ("kubernetes.io/os", "linux")];
+        assert!(m("zone == 'us-east'", &l));
+        assert!(m(r#"zone=="us-east""#, &l));
+        assert!(m("kubernetes.io/os == 'linux'", &l));
+        assert!(!m("zone == 'us-west'", &l));
+        assert!(!m("missing == ''", &l));
+        assert!(m("zone != 'us-west'", &l));
+        assert!(!m("zone != 'us-east'", &l));
+        assert!(m("missing != 'x'", &l), "!= matches an absent label");
+        assert!(m("missing != ''", &l));
+        assert!(m(r#"q == 'say "hi"'"#, &[("q", r#"say "hi""#)]));
+    }
+
+    #[test]
+    fn has() {
+        let l = [("rack", "r1")];
+        assert!(m("has(rack)", &l));
+        assert!(m("has( rack )", &l));
+        assert!(!m("has(zone)", &l));
+        assert!(m("!has(zone)", &l));
+        assert!(!m("!has(rack)", &l));
+        assert!(m("!!has(rack)", &l));
+    }
+
+    #[test]
+    fn set_membership() {
+        let l = [("zone", "b")];
+        assert!(m("zone in {'a','b'}", &l));
+        assert!(m(r#"zone in { "a" , "b" }"#, &l));
+        assert!(!m("zone in {'a','c'}", &l));
+        assert!(!m("zone in {}", &l));
+        assert!(m("zone in {'b',}", &l));
+        assert!(!m("other in {'b'}", &l));
+        assert!(m("zone not in {'a','c'}", &l));
+        assert!(!m("zone not in {'b'}", &l));
+        assert!(
+            m("other not in {'b'}", &l),
+            "not in matches an absent label"
+        );
+        assert!(m("zone notin {'a'}", &l));
+    }
+
+    #[test]
+    fn string_operators() {
+        let l = [("name", "node-17.example")];
+        assert!(m("name contains '17'", &l));
+        assert!(m("name starts with 'node-'", &l));
+        assert!(m("name ends with '.example'", &l));
+        assert!(!m("name ends with 'node'", &l));
+        assert!(!m("other contains ''", &l));
+    }
+
+    #[test]
+    fn boolean_operators_and_precedence() {
+        let l = [("a", "1"), ("b", "2")];
+        assert!(m("a == '1' && b == '2'", &l));
+        assert!(!m("a == '1' && b == '3'", &l));
+        assert!(m("a == '0' || b == '2'", &l));
+        assert!(!m("a == '0' || b == '0'", &l));
+        // || binds loosest: true || (false && false) = true.
+        assert!(m("a == '1' || a == '0' && b == '0'", &l));
+        // Parentheses regroup: (true || false) && false = false.
+        assert!(!m("(a == '1' || a == '0') && b == '0'", &l));
+        // ! applies to the next operation only: (!false) && true.
+        assert!(m("!a == '0' && b == '2'", &l));
+        assert!(!m("!(a == '1' && b == '2')", &l));
+        assert!(m("!(a == '1' && b == '0') || has(c)", &l));
+        assert_eq!(
+            parse("a == 'x' || b == 'y' && c == 'z'").unwrap(),
+            Selector::Or(vec![
+                Selector::Eq("a".into(), "x".into()),
+                Selector::And(vec![
+                    Selector::Eq("b".into(), "y".into()),
+                    Selector::Eq("c".into(), "z".into()),
+                ]),
+            ])
+        );
+        assert!(m(
+            "((has(a)))&&(b in {'2'}||!has(b))",
+            &[("a", ""), ("b", "2")]
+        ));
+    }
+
+    #[test]
+    fn errors() {
+        let cases = [
+            ("a == 'x", "unterminated string"),
+            ("a = 'x'", "expected =="),
+            ("a == 'x' & b == 'y'", "expected &&"),
+            ("a == 'x' | b == 'y'", "expected ||"),
+            (
+                "a b",
+                "unexpected characters after label 'a', was expecting an operator",
+            ),
+            ("a == b ", "expected string"),
+            ("a in 'x'", "expected set literal"),
+            ("a in {'x' 'y'}", "expected }"),
+            ("(a == 'x'", "expected )"),
+            ("has()", "no label name in has( expression"),
+            ("has(a b)", "no closing ')' after has("),
+            // Upstream's key scanner needs a character after the key, so a key that ends
+            // the input is not recognised at all.
+            ("has(a", "no label name in has( expression"),
+            ("a", "unexpected characters"),
+            ("all(x)", "no closing ')' after all("),
+            ("a ", "unexpected end of string looking for op"),
+            ("#", "unexpected characters"),
+        ];
+        for (sel, want) in cases {
+            assert_eq!(parse(sel).unwrap_err().to_string(), want, "{sel}");
+        }
+        assert!(parse("a == 'x' b == 'y'").is_err());
+        assert!(parse("a == 'x')").is_err());
+        assert!(parse("&& a == 'x'").is_err());
+        assert!(parse("a == 'x' ||").is_err());
+        assert!(parse("!").is_err());
     }
 }
