@@ -174,10 +174,7 @@ fn k8s_add_and_del_with_calico_ipam() {
     );
 
     // DEL removes everything; the empty block stays affine to the host, as upstream.
-    let del = Invocation {
-        command: "DEL".into(),
-        ..inv.clone()
-    };
+    let del = inv.as_del();
     w.calico(&del, &conf).assert_ok();
     assert_clean(&w);
     assert!(w.keys(&block_key).len() == 1, "affine block kept");
@@ -235,10 +232,7 @@ fn cni_mode_add_del_profile_and_second_add() {
     assert_eq!(wep["spec"]["profiles"], json!(["net1", "net2"]));
     assert_eq!(w.keys(WEP_PREFIX).len(), 1);
 
-    let del = Invocation {
-        command: "DEL".into(),
-        ..inv.clone()
-    };
+    let del = inv.as_del();
     w.calico(&del, &conf).assert_ok();
     assert_clean(&w);
 }
@@ -353,10 +347,7 @@ fn k8s_second_add_renetworks_and_keeps_one_endpoint() {
     w.calico(&del_x, &conf).assert_ok();
     assert_eq!(w.keys(WEP_PREFIX).len(), 1);
     assert!(w.keys("/calico/ipam/v2/handle/net1.cid-x").is_empty());
-    let del_y = Invocation {
-        command: "DEL".into(),
-        ..second.clone()
-    };
+    let del_y = second.as_del();
     w.calico(&del_y, &conf).assert_ok();
     assert_clean(&w);
 }
@@ -422,14 +413,7 @@ fn ip_arg_assigns_that_address() {
         err["msg"],
         "The provided IP address is not in a configured pool\n"
     );
-    w.calico(
-        &Invocation {
-            command: "DEL".into(),
-            ..inv
-        },
-        &conf,
-    )
-    .assert_ok();
+    w.calico(&inv.as_del(), &conf).assert_ok();
     w.calico(&Invocation::new("DEL", "fixed2", pod2.path()), &conf)
         .assert_ok();
     assert_clean(&w);
@@ -486,14 +470,7 @@ fn host_local_ipam_delegation() {
     );
     let routes = w.host_sh("ip route");
     assert!(routes.contains(&format!("{ip} dev cali")), "{routes}");
-    w.calico(
-        &Invocation {
-            command: "DEL".into(),
-            ..inv
-        },
-        &conf,
-    )
-    .assert_ok();
+    w.calico(&inv.as_del(), &conf).assert_ok();
     assert!(
         !data.join("net1").join(&ip).exists(),
         "host-local released the address"
@@ -694,14 +671,7 @@ fn dual_stack_k8s_pod() {
     assert!(w
         .host_sh(&format!("ip -6 addr show dev {veth}"))
         .contains("fe80::ecee:eeff:feee:eeee"));
-    w.calico(
-        &Invocation {
-            command: "DEL".into(),
-            ..inv
-        },
-        &conf,
-    )
-    .assert_ok();
+    w.calico(&inv.as_del(), &conf).assert_ok();
     assert_clean(&w);
 }
 

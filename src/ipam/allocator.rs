@@ -1181,12 +1181,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             if n == 0 {
                 return Ok(0);
             }
-            let r = if block.is_empty() && block.affinity.is_none() {
-                self.ds.delete(&Key::Block { cidr }, Some(&rev)).await
-            } else {
-                self.update_block(&mut block, &rev).await.map(|_| ())
-            };
-            match r {
+            match self.write_released(&mut block, &rev).await {
                 Ok(()) => {
                     if block.is_empty() && block.affinity.is_some() {
                         self.ensure_consistent_affinity(&block).await;
@@ -1198,6 +1193,22 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             }
         }
         Err(IpamError::MaxRetries)
+    }
+
+    /// Writes a block after a release: an empty block without affinity is deleted, anything
+    /// else updated (both compare-and-swap).
+    async fn write_released(
+        &self,
+        block: &mut AllocationBlock,
+        rev: &str,
+    ) -> Result<(), DatastoreError> {
+        if block.is_empty() && block.affinity.is_none() {
+            self.ds
+                .delete(&Key::Block { cidr: block.cidr }, Some(rev))
+                .await
+        } else {
+            self.update_block(block, rev).await.map(|_| ())
+        }
     }
 
     /// Releases specific addresses (dual-stack rollback). Returns those not allocated.
@@ -1220,12 +1231,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                     break;
                 };
                 let outcome = block.release_ips(&ips);
-                let r = if block.is_empty() && block.affinity.is_none() {
-                    self.ds.delete(&Key::Block { cidr }, Some(&rev)).await
-                } else {
-                    self.update_block(&mut block, &rev).await.map(|_| ())
-                };
-                match r {
+                match self.write_released(&mut block, &rev).await {
                     Ok(()) => {
                         unallocated.extend(outcome.unallocated.iter().copied());
                         for (handle, n) in &outcome.handles {

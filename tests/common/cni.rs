@@ -100,6 +100,14 @@ impl Invocation {
         self
     }
 
+    /// The same invocation as a DEL.
+    pub fn as_del(&self) -> Invocation {
+        Invocation {
+            command: "DEL".into(),
+            ..self.clone()
+        }
+    }
+
     pub fn ifname(mut self, ifname: &str) -> Invocation {
         self.ifname = ifname.into();
         self
