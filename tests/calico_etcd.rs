@@ -711,3 +711,41 @@ fn unknown_fields_survive_read_modify_write_and_logs_are_written() {
             .assert_ok();
     }
 }
+
+/// When `calico-ipam` in CNI_PATH is not this very binary (here: a copy), it is exec'd as a
+/// separate process as libcni would: CNI_ARGS gets IgnoreUnknown, its result comes back
+/// through stdout in the config's version, its errors pass through unchanged.
+#[test]
+fn calico_ipam_as_a_separate_process() {
+    let w = World::new();
+    let dir = common::cni::TempDir::new("sep-bin");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_calico"), dir.path().join("calico")).unwrap();
+    std::fs::copy(env!("CARGO_BIN_EXE_calico"), dir.path().join("calico-ipam")).unwrap();
+    let path = dir.path().display().to_string();
+    let conf = w.conf(json!({"cniVersion": "0.3.1"}));
+    let pod = w.pod();
+    let inv = Invocation::new("ADD", "sep1", pod.path()).k8s("default", "sep");
+    let run = |inv: &Invocation, conf: &str| {
+        common::cni::run_plugin(
+            &dir.path().join("calico"),
+            &path,
+            Some(w.host.name()),
+            inv,
+            conf,
+        )
+    };
+    let r = run(&inv, &conf).assert_ok().json();
+    assert_eq!(r["cniVersion"], "0.3.1");
+    assert!(r["ips"][0]["address"].as_str().unwrap().ends_with("/32"));
+    assert_eq!(w.keys("/calico/ipam/v2/handle/net1.sep1").len(), 1);
+    // An IPAM error (address outside every pool) arrives as the child printed it.
+    let bad = Invocation::new("ADD", "sep2", pod.path()).with_args("IP=192.0.2.77");
+    let err = run(&bad, &conf).assert_err();
+    assert_eq!(err["code"], 999);
+    assert_eq!(
+        err["msg"],
+        "The provided IP address is not in a configured pool\n"
+    );
+    run(&inv.as_del(), &conf).assert_ok();
+    assert_clean(&w);
+}
