@@ -154,6 +154,14 @@ struct Result020 {
     dns: Dns,
 }
 
+fn ip_config(address: IpNet, gateway: Option<IpAddr>, interface: Option<usize>) -> IpConfig {
+    IpConfig {
+        address,
+        gateway,
+        interface,
+    }
+}
+
 /// Sorts object keys at every level (Go marshals maps in key order).
 pub fn sort_keys(v: Value) -> Value {
     match v {
@@ -298,11 +306,7 @@ impl CniResult {
                 ips: r
                     .ips
                     .into_iter()
-                    .map(|i| IpConfig {
-                        address: i.address,
-                        gateway: i.gateway,
-                        interface: i.interface,
-                    })
+                    .map(|i| ip_config(i.address, i.gateway, i.interface))
                     .collect(),
                 routes: r.routes,
                 dns: r.dns,
@@ -324,11 +328,7 @@ impl CniResult {
                 ips: r
                     .ips
                     .into_iter()
-                    .map(|i| IpConfig {
-                        address: i.address,
-                        gateway: i.gateway,
-                        interface: i.interface,
-                    })
+                    .map(|i| ip_config(i.address, i.gateway, i.interface))
                     .collect(),
                 routes: r.routes,
                 dns: r.dns,
@@ -340,11 +340,7 @@ impl CniResult {
             ..Default::default()
         };
         for ip in [r.ip4, r.ip6].into_iter().flatten() {
-            out.ips.push(IpConfig {
-                address: ip.ip,
-                gateway: ip.gateway,
-                interface: None,
-            });
+            out.ips.push(ip_config(ip.ip, ip.gateway, None));
             out.routes.extend(ip.routes);
         }
         Ok(out)
