@@ -3,16 +3,20 @@
 
 use sha1::{Digest, Sha1};
 
-/// CNI_ARGS keys both plugins read (`types.K8sArgs`, plus calico-ipam's `IP`).
-pub const CNI_ARGS_KEYS: &[&str] = &[
-    "IgnoreUnknown",
-    "IP",
-    "K8S_POD_NAMESPACE",
-    "K8S_POD_NAME",
-    "K8S_POD_INFRA_CONTAINER_ID",
-    "K8S_POD_UID",
-    "CNI_TEST_NAMESPACE",
+use crate::skel::args::{load_args, ArgKind, IGNORE_UNKNOWN};
+use crate::skel::CniError;
+
+/// CNI_ARGS keys of `types.K8sArgs`, which both plugins load (`utils.GetIdentifiers`).
+pub const K8S_ARGS: &[(&str, ArgKind)] = &[
+    IGNORE_UNKNOWN,
+    ("IP", ArgKind::Ip),
+    ("K8S_POD_NAME", ArgKind::Str),
+    ("K8S_POD_NAMESPACE", ArgKind::Str),
+    ("K8S_POD_INFRA_CONTAINER_ID", ArgKind::Str),
 ];
+
+/// `types.CNITestArgs`, loaded separately and only where it parses (test-only upstream).
+const CNI_TEST_ARGS: &[(&str, ArgKind)] = &[IGNORE_UNKNOWN, ("CNI_TEST_NAMESPACE", ArgKind::Str)];
 
 pub const ORCH_K8S: &str = "k8s";
 pub const ORCH_CNI: &str = "cni";
@@ -78,22 +82,27 @@ impl WepIdentifiers {
         }
     }
 
-    /// Identifiers from parsed CNI_ARGS (keys of `CNI_ARGS_KEYS`).
+    /// Upstream's `GetIdentifiers`: CNI_ARGS loaded as `K8sArgs` (a bad `IP=` value or,
+    /// without IgnoreUnknown, an unknown key fails), then `CNI_TEST_NAMESPACE` where it parses.
     pub fn from_cni_args(
         node: &str,
         container_id: &str,
         ifname: &str,
-        cni_args: &std::collections::BTreeMap<String, String>,
-    ) -> WepIdentifiers {
-        let get = |k: &str| cni_args.get(k).map(String::as_str).unwrap_or_default();
-        WepIdentifiers::new(
+        cni_args: &str,
+    ) -> Result<WepIdentifiers, CniError> {
+        let k8s = load_args(cni_args, K8S_ARGS)?;
+        let test = load_args(cni_args, CNI_TEST_ARGS).unwrap_or_default();
+        let get = |m: &std::collections::BTreeMap<String, String>, k: &str| {
+            m.get(k).cloned().unwrap_or_default()
+        };
+        Ok(WepIdentifiers::new(
             node,
             container_id,
             ifname,
-            get("K8S_POD_NAMESPACE"),
-            get("K8S_POD_NAME"),
-            get("CNI_TEST_NAMESPACE"),
-        )
+            &get(&k8s, "K8S_POD_NAMESPACE"),
+            &get(&k8s, "K8S_POD_NAME"),
+            &get(&test, "CNI_TEST_NAMESPACE"),
+        ))
     }
 
     pub fn is_k8s(&self) -> bool {

@@ -111,7 +111,8 @@ fn prefix_mask(prefix: u8, bits: u8) -> u128 {
     } else {
         u128::MAX
     };
-    all & !(all >> prefix)
+    // A full-length prefix (/32 on the v4 mask, /128) shifts everything out.
+    all & !all.checked_shr(u32::from(prefix)).unwrap_or(0)
 }
 
 pub fn to_u128(ip: IpAddr) -> u128 {
@@ -198,5 +199,15 @@ mod tests {
         assert!(!b.covers(&pool));
         assert_eq!(IpNet::host(ip).to_string(), "10.0.0.70/32");
         assert_eq!(format_mac(&[0xee; 6]), "ee:ee:ee:ee:ee:ee");
+    }
+
+    #[test]
+    fn full_length_prefixes_mask_nothing_away() {
+        // A /128 once shifted by 128 (a panic in debug builds, `::/128` in release ones).
+        let h: IpNet = "fd00::5/128".parse().unwrap();
+        assert_eq!(h.masked(), h);
+        assert!(h.contains(&"fd00::5".parse().unwrap()));
+        let v4: IpNet = "10.1.2.3/32".parse().unwrap();
+        assert_eq!(v4.masked(), v4);
     }
 }

@@ -495,13 +495,18 @@ fn bad_input_is_refused_and_leaves_nothing() {
     let ok = Invocation::new("ADD", "bad1", pod.path()).k8s("default", "badpod");
 
     assert_bad(&w, w.calico(&ok, "{not json"), 6);
-    for var in [
-        "CNI_COMMAND",
-        "CNI_CONTAINERID",
-        "CNI_IFNAME",
-        "CNI_PATH",
-        "CNI_NETNS",
-    ] {
+    // No CNI_COMMAND at all: libcni's about text on stderr, exit 0, nothing done.
+    let mut bare = ok.clone();
+    bare.unset.push("CNI_COMMAND".into());
+    let out = w.calico(&bare, &conf);
+    assert_eq!((out.code, out.stdout.as_str()), (0, ""));
+    assert!(
+        out.stderr.starts_with("Calico CNI plugin"),
+        "{}",
+        out.stderr
+    );
+    assert_clean(&w);
+    for var in ["CNI_CONTAINERID", "CNI_IFNAME", "CNI_PATH", "CNI_NETNS"] {
         let mut inv = ok.clone();
         inv.unset.push(var.into());
         let out = w.calico(&inv, &conf);

@@ -263,19 +263,50 @@ fn host_route_owned_by_another_interface() {
         "link",
     ]);
     let req = request(&pod, hv, &["10.65.0.10/32"], &["0.0.0.0/0"]);
-    let err = run(&host, &req).expect_err("route conflict");
-    let (hidx, uidx) = (host.ifindex(hv), host.ifindex(UPLINK_IF));
+    let err = run(&host, &req).expect_err("route conflict").to_string();
+    let uidx = host.ifindex(UPLINK_IF);
+    // The host end is gone by now (rolled back), so take its index from the message.
+    let hidx: u32 = err
+        .split("(Ifindex: ")
+        .nth(1)
+        .and_then(|r| r.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no ifindex in {err}"));
     assert_eq!(
-        err.to_string(),
+        err,
         format!(
             "error adding host side routes for interface: {hv}, error: route (Ifindex: {hidx}, \
              Dst: 10.65.0.10/32, Scope: link) already exists for an interface other than \
              '{hv}': route (Ifindex: {uidx}, Dst: 10.65.0.10/32, Scope: link, Iface: {UPLINK_IF})"
         )
     );
-    // No rollback: the veth stays for the runtime's DEL to remove.
-    assert!(host.has_link(hv));
-    clean_up_namespace(pod.path(), "eth0").unwrap();
+    // Unlike upstream, the pair this call created is removed again; the other route stays.
+    assert!(!host.has_link(hv));
+    assert!(!pod.has_link("eth0"));
+    assert!(host
+        .ip(&["route", "show", "10.65.0.10"])
+        .contains(UPLINK_IF));
+}
+
+#[test]
+fn an_existing_pod_interface_is_never_removed() {
+    let host = HostNetns::new();
+    let pod = Netns::new("dp-pod");
+    // The pod already has an eth0 (its running interface, or a retried ADD's).
+    pod.ip(&[
+        "link", "add", "eth0", "type", "veth", "peer", "name", "other0",
+    ]);
+    let before = pod.ifindex("eth0");
+    let hv = "cali00000000012";
+    let req = request(&pod, hv, &["10.65.0.13/32"], &["0.0.0.0/0"]);
+    let err = run(&host, &req).expect_err("eth0 exists").to_string();
+    assert_eq!(err, "file exists");
+    assert_eq!(
+        pod.ifindex("eth0"),
+        before,
+        "the pod's own eth0 was touched"
+    );
+    assert!(pod.has_link("other0"));
     assert!(!host.has_link(hv));
 }
 

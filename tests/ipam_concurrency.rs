@@ -110,7 +110,9 @@ impl Cluster {
     }
 
     fn ipam(&self, node: usize, cmd: &str, cid: &str) -> common::cni::Outcome {
-        let inv = Invocation::new(cmd, cid, "/dev/null").k8s("default", cid);
+        let inv = Invocation::new(cmd, cid, "/dev/null")
+            .k8s("default", cid)
+            .via_calico();
         run_plugin(
             &self.bin.plugin("calico-ipam"),
             &self.bin.path(),

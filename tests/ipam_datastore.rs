@@ -40,7 +40,9 @@ impl Env {
         let conf = json!({"cniVersion":"1.0.0","name":"net1","etcd_endpoints":self.etcd.endpoint(),
             "nodename":"node1","log_file_path":self.scratch.path().join("cni.log").display().to_string(),
             "ipam_lock_file":self.scratch.path().join("lock").display().to_string(),"ipam":{"type":"calico-ipam"}});
-        let inv = Invocation::new(cmd, cid, "/dev/null").k8s("ns1", &format!("pod-{cid}"));
+        let inv = Invocation::new(cmd, cid, "/dev/null")
+            .k8s("ns1", &format!("pod-{cid}"))
+            .via_calico();
         run_plugin(
             &self.bin.plugin("calico-ipam"),
             &self.bin.path(),
@@ -162,8 +164,11 @@ fn block_filled_to_the_last_address_and_emptied() {
     // The empty block stays affine to the host (upstream frees it later, via GC or reclaim).
     assert_eq!(b["affinity"], "host:node1");
     assert!(env.etcd.keys("/calico/ipam/v2/handle/").is_empty());
-    // Nothing wrote an IPAMConfig: absent means upstream's defaults.
-    assert!(env.etcd.get_raw("/calico/ipam/v2/config").is_none());
+    // v3.32.1's GetIPAMConfig stored its defaults on the first assignment.
+    assert_eq!(
+        env.etcd.get_raw("/calico/ipam/v2/config").as_deref(),
+        Some(r#"{"auto_allocate_blocks":true,"kubeVirtVMAddressPersistence":"Enabled"}"#)
+    );
 }
 
 #[test]
@@ -279,7 +284,7 @@ fn pending_affinity_left_by_a_crash_is_recovered() {
     assert_eq!(b["attributes"][2]["secondary"]["node"], "node2");
 }
 
-/// IP= in a pool that does not allow workloads: upstream's text.
+/// IP= in a pool that does not allow workloads: allowed in v3.32.1 (item 15).
 #[test]
 fn requested_ip_in_a_tunnel_only_pool() {
     let env = Env::new();
@@ -291,17 +296,24 @@ fn requested_ip_in_a_tunnel_only_pool() {
         "nodename":"node1","log_file_path":env.scratch.path().join("cni.log").display().to_string(),
         "ipam_lock_file":env.scratch.path().join("lock").display().to_string(),"ipam":{"type":"calico-ipam"}});
     let inv = Invocation::new("ADD", "t1", "/dev/null").with_args("IP=10.123.0.5");
-    let err = run_plugin(
-        &env.bin.plugin("calico-ipam"),
-        &env.bin.path(),
-        None,
-        &inv,
-        &conf.to_string(),
-    )
-    .assert_err();
+    let run = |inv: &Invocation| {
+        run_plugin(
+            &env.bin.plugin("calico-ipam"),
+            &env.bin.path(),
+            None,
+            inv,
+            &conf.to_string(),
+        )
+    };
+    // v3.32.1 checks no allowedUses on this path (the check is newer): the address is given,
+    // with a route to itself as AutoAssign's results have.
+    let r = run(&inv).assert_ok().json();
+    assert_eq!(r["ips"][0]["address"], "10.123.0.5/32");
+    assert_eq!(r["routes"][0]["dst"], "10.123.0.5/32");
     assert_eq!(
-        err["msg"],
-        "IP address 10.123.0.5 is in IP pool \"tunnels\", which is not allowed for use \"Workload\" (allowedUses: [Tunnel])"
+        env.etcd.get_json("/calico/ipam/v2/handle/net1.t1"),
+        json!({"block": {"10.123.0.0/26": 1}, "deleted": false})
     );
-    assert!(env.etcd.keys("/calico/ipam/v2/").is_empty());
+    run(&inv.as_del()).assert_ok();
+    assert!(env.etcd.keys("/calico/ipam/v2/handle/").is_empty());
 }

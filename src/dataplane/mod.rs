@@ -71,6 +71,8 @@ pub struct NetworkingResult {
     pub host_veth: String,
     /// Lower-case `aa:bb:cc:dd:ee:ff`.
     pub container_mac: String,
+    /// The ifindex of the container end this call created (see `remove_created_interface`).
+    pub container_index: u32,
 }
 
 /// Errors, with upstream's (Calico v3.32 `dataplane_linux.go`) texts. OS and netlink causes are
@@ -140,7 +142,9 @@ pub enum DataplaneError {
 type Result<T, E = DataplaneError> = std::result::Result<T, E>;
 
 /// Calico's `DoNetworking`: creates and configures the veth pair for one pod interface.
-/// No rollback on failure: a half-built veth is left for the runtime's DEL, as upstream does.
+/// Unlike upstream, a failure after the veth pair was created removes that pair again: only
+/// what this call created, never an interface that was there before (a pod's running
+/// `eth0`, another call's veth).
 pub fn do_networking(req: &NetworkingRequest) -> Result<NetworkingResult> {
     tracing::info!("Setting the host side veth name to {}", req.host_veth);
     let host_ns = sys::current_thread_netns().map_err(DataplaneError::Netns)?;
@@ -164,13 +168,32 @@ pub fn clean_up_namespace(netns_path: &str, ifname: &str) -> Result<()> {
         iface = ifname,
         "Deleting workload's device in netns."
     );
+    delete_in_netns_bounded(netns_path, ifname, None)
+}
+
+/// Removes the container end this call created (after a later step of ADD failed), only if
+/// `ifname` in the pod netns still is that very link (same ifindex): if something else has
+/// replaced it meanwhile, it is left alone.
+pub fn remove_created_interface(netns_path: &str, ifname: &str, index: u32) -> Result<()> {
+    tracing::info!(
+        netns = netns_path,
+        iface = ifname,
+        index,
+        "Removing the interface this call created."
+    );
+    delete_in_netns_bounded(netns_path, ifname, Some(index))
+}
+
+/// Deletes `ifname` in the netns on a helper thread, bounded by 20 s; on timeout the thread
+/// is abandoned (the process is about to exit anyway).
+fn delete_in_netns_bounded(netns_path: &str, ifname: &str, index: Option<u32>) -> Result<()> {
     let started = Instant::now();
     let (tx, rx) = mpsc::channel();
     let (path, name) = (netns_path.to_string(), ifname.to_string());
     std::thread::Builder::new()
         .name("calico-netns-del".into())
         .spawn(move || {
-            let _ = tx.send(delete_in_netns(&path, &name));
+            let _ = tx.send(delete_in_netns(&path, &name, index));
         })
         .map_err(|e| internal(format!("failed to spawn a thread: {e}")))?;
     match rx.recv_timeout(CLEANUP_TIMEOUT) {
@@ -212,7 +235,8 @@ fn internal(msg: impl Into<String>) -> DataplaneError {
     DataplaneError::Internal(msg.into())
 }
 
-fn delete_in_netns(path: &str, ifname: &str) -> Result<()> {
+/// Deletes `ifname` (only when its ifindex is `index`, if given) inside the netns at `path`.
+fn delete_in_netns(path: &str, ifname: &str, index: Option<u32>) -> Result<()> {
     let ns = match open_netns(path) {
         Ok(f) => f,
         Err(NsOpenError::NotExist(_)) => {
@@ -232,6 +256,10 @@ fn delete_in_netns(path: &str, ifname: &str) -> Result<()> {
             }
             Err(e) => return Err(DataplaneError::CleanUpLink(nl_text(&e))),
         };
+        if index.is_some_and(|i| i != link.header.index) {
+            tracing::info!("Workload's veth was replaced by another; leaving it.");
+            return Ok(());
+        }
         h.link()
             .del(link.header.index)
             .execute()
@@ -282,6 +310,35 @@ async fn setup(
     let pod = connect().map_err(|e| internal(format!("failed to open netlink in netns: {e}")))?;
 
     create_veth(req, host_ns, &pod).await?;
+    // From here on the pair is ours: any failure removes it again (deleting the container
+    // end takes the host end and its routes with it).
+    let cont_idx = lookup(&pod, cv)
+        .await
+        .map_err(|r| lookup_err(cv, r))?
+        .header
+        .index;
+    match configure(req, host_ns, host, &pod, cont_idx).await {
+        Ok(r) => Ok(r),
+        Err(e) => {
+            tracing::info!("Removing the veth pair this call created after: {e}");
+            if let Err(del) = pod.link().del(cont_idx).execute().await {
+                tracing::warn!("failed to remove the veth {cv}: {}", nl_text(&del));
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Steps 3–13 of `DoNetworking`, on the veth pair `create_veth` just made.
+async fn configure(
+    req: &NetworkingRequest,
+    host_ns: &std::fs::File,
+    host: &Handle,
+    pod: &Handle,
+    cont_idx: u32,
+) -> Result<NetworkingResult> {
+    let hv = req.host_veth.as_str();
+    let cv = req.ifname.as_str();
 
     // 3. Host-side MAC, read back until the kernel shows it.
     let mut host_link = lookup(host, hv).await.map_err(|r| lookup_err(hv, r))?;
@@ -341,16 +398,15 @@ async fn setup(
     nl::set_up(host, host_idx)
         .await
         .map_err(|e| up_err(hv, &e))?;
-    let cont_link = lookup(&pod, cv).await.map_err(|r| lookup_err(cv, r))?;
-    let cont_idx = cont_link.header.index;
-    nl::set_up(&pod, cont_idx)
+    let cont_link = lookup(pod, cv).await.map_err(|r| lookup_err(cv, r))?;
+    nl::set_up(pod, cont_idx)
         .await
         .map_err(|e| up_err(cv, &e))?;
 
     // 8. Container MAC: the annotated one, else the kernel's.
     let container_mac = match req.container_mac {
         Some(mac) => {
-            nl::set_mac(&pod, cont_idx, &mac)
+            nl::set_mac(pod, cont_idx, &mac)
                 .await
                 .map_err(|e| DataplaneError::ContainerMac {
                     mac: format_mac(&mac),
@@ -374,7 +430,7 @@ async fn setup(
             .await
             .map_err(|e| DataplaneError::GatewayRoute(nl_text(&e)))?;
         for r in req.routes.iter().filter(|r| r.is_ipv4()) {
-            add_container_route(&pod, cont_idx, *r, IpAddr::V4(IPV4_GATEWAY)).await?;
+            add_container_route(pod, cont_idx, *r, IpAddr::V4(IPV4_GATEWAY)).await?;
         }
     }
 
@@ -387,7 +443,7 @@ async fn setup(
         }
         let gw = wait_host_link_local(host, hv, host_idx, expected_ll).await?;
         for r in req.routes.iter().filter(|r| !r.is_ipv4()) {
-            add_container_route(&pod, cont_idx, *r, IpAddr::V6(gw)).await?;
+            add_container_route(pod, cont_idx, *r, IpAddr::V6(gw)).await?;
         }
     }
 
@@ -423,6 +479,7 @@ async fn setup(
     Ok(NetworkingResult {
         host_veth: req.host_veth.clone(),
         container_mac,
+        container_index: cont_idx,
     })
 }
 

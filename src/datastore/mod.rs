@@ -8,6 +8,7 @@
 pub mod etcd;
 pub mod model;
 pub mod resources;
+pub mod validate;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;

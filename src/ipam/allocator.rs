@@ -35,6 +35,11 @@ pub enum IpamError {
     Datastore(#[from] DatastoreError),
     #[error("cannot find a qualified ippool")]
     NoQualifiedPool,
+    #[error("cannot find a qualified ippool, no pools match the required use (Workload)")]
+    NoPoolForUse,
+    /// An IP pool's nodeSelector or namespaceSelector does not parse (the parser's text).
+    #[error("{0}")]
+    Selector(String),
     #[error("the given pool ({0}) does not exist, or is not enabled")]
     PoolNotEnabled(String),
     #[error("no configured Calico pools for node {0}")]
@@ -43,22 +48,22 @@ pub enum IpamError {
     BlockLimit,
     #[error("failed to find or claim a block")]
     AutoAllocateDisabled,
+    #[error("failed to get ipam config after 5 retries")]
+    ConfigRetries,
+    /// An affinity that must not be released (claimed by another host, not empty, changed).
+    #[error("{0}")]
+    AffinityRelease(String),
     #[error("Max retries hit - excessive concurrent IPAM requests")]
     MaxRetries,
     #[error("The provided IP address is not in a configured pool\n")]
     NotInPool,
-    #[error("IP address {ip} is in IP pool \"{pool}\", which is not allowed for use \"Workload\" (allowedUses: [{uses}])")]
-    UseNotAllowed {
-        ip: IpAddr,
-        pool: String,
-        uses: String,
-    },
     #[error("resource already exists: {0} with error: Address already assigned in block")]
     AddressInUse(IpAddr),
     #[error("{0}")]
     Block(String),
-    #[error("failed to get node for host {host}: {error}")]
-    Node { host: String, error: DatastoreError },
+    /// Reading the Node failed: upstream returns the datastore error as it is.
+    #[error(transparent)]
+    Node(DatastoreError),
     #[error("{0}")]
     Other(String),
 }
@@ -104,16 +109,27 @@ pub struct Assignments {
 }
 
 impl Assignments {
+    /// Upstream's `AddMsg`: each reason once, in order.
+    fn add_msg(&mut self, msg: &str) {
+        if !self.msgs.iter().any(|m| m == msg) {
+            self.msgs.push(msg.to_string());
+        }
+    }
+
     /// Upstream's `PartialFulfillmentError` text.
     pub fn shortfall(&self) -> Option<String> {
         (self.ips.len() < self.num_requested).then(|| {
-            format!(
-                "Assigned {} out of {} requested IPv{} addresses; {}",
+            let mut s = format!(
+                "Assigned {} out of {} requested IPv{} addresses",
                 self.ips.len(),
                 self.num_requested,
-                self.version,
-                self.msgs.join("; ")
-            )
+                self.version
+            );
+            for m in &self.msgs {
+                s.push_str("; ");
+                s.push_str(m);
+            }
+            s
         })
     }
 }
@@ -146,13 +162,47 @@ impl<'a, D: Datastore> Ipam<'a, D> {
 
     // ---------------------------------------------------------------- reads
 
-    /// IPAMConfig, or upstream's in-memory defaults when none is stored.
-    pub async fn ipam_config(&self) -> Result<IpamConfig, IpamError> {
+    /// The stored IPAMConfig, `None` when there is none yet.
+    async fn stored_config(&self) -> Result<Option<IpamConfig>, IpamError> {
         match self.ds.get(&Key::IpamConfig).await {
-            Ok(kv) => Ok(kv.decode()?),
-            Err(e) if e.is_not_found() => Ok(IpamConfig::defaults()),
+            Ok(kv) => Ok(Some(kv.decode()?)),
+            Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// v3.32.1's `GetIPAMConfig`: the stored config; when there is none, the defaults are
+    /// created (create-if-absent) and used. Losing that race to another writer re-reads.
+    async fn config_or_create(&self, stored: Option<IpamConfig>) -> Result<IpamConfig, IpamError> {
+        if let Some(c) = stored {
+            return Ok(c);
+        }
+        for _ in 0..4 {
+            let defaults = IpamConfig::defaults();
+            match self
+                .ds
+                .create(&Key::IpamConfig, &to_value(&defaults)?)
+                .await
+            {
+                Ok(_) => {
+                    info!("Created the default IPAM configuration");
+                    return Ok(defaults);
+                }
+                Err(e) if e.is_already_exists() => {
+                    if let Some(c) = self.stored_config().await? {
+                        return Ok(c);
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(IpamError::ConfigRetries)
+    }
+
+    /// IPAMConfig as upstream's `GetIPAMConfig` returns it (created when missing).
+    pub async fn ipam_config(&self) -> Result<IpamConfig, IpamError> {
+        let stored = self.stored_config().await?;
+        self.config_or_create(stored).await
     }
 
     async fn reservations(&self) -> Result<Vec<IpNet>, IpamError> {
@@ -188,10 +238,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
     async fn node_labels(&self) -> Result<BTreeMap<String, String>, IpamError> {
         let node: Node = get_resource(self.ds, Kind::Node, None, &self.host)
             .await
-            .map_err(|error| IpamError::Node {
-                host: self.host.clone(),
-                error,
-            })?;
+            .map_err(IpamError::Node)?;
         Ok(node.metadata.labels.unwrap_or_default())
     }
 
@@ -237,14 +284,14 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             version: None,
         };
         let (config, reserved, labels, pools, affs) = tokio::join!(
-            self.ipam_config(),
+            self.stored_config(),
             self.reservations(),
             self.node_labels(),
             self.pools(),
             self.ds.list(&all_affinities)
         );
+        // Errors in upstream's order: reservations, Node, pools, affinities, config.
         let view = HostView {
-            config: config?,
             reserved: reserved?,
             labels: labels?,
             pools: pools?,
@@ -256,11 +303,12 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                 })
                 .collect(),
         };
+        let mut config = config?;
         let v4 = self
-            .auto_assign_family(args, 4, args.num4, &args.ipv4_pools, &view)
+            .auto_assign_family(args, 4, args.num4, &args.ipv4_pools, &view, &mut config)
             .await?;
         let v6 = self
-            .auto_assign_family(args, 6, args.num6, &args.ipv6_pools, &view)
+            .auto_assign_family(args, 6, args.num6, &args.ipv6_pools, &view, &mut config)
             .await?;
         Ok((v4, v6))
     }
@@ -272,8 +320,9 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         num: usize,
         requested_pools: &[IpNet],
         view: &HostView,
+        stored_config: &mut Option<IpamConfig>,
     ) -> Result<Assignments, IpamError> {
-        let (config, reserved) = (&view.config, &view.reserved[..]);
+        let reserved = &view.reserved[..];
         let mut out = Assignments {
             num_requested: num,
             version,
@@ -282,13 +331,17 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         if num == 0 {
             return Ok(out);
         }
-        let (pools, mut affine) = self.usable_pools_and_blocks(view, version, requested_pools)?;
-        self.release_deselected_affinities(view, version, &affine)
+        let usable = self.usable_pools_and_blocks(view, version, requested_pools)?;
+        self.release_deselected_affinities(view, version, &usable)
             .await;
+        let (pools, mut affine) = (usable.allowed, usable.affine);
         debug!(?affine, "affine blocks for host");
+        // GetIPAMConfig comes after the Node, pool and affinity reads (and creates the
+        // default config when there is none), once per call.
+        let config = &self.config_or_create(stored_config.take()).await?;
+        *stored_config = Some(config.clone());
         let mut owned = affine.len() as i64;
         let max_blocks = max_blocks(args.max_blocks_per_host, config.max_blocks_per_host);
-        let pool_cidrs: Vec<IpNet> = pools.iter().filter_map(IpPool::cidr).collect();
 
         // 1. Affine blocks, claiming new ones as allowed.
         while out.ips.len() < num {
@@ -299,12 +352,10 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             let (cidr, newly, first) = match claimed {
                 Ok(c) => c,
                 Err(FindError::NoFreeBlocks) => {
-                    let msg = if config.strict_affinity {
-                        "No more free affine blocks and strict affinity enabled"
-                    } else {
-                        "No more free affine blocks"
-                    };
-                    debug!(msg);
+                    if config.strict_affinity {
+                        out.add_msg("No more free affine blocks and strict affinity enabled");
+                    }
+                    debug!("No more free affine blocks");
                     break;
                 }
                 Err(FindError::Fatal(e)) => return Err(e),
@@ -329,27 +380,30 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         if out.ips.len() < num && !config.strict_affinity {
             self.borrow(args, version, num, &pools, reserved, &mut out)
                 .await?;
-        }
-        if out.ips.len() < num {
-            out.msgs.push(format!(
-                "No IPs available in pools: [{}]",
-                pool_cidrs
-                    .iter()
-                    .map(IpNet::to_string)
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            ));
+            if out.ips.len() < num {
+                out.add_msg(&format!(
+                    "No IPs available in pools: [{}]",
+                    pools
+                        .iter()
+                        .map(|p| p.spec.cidr.as_str())
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                ));
+            }
         }
         Ok(out)
     }
 
-    /// Pools usable for this family on this node, and the node's affine blocks in them.
+    /// upstream's `determinePools` + `filterPoolsByUse` + the split of the affine blocks:
+    /// the pools selecting this node (or the requested ones), those of them allowed for
+    /// workloads, the enabled pools of the family, and the affine blocks inside the allowed
+    /// pools (in list order).
     fn usable_pools_and_blocks(
         &self,
         view: &HostView,
         version: u8,
         requested: &[IpNet],
-    ) -> Result<(Vec<IpPool>, Vec<IpNet>), IpamError> {
+    ) -> Result<UsablePools, IpamError> {
         let enabled: Vec<IpPool> = view
             .pools
             .iter()
@@ -364,7 +418,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         if qualified.is_empty() {
             return Err(IpamError::NoQualifiedPool);
         }
-        let pools: Vec<IpPool> = if !requested.is_empty() {
+        let selecting: Vec<IpPool> = if !requested.is_empty() {
             let mut out = Vec::new();
             for r in requested {
                 let found = qualified.iter().find(|p| p.cidr() == Some(r.masked()));
@@ -380,108 +434,125 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                 if p.spec.assignment_mode != "Automatic" {
                     continue;
                 }
-                if !selector_matches(&p.spec.node_selector, &view.labels)
-                    || !selector_matches(&p.spec.namespace_selector, &BTreeMap::new())
+                if !selects(&p.spec.node_selector, &view.labels)?
+                    || !selects(&p.spec.namespace_selector, &BTreeMap::new())?
                 {
                     continue;
                 }
                 out.push(p.clone());
             }
-            if out.is_empty() {
-                return Err(IpamError::NoPoolsForNode(self.host.clone()));
-            }
             out
         };
-        let pools: Vec<IpPool> = pools
-            .into_iter()
+        if selecting.is_empty() {
+            return Err(IpamError::NoPoolsForNode(self.host.clone()));
+        }
+        let allowed: Vec<IpPool> = selecting
+            .iter()
             .filter(|p| {
                 p.spec
                     .allowed_uses
                     .iter()
                     .any(|u| u == INTENDED_USE_WORKLOAD)
             })
+            .cloned()
             .collect();
-        if pools.is_empty() {
-            return Err(IpamError::NoQualifiedPool);
+        if allowed.is_empty() {
+            return Err(IpamError::NoPoolForUse);
         }
-
         let affine: Vec<IpNet> = view
             .affine
             .iter()
-            .filter(|cidr| cidr.version() == version)
-            .filter(|cidr| {
-                pools
-                    .iter()
-                    .any(|p| p.cidr().is_some_and(|pc| pc.covers(cidr)))
-            })
+            .filter(|cidr| cidr.version() == version && in_pools(cidr, &allowed))
             .copied()
             .collect();
-        Ok((pools, affine))
+        Ok(UsablePools {
+            allowed,
+            selecting,
+            enabled,
+            affine,
+        })
     }
 
-    /// Affine blocks outside the usable pools whose pool no longer selects this node are
-    /// given up when empty (upstream's getAffineBlocks); failures are only logged.
-    async fn release_deselected_affinities(&self, view: &HostView, version: u8, usable: &[IpNet]) {
+    /// Affine blocks outside the pools selecting this node, whose (enabled) pool no longer
+    /// selects it, are given up when empty (upstream's `prepareAffinityBlocksForHost`).
+    /// A block without an enabled pool, or whose pool's selector does not parse, is kept.
+    /// Failures are only logged.
+    async fn release_deselected_affinities(
+        &self,
+        view: &HostView,
+        version: u8,
+        usable: &UsablePools,
+    ) {
         for cidr in view.affine.iter().filter(|c| c.version() == version) {
-            if usable.contains(cidr) {
+            if in_pools(cidr, &usable.allowed) || in_pools(cidr, &usable.selecting) {
                 continue;
             }
-            let pool = view
-                .pools
-                .iter()
-                .find(|p| p.cidr().is_some_and(|pc| pc.covers(cidr)));
-            let Some(pool) = pool else { continue };
-            if selector_matches(&pool.spec.node_selector, &view.labels) {
+            let Some(pool) = pool_of(cidr, &usable.enabled) else {
                 continue;
-            }
-            match self
-                .release_block_affinity(&self.host, *cidr, true, None)
-                .await
-            {
-                Ok(()) => {
-                    info!(%cidr, "released the affinity of a block whose pool no longer selects this node")
+            };
+            match selects(&pool.spec.node_selector, &view.labels) {
+                Ok(false) => {}
+                Ok(true) => continue,
+                Err(e) => {
+                    warn!(%cidr, error = %e, "Failed to determine if node matches pool, skipping");
+                    continue;
                 }
-                Err(e) => debug!(%cidr, error = %e, "kept the affinity of a deselected block"),
+            }
+            for _ in 0..DATASTORE_RETRIES {
+                match self
+                    .release_block_affinity("host", &self.host, *cidr, true, None)
+                    .await
+                {
+                    Ok(()) => {
+                        info!(%cidr, "Released affine block that no longer selects this host");
+                        break;
+                    }
+                    Err(IpamError::Datastore(e)) if e.is_conflict() => continue,
+                    Err(e) => {
+                        debug!(%cidr, error = %e, "kept the affinity of a deselected block");
+                        break;
+                    }
+                }
             }
         }
     }
 
-    /// After a release empties a block: if its pool no longer selects the affine node, give
-    /// the affinity up (upstream's ensureConsistentAffinity). Failures are only logged.
+    /// After a release empties a block: if its (enabled) pool no longer selects the affine
+    /// node, give the affinity up (upstream's `ensureConsistentAffinity`). A missing Node, a
+    /// block outside every enabled pool or a selector that does not parse keeps the affinity.
+    /// Failures are only logged.
     async fn ensure_consistent_affinity(&self, block: &AllocationBlock) {
-        let Some(host) = block
-            .affinity
-            .as_deref()
-            .and_then(|a| a.strip_prefix("host:"))
-        else {
+        let Some((kind, host)) = block.affinity.as_deref().and_then(parse_affinity) else {
             return;
         };
         let node: Result<Node, _> = get_resource(self.ds, Kind::Node, None, host).await;
         let labels = match node {
             Ok(n) => n.metadata.labels.unwrap_or_default(),
-            Err(e) if e.is_not_found() => BTreeMap::new(),
             Err(e) => {
-                debug!(error = %e, "cannot read the affine node");
+                debug!(host, error = %e, "cannot read the affine node; keeping the affinity");
                 return;
             }
         };
         let Ok(pools) = self.pools().await else {
             return;
         };
-        let selected = pools
-            .iter()
-            .find(|p| p.cidr().is_some_and(|pc| pc.covers(&block.cidr)))
-            .is_some_and(|p| selector_matches(&p.spec.node_selector, &labels));
-        if selected {
+        let enabled: Vec<IpPool> = pools.into_iter().filter(IpPool::is_enabled).collect();
+        let Some(pool) = pool_of(&block.cidr, &enabled) else {
+            return;
+        };
+        if !matches!(selects(&pool.spec.node_selector, &labels), Ok(false)) {
             return;
         }
-        if let Err(e) = self
-            .release_block_affinity(host, block.cidr, true, None)
+        match self
+            .release_block_affinity(kind, host, block.cidr, true, None)
             .await
         {
-            debug!(cidr = %block.cidr, error = %e, "kept the affinity of a deselected block");
-        } else {
-            info!(cidr = %block.cidr, host, "released the affinity of an empty, deselected block");
+            Ok(()) => {
+                info!(cidr = %block.cidr, host, "released the affinity of an empty, deselected block")
+            }
+            Err(e) => {
+                debug!(cidr = %block.cidr, error = %e, "kept the affinity of a deselected block")
+            }
         }
     }
 
@@ -759,37 +830,42 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             if !old_enough {
                 continue;
             }
-            let owner = info
-                .affinity
-                .as_deref()
-                .and_then(|a| a.strip_prefix("host:"))
-                .map(str::to_string);
-            let released = match owner {
-                Some(h) => self
-                    .release_block_affinity(&h, cidr, true, Some(info.seq))
-                    .await
-                    .is_ok(),
-                None => true,
+            // Only an owned block can be reclaimed (upstream's releaseBlockAffinity refuses
+            // an empty host): an empty block without affinity is left to borrowing.
+            let Some((kind, owner)) = info.affinity.as_deref().and_then(parse_affinity) else {
+                debug!(%cidr, "empty block has no owner to reclaim it from");
+                continue;
             };
-            if released {
-                info!(%cidr, "reclaiming empty block");
-                return Ok(cidr);
+            match self
+                .release_block_affinity(kind, owner, cidr, true, Some(info.seq))
+                .await
+            {
+                Ok(()) => {
+                    info!(%cidr, "reclaiming empty block");
+                    return Ok(cidr);
+                }
+                Err(e) => debug!(%cidr, error = %e, "could not reclaim empty block"),
             }
         }
         Err(FindError::NoFreeBlocks)
     }
 
-    /// Releases `host`'s affinity to `cidr` (optionally only when the block is empty and its
-    /// sequence number is unchanged): affinity → pendingDeletion, block deleted (if empty) or
-    /// made non-affine, affinity deleted.
+    /// Releases `host`'s affinity (of type `host` or `virtual`) to `cidr` (optionally only
+    /// when the block is empty and its sequence number is unchanged): affinity →
+    /// pendingDeletion, block deleted (if empty) or made non-affine, affinity deleted.
     pub async fn release_block_affinity(
         &self,
+        affinity_type: &str,
         host: &str,
         cidr: IpNet,
         require_empty: bool,
         required_seq: Option<u64>,
     ) -> Result<(), IpamError> {
-        let key = Key::host_affinity(host, cidr);
+        let key = Key::BlockAffinity {
+            host: host.to_string(),
+            cidr,
+            affinity_type: affinity_type.to_string(),
+        };
         let aff_kv = self.ds.get(&key).await?;
         let mut aff: BlockAffinity = aff_kv.decode()?;
         let Some((mut block, block_rev)) = self.get_block(cidr).await? else {
@@ -797,19 +873,21 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             return Ok(());
         };
         if required_seq.is_some_and(|s| s != block.sequence_number) {
-            return Err(IpamError::Datastore(DatastoreError::Conflict(format!(
+            return Err(IpamError::AffinityRelease(format!(
                 "block {cidr} sequence number changed"
-            ))));
+            )));
         }
-        let expected = format!("host:{host}");
+        let expected = format!("{affinity_type}:{host}");
         if block.affinity.as_deref().is_some_and(|a| a != expected) {
             self.ds.delete(&key, Some(&aff_kv.revision)).await.ok();
-            return Err(IpamError::Datastore(DatastoreError::Conflict(format!(
+            return Err(IpamError::AffinityRelease(format!(
                 "block {cidr} is claimed by another host"
-            ))));
+            )));
         }
         if require_empty && !block.is_empty() {
-            return Err(IpamError::Block(format!("block {cidr} is not empty")));
+            return Err(IpamError::AffinityRelease(format!(
+                "block {cidr} is not empty"
+            )));
         }
         aff.state = AFFINITY_PENDING_DELETION.into();
         let aff_rev = self
@@ -1052,25 +1130,20 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         handle_id: &str,
         attrs: &BTreeMap<String, String>,
     ) -> Result<IpNet, IpamError> {
-        let (config, pools) = tokio::join!(self.ipam_config(), self.pools());
-        let (config, pools) = (config?, pools?);
+        // The config is read with the pools (one round trip) but only created once the
+        // address is known to be in an enabled pool, as upstream.
+        let (stored, pools) = tokio::join!(self.stored_config(), self.pools());
+        let pools = pools?;
+        // v3.32.1 assigns an `IP=` address in any enabled pool, whatever its allowedUses.
         let pool = pools
             .iter()
-            .filter(|p| p.is_enabled())
-            .find(|p| p.cidr().is_some_and(|c| c.contains(&ip)))
+            .filter(|p| p.is_enabled() && p.cidr().is_some_and(|c| c.contains(&ip)))
+            .find(|p| {
+                p.cidr()
+                    .is_some_and(|c| c.version() == IpNet::host(ip).version())
+            })
             .ok_or(IpamError::NotInPool)?;
-        if !pool
-            .spec
-            .allowed_uses
-            .iter()
-            .any(|u| u == INTENDED_USE_WORKLOAD)
-        {
-            return Err(IpamError::UseNotAllowed {
-                ip,
-                pool: pool.metadata.name.clone(),
-                uses: pool.spec.allowed_uses.join(" "),
-            });
-        }
+        let config = self.config_or_create(stored?).await?;
         let bits = IpNet::host(ip).bits();
         let size = u8::try_from(pool.spec.block_size).unwrap_or(bits);
         let cidr = IpNet::new(ip, size)
@@ -1211,8 +1284,14 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         }
     }
 
-    /// Releases specific addresses (dual-stack rollback). Returns those not allocated.
-    pub async fn release_ips(&self, ips: &[IpAddr]) -> Result<Vec<IpAddr>, IpamError> {
+    /// Releases specific addresses (dual-stack rollback; with `only_handle`, a failed ADD's
+    /// own addresses). Returns those not released: not allocated, or (with `only_handle`)
+    /// held by another handle.
+    pub async fn release_ips(
+        &self,
+        ips: &[IpAddr],
+        only_handle: Option<&str>,
+    ) -> Result<Vec<IpAddr>, IpamError> {
         let blocks = self.block_cidrs(None).await?;
         let mut unallocated = Vec::new();
         let mut by_block: BTreeMap<IpNet, Vec<IpAddr>> = BTreeMap::new();
@@ -1230,7 +1309,13 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                     done = true;
                     break;
                 };
-                let outcome = block.release_ips(&ips);
+                let outcome = block.release_ips(&ips, only_handle);
+                if outcome.unallocated.len() == ips.len() {
+                    // Nothing of ours in this block: no write.
+                    unallocated.extend(outcome.unallocated.iter().copied());
+                    done = true;
+                    break;
+                }
                 match self.write_released(&mut block, &rev).await {
                     Ok(()) => {
                         unallocated.extend(outcome.unallocated.iter().copied());
@@ -1238,6 +1323,9 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                             if let Err(e) = self.decrement_handle(handle, cidr, *n).await {
                                 warn!(handle, error = %e, "failed to decrement handle");
                             }
+                        }
+                        if block.is_empty() && block.affinity.is_some() {
+                            self.ensure_consistent_affinity(&block).await;
                         }
                         done = true;
                         break;
@@ -1257,10 +1345,17 @@ impl<'a, D: Datastore> Ipam<'a, D> {
 /// What AutoAssign reads once per call: config, reservations, this node's labels, all
 /// pools and this host's affine blocks.
 struct HostView {
-    config: IpamConfig,
     reserved: Vec<IpNet>,
     labels: BTreeMap<String, String>,
     pools: Vec<IpPool>,
+    affine: Vec<IpNet>,
+}
+
+/// The pools one family may use (see `usable_pools_and_blocks`).
+struct UsablePools {
+    allowed: Vec<IpPool>,
+    selecting: Vec<IpPool>,
+    enabled: Vec<IpPool>,
     affine: Vec<IpNet>,
 }
 
@@ -1284,14 +1379,38 @@ fn max_blocks(requested: i64, configured: i64) -> i64 {
     }
 }
 
-fn selector_matches(sel: &str, labels: &BTreeMap<String, String>) -> bool {
-    match selector::parse(sel) {
-        Ok(s) => s.matches(labels),
-        Err(e) => {
-            warn!(selector = sel, error = %e, "invalid selector; treating as no match");
-            false
+/// upstream's `SelectsNode`/`SelectsNamespace`: an empty selector selects everything; one
+/// that does not parse is an error (the parser's text).
+fn selects(sel: &str, labels: &BTreeMap<String, String>) -> Result<bool, IpamError> {
+    if sel.is_empty() {
+        return Ok(true);
+    }
+    selector::parse(sel)
+        .map(|s| s.matches(labels))
+        .map_err(|e| IpamError::Selector(e.to_string()))
+}
+
+/// Whether `cidr` lies inside one of `pools`.
+fn in_pools(cidr: &IpNet, pools: &[IpPool]) -> bool {
+    pool_of(cidr, pools).is_some()
+}
+
+/// The pool `cidr` lies in.
+fn pool_of<'p>(cidr: &IpNet, pools: &'p [IpPool]) -> Option<&'p IpPool> {
+    pools
+        .iter()
+        .find(|p| p.cidr().is_some_and(|pc| pc.covers(cidr)))
+}
+
+/// A block's `affinity` (`host:node1`, `virtual:load-balancer`) as (type, host); anything
+/// else (no affinity, an unknown type) names no owner.
+fn parse_affinity(a: &str) -> Option<(&'static str, &str)> {
+    for kind in ["host", "virtual"] {
+        if let Some(host) = a.strip_prefix(kind).and_then(|r| r.strip_prefix(':')) {
+            return Some((kind, host));
         }
     }
+    None
 }
 
 /// Orders blocks of `pool` as `host`'s random walk would visit them: by their distance from

@@ -20,8 +20,12 @@ pub enum BlockError {
     AlreadyAssigned(IpAddr),
     #[error("IP {0} is not in block {1}")]
     NotInBlock(IpAddr, IpNet),
-    #[error("Block affinity ({affinity}) does not match provided ({host})")]
+    /// AutoAssign into a block affine to another host (upstream prints host then type).
+    #[error("Block affinity ({affinity}) does not match provided ({host}:host)")]
     AffinityMismatch { affinity: String, host: String },
+    /// AssignIP (`IP=`) into a block affine to another host, with strict affinity.
+    #[error("Block host affinity does not match")]
+    HostAffinityMismatch,
     #[error("Attempt to assign from block {0} with no affinity")]
     NoAffinity(IpNet),
 }
@@ -197,7 +201,11 @@ impl AllocationBlock {
         host: &str,
         strict_affinity_check: bool,
     ) -> Result<(), BlockError> {
-        self.check_affinity(host, strict_affinity_check)?;
+        self.check_affinity(host, strict_affinity_check)
+            .map_err(|e| match e {
+                BlockError::AffinityMismatch { .. } => BlockError::HostAffinityMismatch,
+                other => other,
+            })?;
         let o = self
             .ordinal_of(&ip)
             .ok_or(BlockError::NotInBlock(ip, self.cidr))?;
@@ -273,7 +281,9 @@ impl AllocationBlock {
     }
 
     /// Releases specific addresses.
-    pub fn release_ips(&mut self, ips: &[IpAddr]) -> ReleaseOutcome {
+    /// With `only_handle`, an address allocated to any other handle is left alone and
+    /// reported as not released.
+    pub fn release_ips(&mut self, ips: &[IpAddr], only_handle: Option<&str>) -> ReleaseOutcome {
         let mut out = ReleaseOutcome::default();
         let mut ordinals = Vec::new();
         let mut counts: BTreeMap<String, usize> = BTreeMap::new();
@@ -285,8 +295,16 @@ impl AllocationBlock {
             match self.allocations[o] {
                 None => out.unallocated.push(*ip),
                 Some(idx) => {
-                    if let Some(h) = self.attribute(idx).and_then(|a| a.handle_id.as_deref()) {
-                        *counts.entry(sanitize_handle(h).to_string()).or_insert(0) += 1;
+                    let handle = self
+                        .attribute(idx)
+                        .and_then(|a| a.handle_id.as_deref())
+                        .map(sanitize_handle);
+                    if only_handle.is_some_and(|want| handle != Some(want)) {
+                        out.unallocated.push(*ip);
+                        continue;
+                    }
+                    if let Some(h) = handle {
+                        *counts.entry(h.to_string()).or_insert(0) += 1;
                     }
                     if !ordinals.contains(&o) {
                         ordinals.push(o);
@@ -465,7 +483,20 @@ mod tests {
             .unwrap_err();
         assert_eq!(
             e.to_string(),
-            "Block affinity (host:node1) does not match provided (node2)"
+            "Block affinity (host:node1) does not match provided (node2:host)"
+        );
+        // AssignIP's own text.
+        assert_eq!(
+            b.assign(
+                "10.244.166.130".parse().unwrap(),
+                "h",
+                &attrs("p"),
+                "node2",
+                true
+            )
+            .unwrap_err()
+            .to_string(),
+            "Block host affinity does not match"
         );
         b.affinity = None;
         assert!(b
@@ -483,11 +514,29 @@ mod tests {
             .unwrap();
         b.auto_assign(1, "h2\rjunk", &attrs("q"), "node1", false, &[])
             .unwrap();
-        let out = b.release_ips(&[
-            "10.244.166.128".parse().unwrap(),
-            "10.244.166.130".parse().unwrap(),
-            "10.244.166.133".parse().unwrap(),
-        ]);
+        // Restricted to one handle, another handle's address is left alone.
+        let mut only = b.clone();
+        let out = only.release_ips(
+            &[
+                "10.244.166.128".parse().unwrap(),
+                "10.244.166.130".parse().unwrap(),
+            ],
+            Some("h1"),
+        );
+        assert_eq!(
+            out.unallocated,
+            vec!["10.244.166.130".parse::<IpAddr>().unwrap()]
+        );
+        assert_eq!(out.handles, vec![("h1".into(), 1)]);
+        assert!(only.allocations[2].is_some());
+        let out = b.release_ips(
+            &[
+                "10.244.166.128".parse().unwrap(),
+                "10.244.166.130".parse().unwrap(),
+                "10.244.166.133".parse().unwrap(),
+            ],
+            None,
+        );
         assert_eq!(
             out.unallocated,
             vec!["10.244.166.133".parse::<IpAddr>().unwrap()]

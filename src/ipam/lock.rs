@@ -1,47 +1,189 @@
-//! The host-wide IPAM lock: a blocking `flock` on `ipam_lock_file`, best-effort as upstream
-//! (if the directory or lock cannot be had, log and go on unlocked).
+//! The host-wide IPAM lock: an exclusive `flock` on `ipam_lock_file`, best-effort as
+//! upstream (if the directory or the lock cannot be had, log and go on unlocked; every
+//! datastore write is a compare-and-swap anyway, the lock only spares contention).
+//!
+//! Unlike upstream, no local user can stall pod networking with it: the file is created
+//! 0600 (as upstream's flock library does) in a directory created 0755 (upstream: 0777),
+//! whatever the umask, and the wait is bounded: after `LOCK_WAIT` the call goes on unlocked.
 
-use std::fs::{DirBuilder, OpenOptions};
-use std::os::unix::fs::DirBuilderExt;
+use std::fs::{DirBuilder, File, OpenOptions};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
 
 use nix::fcntl::{Flock, FlockArg};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
+
+/// How long a call waits for the lock before going on without it.
+pub const LOCK_WAIT: Duration = Duration::from_secs(10);
+const LOCK_FILE_MODE: u32 = 0o600;
+const LOCK_DIR_MODE: u32 = 0o755;
 
 /// Held while alive; dropping it unlocks.
 pub struct IpamLock {
-    _lock: Option<Flock<std::fs::File>>,
+    _lock: Option<Flock<File>>,
 }
 
 impl IpamLock {
     pub fn acquire(path: &str) -> IpamLock {
-        if let Some(dir) = Path::new(path).parent() {
-            if let Err(e) = DirBuilder::new().recursive(true).mode(0o777).create(dir) {
-                warn!(path, error = %e, "cannot create the IPAM lock directory; continuing unlocked");
-                return IpamLock { _lock: None };
-            }
+        Self::acquire_within(path, LOCK_WAIT)
+    }
+
+    /// `acquire` with an explicit bound on the wait.
+    pub fn acquire_within(path: &str, wait: Duration) -> IpamLock {
+        let unlocked = IpamLock { _lock: None };
+        if let Err(e) = create_dirs(Path::new(path).parent()) {
+            warn!(path, error = %e, "Failed to make directory for IPAM lock; continuing unlocked");
+            return unlocked;
         }
-        let file = match OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(path)
-        {
+        let file = match open_lock_file(path) {
             Ok(f) => f,
             Err(e) => {
                 warn!(path, error = %e, "cannot open the IPAM lock file; continuing unlocked");
-                return IpamLock { _lock: None };
+                return unlocked;
             }
         };
-        match Flock::lock(file, FlockArg::LockExclusive) {
+        // Fast path: uncontended.
+        let file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(l) => {
-                debug!(path, "acquired IPAM lock");
+                debug!(path, "Acquired host-wide IPAM lock.");
+                return IpamLock { _lock: Some(l) };
+            }
+            Err((f, nix::errno::Errno::EWOULDBLOCK)) => f,
+            Err((_, e)) => {
+                warn!(path, error = %e, "Failed to grab IPAM lock, may contend for datastore updates");
+                return unlocked;
+            }
+        };
+        info!(path, "About to acquire host-wide IPAM lock.");
+        match wait_for_lock(file, wait) {
+            Some(l) => {
+                info!(path, "Acquired host-wide IPAM lock.");
                 IpamLock { _lock: Some(l) }
             }
-            Err((_, e)) => {
-                warn!(path, error = %e, "cannot lock the IPAM lock file; continuing unlocked");
-                IpamLock { _lock: None }
+            None => {
+                warn!(
+                    path,
+                    waited = ?wait,
+                    "IPAM lock still held by another process; continuing without it (datastore writes are compare-and-swap)"
+                );
+                unlocked
             }
         }
+    }
+}
+
+/// Creates the missing directories with mode 0755 regardless of the umask.
+fn create_dirs(dir: Option<&Path>) -> std::io::Result<()> {
+    let Some(dir) = dir.filter(|d| !d.as_os_str().is_empty()) else {
+        return Ok(());
+    };
+    if dir.exists() {
+        return Ok(());
+    }
+    create_dirs(dir.parent())?;
+    match DirBuilder::new().mode(LOCK_DIR_MODE).create(dir) {
+        Ok(()) => std::fs::set_permissions(dir, std::fs::Permissions::from_mode(LOCK_DIR_MODE)),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Opens (creating it 0600 regardless of the umask) the lock file.
+fn open_lock_file(path: &str) -> std::io::Result<File> {
+    let existed = Path::new(path).exists();
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(LOCK_FILE_MODE)
+        .open(path)?;
+    if !existed {
+        file.set_permissions(std::fs::Permissions::from_mode(LOCK_FILE_MODE))?;
+    }
+    Ok(file)
+}
+
+/// A blocking `flock` on a helper thread, waited for at most `wait`. If the helper gets the
+/// lock after we gave up, it lets it go at once.
+fn wait_for_lock(file: File, wait: Duration) -> Option<Flock<File>> {
+    let (tx, rx) = mpsc::channel();
+    let abandoned = Arc::new(AtomicBool::new(false));
+    let flag = abandoned.clone();
+    let spawned = std::thread::Builder::new()
+        .name("calico-ipam-lock".into())
+        .spawn(move || {
+            if let Ok(lock) = Flock::lock(file, FlockArg::LockExclusive) {
+                if !flag.load(Ordering::SeqCst) {
+                    // The receiver may be gone too; the lock then drops here.
+                    let _ = tx.send(lock);
+                }
+            }
+        });
+    if spawned.is_err() {
+        return None;
+    }
+    match rx.recv_timeout(wait) {
+        Ok(lock) => Some(lock),
+        Err(_) => {
+            abandoned.store(true, Ordering::SeqCst);
+            // It may have arrived just now.
+            rx.try_recv().ok()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("ipamlock-{name}-{}", std::process::id()))
+    }
+
+    #[test]
+    fn modes_ignore_the_umask() {
+        let dir = scratch("modes");
+        let path = dir.join("sub").join("ipam.lock");
+        let old = nix::sys::stat::umask(nix::sys::stat::Mode::empty());
+        let lock = IpamLock::acquire(path.to_str().unwrap());
+        nix::sys::stat::umask(old);
+        assert!(lock._lock.is_some());
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(&dir.join("sub")), 0o755);
+        assert_eq!(mode(&dir), 0o755);
+        drop(lock);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_held_lock_is_waited_for_only_so_long() {
+        let dir = scratch("held");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ipam.lock");
+        let p = path.to_str().unwrap();
+        let holder = IpamLock::acquire(p);
+        assert!(holder._lock.is_some());
+        let start = Instant::now();
+        let second = IpamLock::acquire_within(p, Duration::from_millis(300));
+        assert!(second._lock.is_none());
+        assert!(start.elapsed() < Duration::from_secs(2));
+        // Released: the next caller gets it while waiting.
+        let t = std::thread::spawn({
+            let p = p.to_string();
+            move || {
+                IpamLock::acquire_within(&p, Duration::from_secs(5))
+                    ._lock
+                    .is_some()
+            }
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        drop(holder);
+        assert!(t.join().unwrap());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -12,11 +12,11 @@ use crate::client;
 use crate::config::NetConf;
 use crate::datastore::Datastore;
 use crate::error::{Error, Result};
-use crate::identifiers::{WepIdentifiers, CNI_ARGS_KEYS};
+use crate::identifiers::WepIdentifiers;
 use crate::ipam::allocator::{AutoAssignArgs, Ipam, IpamError};
 use crate::ipam::lock::IpamLock;
 use crate::net::IpNet;
-use crate::skel::args::load_args;
+use crate::skel::args::{load_args, ArgKind, IGNORE_UNKNOWN};
 use crate::skel::result::{IpConfig, Route};
 use crate::skel::{CmdArgs, CniError, CniResult, Plugin};
 use crate::timefmt;
@@ -52,46 +52,91 @@ impl Plugin for IpamPlugin {
     }
 }
 
+/// `ipamArgs` of ipam_plugin.go: the second CNI_ARGS pass of ADD knows only these keys, so
+/// `K8S_*` keys without `IgnoreUnknown=1` fail there (`calico` always prepends it).
+const IPAM_ARGS: &[(&str, ArgKind)] = &[IGNORE_UNKNOWN, ("IP", ArgKind::Ip)];
+
 /// What one calico-ipam call works with.
 struct Call {
     conf: NetConf,
     ids: WepIdentifiers,
-    ip: Option<IpAddr>,
 }
 
-fn prepare(args: &CmdArgs) -> Result<Call> {
+/// ipam_plugin.go's first steps: the config and logging (the client comes next).
+fn load(args: &CmdArgs) -> Result<NetConf> {
     let conf = NetConf::parse(&args.stdin_data)?;
     crate::logging::init(&conf, "ipam");
+    conf.validate_name()?;
+    Ok(conf)
+}
+
+/// Then the node name and the identifiers (`K8sArgs`). ADD also needs a buildable
+/// WorkloadEndpoint name (upstream fails there before any IPAM work); DEL does not, so an
+/// address allocated under a name that cannot be built is still released (upstream's DEL
+/// fails there forever).
+fn identify(args: &CmdArgs, conf: NetConf, for_add: bool) -> Result<Call> {
     let node = conf.node_name();
-    let cni_args = load_args(&args.args, CNI_ARGS_KEYS)?;
-    let ip = match cni_args.get("IP").map(String::as_str) {
-        None | Some("") => None,
-        Some(s) => Some(s.parse::<IpAddr>().map_err(|e| {
-            Error::msg(format!("ARGS: error parsing value of pair \"IP={s}\": {e}"))
-        })?),
-    };
-    let ids = WepIdentifiers::from_cni_args(&node, &args.container_id, &args.ifname, &cni_args);
-    Ok(Call { conf, ids, ip })
+    let ids = WepIdentifiers::from_cni_args(&node, &args.container_id, &args.ifname, &args.args)?;
+    if for_add {
+        ids.wep_name()?;
+    }
+    Ok(Call { conf, ids })
+}
+
+/// `load` and `identify` together, for the in-process entry points.
+fn prepare(args: &CmdArgs, for_add: bool) -> Result<Call> {
+    identify(args, load(args)?, for_add)
+}
+
+/// The `IP=` of ADD's second CNI_ARGS pass.
+fn requested_ip(args: &CmdArgs) -> Result<Option<IpAddr>> {
+    let ipam_args = load_args(&args.args, IPAM_ARGS)?;
+    Ok(ipam_args
+        .get("IP")
+        .filter(|s| !s.is_empty())
+        .and_then(|s| s.parse().ok()))
 }
 
 async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
-    let call = prepare(args)?;
-    let ds = client::connect(&call.conf).await?;
-    assign(&ds, &call).await
+    let conf = load(args)?;
+    let ds = client::connect(&conf).await?;
+    let call = identify(args, conf, true)?;
+    assign(&ds, &call, requested_ip(args)?).await
 }
 
 /// calico-ipam ADD on an open datastore (the `calico` plugin calls this in-process when
 /// `ipam.type` is this very binary).
 pub async fn add_with<D: Datastore>(ds: &D, args: &CmdArgs) -> Result<CniResult> {
-    assign(ds, &prepare(args)?).await
+    let call = prepare(args, true)?;
+    assign(ds, &call, requested_ip(args)?).await
 }
 
 /// calico-ipam DEL on an open datastore.
 pub async fn del_with<D: Datastore>(ds: &D, args: &CmdArgs) -> Result<()> {
-    release(ds, &prepare(args)?).await
+    release(ds, &prepare(args, false)?).await
 }
 
-async fn assign<D: Datastore>(ds: &D, call: &Call) -> Result<CniResult> {
+/// Gives back exactly these addresses, and only where they still belong to this call's
+/// handle: the rollback of a failed `calico` ADD. Unlike a DEL (which releases the whole
+/// handle `<network>.<containerID>`), this never frees an address that another ADD of the
+/// same sandbox holds under the same handle.
+pub async fn release_addresses<D: Datastore>(ds: &D, args: &CmdArgs, ips: &[IpAddr]) -> Result<()> {
+    let call = prepare(args, false)?;
+    let handle = call.ids.handle_id(&call.conf.name);
+    let ipam = Ipam::new(ds, &call.ids.node);
+    let _lock = IpamLock::acquire(call.conf.ipam_lock_file());
+    info!(handle, ?ips, "releasing the addresses this call assigned");
+    let not_ours = with_timeout(ipam.release_ips(ips, Some(&handle))).await??;
+    if !not_ours.is_empty() {
+        warn!(
+            ?not_ours,
+            "addresses no longer held by this handle were left alone"
+        );
+    }
+    Ok(())
+}
+
+async fn assign<D: Datastore>(ds: &D, call: &Call, ip: Option<IpAddr>) -> Result<CniResult> {
     let handle = call.ids.handle_id(&call.conf.name);
     let mut attrs = BTreeMap::new();
     attrs.insert("node".to_string(), call.ids.node.clone());
@@ -103,15 +148,20 @@ async fn assign<D: Datastore>(ds: &D, call: &Call) -> Result<CniResult> {
     info!(handle, node = %call.ids.node, container_id = %call.ids.container_id, "calico-ipam ADD");
     let ipam = Ipam::new(ds, &call.ids.node);
 
-    if let Some(ip) = call.ip {
+    if let Some(ip) = ip {
         let _lock = IpamLock::acquire(call.conf.ipam_lock_file());
         let assigned = with_timeout(ipam.assign_ip(ip, &handle, &attrs)).await??;
         info!(%assigned, "assigned the requested address");
+        // As AutoAssign's: one route per address (the address itself, /32 or /128).
         return Ok(CniResult {
             ips: vec![IpConfig {
                 address: assigned,
                 gateway: None,
                 interface: None,
+            }],
+            routes: vec![Route {
+                dst: assigned,
+                gw: None,
             }],
             ..Default::default()
         });
@@ -135,7 +185,7 @@ async fn assign<D: Datastore>(ds: &D, call: &Call) -> Result<CniResult> {
         if let Some(why) = short.shortfall() {
             let got: Vec<IpAddr> = v4.ips.iter().chain(&v6.ips).map(|n| n.addr).collect();
             if !got.is_empty() {
-                if let Err(e) = ipam.release_ips(&got).await {
+                if let Err(e) = ipam.release_ips(&got, None).await {
                     warn!(error = %e, "failed to release addresses after a partial assignment");
                 }
             }
@@ -159,28 +209,38 @@ async fn assign<D: Datastore>(ds: &D, call: &Call) -> Result<CniResult> {
 }
 
 async fn cmd_del(args: &CmdArgs) -> Result<()> {
-    let call = prepare(args)?;
-    let ds = client::connect(&call.conf).await?;
-    release(&ds, &call).await
+    let conf = load(args)?;
+    let ds = client::connect(&conf).await?;
+    release(&ds, &identify(args, conf, false)?).await
 }
 
 async fn release<D: Datastore>(ds: &D, call: &Call) -> Result<()> {
-    let ipam = Ipam::new(ds, &call.ids.node);
-    let _lock = IpamLock::acquire(call.conf.ipam_lock_file());
-    for handle in [
-        call.ids.handle_id(&call.conf.name),
-        call.ids.legacy_handle_id(),
-    ] {
-        info!(handle, "releasing addresses");
-        match with_timeout(ipam.release_by_handle(&handle)).await? {
-            Ok(()) => {}
-            Err(IpamError::Datastore(e)) if e.is_not_found() => {
-                info!(handle, "no addresses held by this handle");
+    release_handles(ds, &call.conf, &call.ids).await
+}
+
+/// DEL's release: the handle `<network>.<containerID>`, then the legacy one, under the IPAM
+/// lock and within one 90 s budget; a handle that does not exist is success.
+pub async fn release_handles<D: Datastore>(
+    ds: &D,
+    conf: &NetConf,
+    ids: &WepIdentifiers,
+) -> Result<()> {
+    let ipam = Ipam::new(ds, &ids.node);
+    let _lock = IpamLock::acquire(conf.ipam_lock_file());
+    with_timeout(async {
+        for handle in [ids.handle_id(&conf.name), ids.legacy_handle_id()] {
+            info!(handle, "releasing addresses");
+            match ipam.release_by_handle(&handle).await {
+                Ok(()) => {}
+                Err(IpamError::Datastore(e)) if e.is_not_found() => {
+                    info!(handle, "no addresses held by this handle");
+                }
+                Err(e) => return Err(Error::from(e)),
             }
-            Err(e) => return Err(e.into()),
         }
-    }
-    Ok(())
+        Ok(())
+    })
+    .await?
 }
 
 async fn with_timeout<T>(f: impl std::future::Future<Output = T>) -> Result<T> {

@@ -1,6 +1,13 @@
 //! `calico` ADD (plugin.go cmdAdd, k8s.go CmdAddK8s): find the endpoint, get addresses from
-//! the IPAM plugin, build the veth pair and routes, write the WorkloadEndpoint and Profile,
-//! and return the result. Any failure after IPAM gives the addresses back.
+//! the IPAM plugin, build the veth pair and routes, write the WorkloadEndpoint, and return
+//! the result.
+//!
+//! Unlike upstream, everything that can be checked is checked before IPAM (the endpoint's
+//! name and validity, the Profile, dataplane options, timeouts), and the Profile is ensured
+//! before IPAM too, so that after IPAM the only failures left are the dataplane's and the
+//! endpoint write's. Those undo exactly what this call made: the veth pair it created and
+//! the addresses it was given — never a pre-existing interface, never an address another
+//! ADD of the same sandbox holds under the same handle.
 
 use std::net::IpAddr;
 
@@ -8,20 +15,24 @@ use serde_json::Value;
 use tracing::{info, warn};
 
 use crate::dataplane::{self, NetworkingRequest};
-use crate::datastore::model::WorkloadEndpoint;
+use crate::datastore::model::{Profile, WorkloadEndpoint};
+use crate::datastore::validate;
 use crate::error::{Error, Result};
 use crate::net::IpNet;
 use crate::plugin::endpoint;
+use crate::plugin::endpoint_status;
 use crate::plugin::ipam_exec;
-use crate::plugin::{check_datastore_ready, prelude, Call};
-use crate::skel::{CmdArgs, CniResult};
+use crate::plugin::readiness;
+use crate::plugin::{check_datastore_ready, connect, load, Call};
+use crate::skel::error::CODE_INVALID_ENV;
+use crate::skel::{CmdArgs, CniError, CniResult};
 
 pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
-    let call = prelude(args).await?;
-    let conf = &call.conf;
+    let conf = load(args)?;
     let mtu = conf.resolve_mtu()?;
-    conf.validate_device_type()?;
-    conf.validate_name()?;
+    refuse_name_template(&args.ifname)?;
+    let call = connect(args, conf).await?;
+    let conf = &call.conf;
 
     // The ready gate, the endpoint lookup and the profile lookup are independent reads:
     // one round trip. Nothing is written before the gate has passed.
@@ -38,24 +49,22 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
         }
     );
     ready?;
+    readiness::wait_for_gates(&conf.readiness_gates).await?;
     let existing = existing?;
-    let mut result = if call.ids.is_k8s() {
-        add_k8s(args, &call, existing, mtu).await?
+    // Upstream's k8s path checks the dataplane first thing; its cni path only after IPAM.
+    // Both are checked here, before anything is allocated.
+    conf.check_dataplane()?;
+    let profile = if want_profile && !profile_exists? {
+        Some(endpoint::new_profile(&conf.name, call.ids.is_k8s()))
     } else {
-        add_cni(args, &call, existing, mtu).await?
+        None
     };
 
-    if want_profile {
-        let ensured = match profile_exists {
-            Ok(true) => Ok(()),
-            Ok(false) => endpoint::create_profile(&call.ds, &conf.name, call.ids.is_k8s()).await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = ensured {
-            ipam_exec::release(&call.ds, &conf.ipam.ipam_type, args).await;
-            return Err(e);
-        }
-    }
+    let mut result = if call.ids.is_k8s() {
+        add_k8s(args, &call, existing, profile, mtu).await?
+    } else {
+        add_cni(args, &call, existing, profile, mtu).await?
+    };
     // Calico IPAM sets no gateway; host-local's is meaningless for a /32 interface.
     for ip in &mut result.ips {
         ip.gateway = None;
@@ -63,14 +72,51 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     Ok(result)
 }
 
+/// A `%` in the interface name is the kernel's name template (`eth%d` becomes `eth0`): the
+/// pair would be created under another name and never removed. Refused before anything.
+fn refuse_name_template(ifname: &str) -> Result<()> {
+    if ifname.contains('%') {
+        return Err(Error::Cni(CniError::new(
+            CODE_INVALID_ENV,
+            "interface name contains '%', which the kernel treats as a name template",
+            ifname,
+        )));
+    }
+    Ok(())
+}
+
+/// The endpoint's name: the existing one's, else built from the identifiers (which fails,
+/// before IPAM, for a segment starting or ending with `-`).
+fn endpoint_name(call: &Call, existing: Option<&WorkloadEndpoint>) -> Result<String> {
+    match existing {
+        Some(w) => Ok(w.metadata.name.clone()),
+        None => Ok(call.ids.wep_name()?),
+    }
+}
+
+/// Checks the endpoint (as it will be written, minus what IPAM and the dataplane add) and
+/// the Profile as libcalico-go's validator would, then creates the Profile if it is new.
+async fn validate_and_ensure_profile(
+    call: &Call,
+    wep: &WorkloadEndpoint,
+    profile: Option<Profile>,
+) -> Result<()> {
+    validate::workload_endpoint(wep).map_err(|e| Error::msg(e.to_string()))?;
+    if let Some(mut p) = profile {
+        validate::profile(&p).map_err(|e| Error::msg(e.to_string()))?;
+        endpoint::create_profile(&call.ds, &mut p).await?;
+    }
+    Ok(())
+}
+
 async fn add_cni(
     args: &CmdArgs,
     call: &Call,
     existing: Option<WorkloadEndpoint>,
+    profile: Option<Profile>,
     mtu: u32,
 ) -> Result<CniResult> {
     let conf = &call.conf;
-    let ids = &call.ids;
     if conf.feature_control.ip_addrs_no_ipam {
         return Err(Error::msg(
             "requested feature is not supported for this runtime: ip_addrs_no_ipam",
@@ -83,30 +129,35 @@ async fn add_cni(
             info!(profile = %conf.name, "Calico CNI appending profile");
             wep.spec.profiles.push(conf.name.clone());
         }
+        validate_and_ensure_profile(call, &wep, profile).await?;
         let result = endpoint::result_from_endpoint(&wep, &args.ifname, mtu, &args.netns);
         endpoint::write(&call.ds, &mut wep).await?;
         return Ok(result);
     }
 
-    let result = ipam_add(call, args, "IPAM plugin returned no IP addresses in result").await?;
-    let mut ids = ids.clone();
+    let mut ids = call.ids.clone();
     let mut labels = conf.mesos_labels();
     if let Some(ns) = labels.remove("projectcalico.org.namespace") {
         ids.namespace = ns;
     }
-    let name = ids.wep_name()?;
+    let name = endpoint_name(call, None)?;
     let mut wep = endpoint::new_endpoint(&ids, &name, &conf.name);
     if !labels.is_empty() {
         wep.metadata.labels = Some(labels);
     }
-    let veth = ids.host_veth_name();
-    network_and_write(args, call, result, wep, veth, default_routes(), false, mtu).await
+    wep.spec.interface_name = ids.host_veth_name();
+    validate_and_ensure_profile(call, &wep, profile).await?;
+
+    let result = ipam_add(call, args, "IPAM plugin returned no IP addresses in result").await?;
+    let routes = default_routes();
+    network_and_write(args, call, result, wep, routes, false, mtu).await
 }
 
 async fn add_k8s(
     args: &CmdArgs,
     call: &Call,
     existing: Option<WorkloadEndpoint>,
+    profile: Option<Profile>,
     mtu: u32,
 ) -> Result<CniResult> {
     let conf = &call.conf;
@@ -116,21 +167,56 @@ async fn add_k8s(
             "policy type \"k8s\" needs the Kubernetes API client, which this build does not have yet",
         ));
     }
+    // Upstream refuses a negative delay only after writing the endpoint (and leaks the IP).
+    endpoint_status::validate_timeout(conf.policy_setup_timeout_seconds)?;
     let routes = k8s_routes(conf)?;
+    let name = endpoint_name(call, existing.as_ref())?;
+    let wep = k8s_endpoint(call, existing, &name);
+    validate_and_ensure_profile(call, &wep, profile).await?;
+
     let result = ipam_add(call, args, "IPAM plugin returned missing IP config").await?;
     // A calico-ipam result without routes is a KubeVirt migration target: no host routes.
     let skip_host_routes = conf.ipam.ipam_type == "calico-ipam" && result.routes.is_empty();
-    let mut wep = match existing {
-        Some(mut w) => {
-            info!(name = %w.metadata.name, "re-networking existing endpoint");
-            w.spec.container_id = ids.container_id.clone();
-            w
-        }
-        None => endpoint::new_endpoint(ids, &ids.wep_name()?, &conf.name),
+    let result = network_and_write(args, call, result, wep, routes, skip_host_routes, mtu).await?;
+    endpoint_status::wait_for_policy(
+        &conf.endpoint_status_dir,
+        &ids.namespace,
+        &name,
+        conf.policy_setup_timeout_seconds,
+    )
+    .await;
+    Ok(result)
+}
+
+/// The k8s endpoint as upstream builds it: a new one, or the existing one with every field
+/// the CNI owns rebuilt (labels, generateName, identifiers, ports, addresses, service
+/// account, profiles, spoofing prefixes) so nothing stale survives a re-ADD.
+fn k8s_endpoint(call: &Call, existing: Option<WorkloadEndpoint>, name: &str) -> WorkloadEndpoint {
+    let ids = &call.ids;
+    let Some(mut w) = existing else {
+        let mut w = endpoint::new_endpoint(ids, name, &call.conf.name);
+        w.spec.interface_name = ids.host_veth_name();
+        return w;
     };
-    wep.spec.profiles = vec![conf.name.clone()];
-    let veth = ids.host_veth_name();
-    network_and_write(args, call, result, wep, veth, routes, skip_host_routes, mtu).await
+    info!(name = %w.metadata.name, "re-networking existing endpoint");
+    w.metadata.name = name.to_string();
+    w.metadata.namespace = ids.namespace.clone();
+    // Without policy type k8s there are no pod labels: the store adds its own two.
+    w.metadata.labels = Some(Default::default());
+    w.metadata.generate_name.clear();
+    let s = &mut w.spec;
+    s.node = ids.node.clone();
+    s.orchestrator = ids.orchestrator.clone();
+    s.pod = ids.pod.clone();
+    s.ports.clear();
+    s.ip_networks.clear();
+    s.service_account_name.clear();
+    s.profiles = vec![call.conf.name.clone()];
+    s.allow_spoofed_source_prefixes.clear();
+    s.container_id = ids.container_id.clone();
+    s.interface_name = ids.host_veth_name();
+    s.mac.clear();
+    w
 }
 
 /// Runs the IPAM plugin; a result without addresses is given back and refused with `empty`.
@@ -146,40 +232,47 @@ async fn ipam_add(call: &Call, args: &CmdArgs, empty: &str) -> Result<CniResult>
 }
 
 /// The common tail of both modes: build the interface, write the endpoint, shape the result.
-/// Any failure gives the addresses back (and removes a half-built interface).
-#[allow(clippy::too_many_arguments)]
+/// A failure gives back this call's addresses and removes the veth pair it created.
 async fn network_and_write(
     args: &CmdArgs,
     call: &Call,
     mut result: CniResult,
     mut wep: WorkloadEndpoint,
-    host_veth: String,
     routes: Vec<IpNet>,
     skip_host_routes: bool,
     mtu: u32,
 ) -> Result<CniResult> {
-    let ipam_type = &call.conf.ipam.ipam_type;
     wep.spec.ip_networks = endpoint::ip_networks(&result);
-    let net = match network(
-        args,
-        call,
-        &result,
-        host_veth,
-        routes,
-        skip_host_routes,
+    let assigned: Vec<IpAddr> = result.ips.iter().map(|ip| ip.address.addr).collect();
+    let req = NetworkingRequest {
+        netns_path: args.netns.clone(),
+        ifname: args.ifname.clone(),
+        host_veth: wep.spec.interface_name.clone(),
         mtu,
-    ) {
+        num_queues: call.conf.num_queues(),
+        ips: assigned.iter().map(|ip| IpNet::host(*ip)).collect(),
+        routes,
+        allow_ip_forwarding: call.conf.container_settings.allow_ip_forwarding,
+        container_mac: None,
+        skip_host_routes,
+    };
+    let net = match dataplane::do_networking(&req) {
         Ok(n) => n,
         Err(e) => {
-            ipam_exec::release(&call.ds, ipam_type, args).await;
-            return Err(e);
+            ipam_exec::release_assigned(&call.ds, &call.conf, args, &assigned).await;
+            return Err(e.into());
         }
     };
+    info!(host_veth = %net.host_veth, mac = %net.container_mac, "Networked namespace");
     wep.spec.mac = net.container_mac.to_lowercase();
     wep.spec.interface_name = net.host_veth.clone();
     if let Err(e) = endpoint::write(&call.ds, &mut wep).await {
-        undo_networking(args);
-        ipam_exec::release(&call.ds, ipam_type, args).await;
+        if let Err(undo) =
+            dataplane::remove_created_interface(&args.netns, &args.ifname, net.container_index)
+        {
+            warn!(error = %undo, "failed to remove the pod interface after a failed ADD");
+        }
+        ipam_exec::release_assigned(&call.ds, &call.conf, args, &assigned).await;
         return Err(e);
     }
     info!(name = %wep.metadata.name, "Wrote endpoint to datastore");
@@ -205,8 +298,9 @@ fn default_routes() -> Vec<IpNet> {
     .collect()
 }
 
-/// host-local's custom `ipam.routes` (gateways ignored), plus the defaults when
-/// `include_default_routes`; otherwise the default routes.
+/// k8s.go's pod routes: with host-local, its `ipam.routes` destinations (gateways ignored,
+/// routes without `dst` skipped), after the defaults when `include_default_routes`;
+/// otherwise, or when there are none, the default routes.
 fn k8s_routes(conf: &crate::config::NetConf) -> Result<Vec<IpNet>> {
     if conf.ipam.ipam_type != "host-local" {
         return Ok(default_routes());
@@ -219,61 +313,36 @@ fn k8s_routes(conf: &crate::config::NetConf) -> Result<Vec<IpNet>> {
             "failed to parse host-local IPAM routes section; expecting list, not: {routes}"
         )));
     };
-    let mut out = Vec::new();
+    let mut custom = Vec::new();
     for r in list {
-        let dst = r.get("dst").and_then(Value::as_str).unwrap_or_default();
+        let Value::Object(route) = r else {
+            return Err(Error::msg(format!(
+                "invalid IPAM routes section; expecting a route object, not: {r}"
+            )));
+        };
+        let Some(dst) = route.get("dst") else {
+            tracing::debug!("Ignoring host-ipam route with no dst");
+            continue;
+        };
+        let Value::String(dst) = dst else {
+            return Err(Error::msg(format!(
+                "invalid IPAM routes section; expecting 'dst' to be a string, not: {dst}"
+            )));
+        };
         let net: IpNet = dst
             .parse()
-            .map_err(|e| Error::msg(format!("failed to parse route destination {dst:?}: {e}")))?;
-        out.push(net.masked());
+            .map_err(|_| Error::msg(format!("invalid CIDR address: {dst}")))?;
+        custom.push(net.masked());
     }
-    if out.is_empty() {
+    if custom.is_empty() {
         return Ok(default_routes());
     }
     if conf.include_default_routes {
-        out.extend(default_routes());
+        let mut all = default_routes();
+        all.extend(custom);
+        return Ok(all);
     }
-    Ok(out)
-}
-
-fn network(
-    args: &CmdArgs,
-    call: &Call,
-    result: &CniResult,
-    host_veth: String,
-    routes: Vec<IpNet>,
-    skip_host_routes: bool,
-    mtu: u32,
-) -> Result<dataplane::NetworkingResult> {
-    let req = NetworkingRequest {
-        netns_path: args.netns.clone(),
-        ifname: args.ifname.clone(),
-        host_veth,
-        mtu,
-        num_queues: call.conf.num_queues(),
-        ips: result
-            .ips
-            .iter()
-            .map(|i| IpNet::host(i.address.addr))
-            .collect(),
-        routes,
-        allow_ip_forwarding: call.conf.container_settings.allow_ip_forwarding,
-        container_mac: None,
-        skip_host_routes,
-    };
-    let net = dataplane::do_networking(&req).map_err(|e| {
-        // Unlike upstream, do not leave a half-built veth for the runtime's DEL.
-        undo_networking(args);
-        Error::from(e)
-    })?;
-    info!(host_veth = %net.host_veth, mac = %net.container_mac, "Networked namespace");
-    Ok(net)
-}
-
-fn undo_networking(args: &CmdArgs) {
-    if let Err(e) = dataplane::clean_up_namespace(&args.netns, &args.ifname) {
-        warn!(error = %e, "failed to remove the pod interface after a failed ADD");
-    }
+    Ok(custom)
 }
 
 /// Addresses as host networks on interface 1 (the container end), routes as IPAM gave them.
@@ -289,5 +358,57 @@ fn finish_result(
     for ip in &mut result.ips {
         ip.address = IpNet::host(ip.address.addr);
         ip.interface = Some(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::NetConf;
+
+    fn routes(json: &str) -> Result<Vec<String>> {
+        let conf = NetConf::parse(json.as_bytes()).unwrap();
+        k8s_routes(&conf).map(|r| r.iter().map(IpNet::to_string).collect())
+    }
+
+    #[test]
+    fn host_local_routes() {
+        assert_eq!(
+            routes(r#"{"name":"n","ipam":{"type":"calico-ipam","routes":[{"dst":"10.0.0.0/8"}]}}"#)
+                .unwrap(),
+            vec!["0.0.0.0/0", "::/0"]
+        );
+        // No dst: ignored, as upstream.
+        assert_eq!(
+            routes(r#"{"name":"n","ipam":{"type":"host-local","routes":[{"gw":"1.2.3.4"},{"dst":"10.123.4.5/16"}]}}"#)
+                .unwrap(),
+            vec!["10.123.0.0/16"]
+        );
+        assert_eq!(
+            routes(r#"{"name":"n","include_default_routes":true,"ipam":{"type":"host-local","routes":[{"dst":"10.123.0.0/16"}]}}"#)
+                .unwrap(),
+            vec!["0.0.0.0/0", "::/0", "10.123.0.0/16"]
+        );
+        assert_eq!(
+            routes(r#"{"name":"n","ipam":{"type":"host-local","routes":[{"gw":"1.2.3.4"}]}}"#)
+                .unwrap(),
+            vec!["0.0.0.0/0", "::/0"]
+        );
+        assert_eq!(
+            routes(r#"{"name":"n","ipam":{"type":"host-local","routes":[{"dst":"bogus"}]}}"#)
+                .unwrap_err()
+                .to_string(),
+            "invalid CIDR address: bogus"
+        );
+        assert!(
+            routes(r#"{"name":"n","ipam":{"type":"host-local","routes":[{"dst":5}]}}"#).is_err()
+        );
+    }
+
+    #[test]
+    fn name_templates_are_refused() {
+        let e = CniError::from(refuse_name_template("eth%d").unwrap_err());
+        assert_eq!((e.code, e.details.as_str()), (4, "eth%d"));
+        assert!(refuse_name_template("eth0").is_ok());
     }
 }

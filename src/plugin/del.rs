@@ -2,7 +2,7 @@
 //! WorkloadEndpoint and remove the pod's interface. Every step tolerates "already gone", so
 //! DEL is idempotent.
 
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::dataplane;
 use crate::datastore::model::WorkloadEndpointSpec;
@@ -20,32 +20,47 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
     let call = prelude(args).await?;
     check_datastore_ready(&call.ds).await?;
     let ids = &call.ids;
-    let name = ids.wep_name()?;
+    // A name that cannot be built (a segment starting or ending with `-`) cannot have been
+    // written by an ADD, so there is no endpoint to delete; the addresses and the interface
+    // are still released, which upstream's DEL (failing here forever) never does.
+    let name = match ids.wep_name() {
+        Ok(n) => Some(n),
+        Err(e) => {
+            warn!(error = %e, "no WorkloadEndpoint name for these identifiers; releasing the rest");
+            None
+        }
+    };
     let ipam_type = &call.conf.ipam.ipam_type;
 
     if ids.is_k8s() {
-        delete_k8s_endpoint(&call.ds, &ids.namespace, &name, &ids.container_id).await?;
+        call.conf.check_dataplane()?;
+        if let Some(name) = &name {
+            delete_k8s_endpoint(&call.ds, &ids.namespace, name, &ids.container_id).await?;
+        }
         dataplane::clean_up_namespace(&args.netns, &args.ifname)?;
         ipam_exec::exec_del(&call.ds, ipam_type, args).await?;
         return Ok(());
     }
 
     let ipam_result = ipam_exec::exec_del(&call.ds, ipam_type, args).await;
-    match delete_resource(
-        &call.ds,
-        Kind::WorkloadEndpoint,
-        Some(&ids.namespace),
-        &name,
-        None,
-    )
-    .await
-    {
-        Ok(()) => info!(name, "deleted endpoint"),
-        Err(e) if e.is_not_found() => {
-            info!(name, "Endpoint object does not exist, no need to clean up.")
+    if let Some(name) = &name {
+        match delete_resource(
+            &call.ds,
+            Kind::WorkloadEndpoint,
+            Some(&ids.namespace),
+            name,
+            None,
+        )
+        .await
+        {
+            Ok(()) => info!(name, "deleted endpoint"),
+            Err(e) if e.is_not_found() => {
+                info!(name, "Endpoint object does not exist, no need to clean up.")
+            }
+            Err(e) => return Err(e.into()),
         }
-        Err(e) => return Err(e.into()),
     }
+    call.conf.check_dataplane()?;
     dataplane::clean_up_namespace(&args.netns, &args.ifname)?;
     ipam_result
 }

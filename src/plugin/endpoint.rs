@@ -8,7 +8,7 @@ use tracing::{debug, info};
 use crate::datastore::model::{Profile, ProfileSpec, WorkloadEndpoint};
 use crate::datastore::resources::{create_resource, get_resource, list_resources, update_resource};
 use crate::datastore::{Datastore, Kind, ListKind};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::identifiers::WepIdentifiers;
 use crate::net::IpNet;
 use crate::skel::result::{Interface, IpConfig};
@@ -19,7 +19,9 @@ pub async fn find_existing<D: Datastore>(
     ds: &D,
     ids: &WepIdentifiers,
 ) -> Result<Option<WorkloadEndpoint>> {
-    let prefix = ids.wep_prefix()?;
+    let prefix = ids
+        .wep_prefix()
+        .map_err(|e| Error::msg(format!("error constructing WorkloadEndpoint prefix: {e}")))?;
     let weps: Vec<WorkloadEndpoint> = list_resources(
         ds,
         &ListKind::Resources {
@@ -133,10 +135,10 @@ pub async fn profile_exists<D: Datastore>(ds: &D, network: &str) -> Result<bool>
     }
 }
 
-/// Creates Profile `<network>` (the CNI never updates one): allow-all egress, ingress from
-/// the same profile (cni) or from anywhere (k8s), labelsToApply `{<network>: ""}`.
-pub async fn create_profile<D: Datastore>(ds: &D, network: &str, k8s: bool) -> Result<()> {
-    info!(profile = network, "Calico CNI creating profile");
+/// Profile `<network>` as the CNI creates it (it never updates one): allow-all egress,
+/// ingress from the same profile (cni) or from anywhere (k8s), labelsToApply
+/// `{<network>: ""}`.
+pub fn new_profile(network: &str, k8s: bool) -> Profile {
     let ingress = if k8s {
         json!({"action": "Allow"})
     } else {
@@ -148,11 +150,19 @@ pub async fn create_profile<D: Datastore>(ds: &D, network: &str, k8s: bool) -> R
         labels_to_apply: Some(BTreeMap::from([(network.to_string(), String::new())])),
         ..Default::default()
     };
-    let mut profile: Profile = Profile::new("Profile", network, None, spec);
-    match create_resource(ds, Kind::Profile, &mut profile).await {
+    Profile::new("Profile", network, None, spec)
+}
+
+/// Creates the profile. One that appeared meanwhile (another ADD created it first) is
+/// fine: profiles are never updated, so it is the same. Upstream fails the ADD there.
+pub async fn create_profile<D: Datastore>(ds: &D, profile: &mut Profile) -> Result<()> {
+    info!(profile = %profile.metadata.name, "Calico CNI creating profile");
+    match create_resource(ds, Kind::Profile, profile).await {
         Ok(()) => Ok(()),
-        // Another ADD created it first: fine, profiles are never updated.
-        Err(e) if e.is_already_exists() => Ok(()),
+        Err(e) if e.is_already_exists() => {
+            info!(profile = %profile.metadata.name, "profile was created meanwhile");
+            Ok(())
+        }
         Err(e) => Err(e.into()),
     }
 }

@@ -4,13 +4,19 @@
 //! passed through unchanged. When `ipam.type` is `calico-ipam` and that file is this very
 //! binary, the IPAM runs in-process on the already open datastore: the same code and the
 //! same stdin, without a second process start and datastore connection.
+//!
+//! host-local DEL gets upstream's `DeleteIPAM` rewrite: `usePodCidr`/`usePodCidrIPv6`
+//! subnets become `0.0.0.0/0`/`::/0` (host-local releases by container ID; it only needs a
+//! valid CIDR).
 
 use std::io::Write;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 use tracing::{debug, warn};
 
+use crate::config::NetConf;
 use crate::datastore::Datastore;
 use crate::error::{Error, Result};
 use crate::skel::{CmdArgs, CniError, CniResult};
@@ -116,7 +122,97 @@ pub async fn exec_del<D: Datastore>(ds: &D, plugin: &str, args: &CmdArgs) -> Res
         debug!("running calico-ipam DEL in-process");
         return crate::ipam::plugin::del_with(ds, &ipam_args(args)).await;
     }
+    if plugin == "host-local" {
+        let stdin = host_local_del_stdin(&args.stdin_data)?;
+        return exec(plugin, "DEL", args, &stdin).map(|_| ());
+    }
     exec(plugin, "DEL", args, &args.stdin_data).map(|_| ())
+}
+
+/// upstream's `ReplaceHostLocalIPAMPodCIDRs` with the dummy CIDRs DEL uses: `usePodCidr`
+/// (any case) → `0.0.0.0/0`, `usePodCidrIPv6` → `::/0`, in `ipam.subnet` and in every
+/// `ipam.ranges[][].subnet`; everything else kept.
+pub fn host_local_del_stdin(stdin: &[u8]) -> Result<Vec<u8>> {
+    let mut conf: serde_json::Value = serde_json::from_slice(stdin)
+        .map_err(|e| Error::msg(format!("failed to parse network config: {e}")))?;
+    let Some(ipam) = conf.get_mut("ipam") else {
+        return Err(Error::msg(
+            "failed to parse host-local IPAM data; was expecting a dict, not: <nil>",
+        ));
+    };
+    let shown = ipam.to_string();
+    let serde_json::Value::Object(ipam) = ipam else {
+        return Err(Error::msg(format!(
+            "failed to parse host-local IPAM data; was expecting a dict, not: {shown}"
+        )));
+    };
+    fn replace(obj: &mut serde_json::Map<String, serde_json::Value>) {
+        let Some(serde_json::Value::String(subnet)) = obj.get("subnet") else {
+            return;
+        };
+        let dummy = if subnet.eq_ignore_ascii_case("usePodCidr") {
+            "0.0.0.0/0"
+        } else if subnet.eq_ignore_ascii_case("usePodCidrIPv6") {
+            "::/0"
+        } else {
+            return;
+        };
+        obj.insert("subnet".into(), serde_json::Value::from(dummy));
+    }
+    replace(ipam);
+    match ipam.get_mut("ranges") {
+        None | Some(serde_json::Value::Null) => {}
+        Some(serde_json::Value::Array(sets)) => {
+            for set in sets {
+                let shown = set.to_string();
+                let serde_json::Value::Array(ranges) = set else {
+                    return Err(Error::msg(format!(
+                        "failed to parse host-local IPAM range set; was expecting a list, not: {shown}"
+                    )));
+                };
+                for r in ranges {
+                    let shown = r.to_string();
+                    let serde_json::Value::Object(r) = r else {
+                        return Err(Error::msg(format!(
+                            "failed to parse host-local IPAM data; was expecting a dict, not: {shown}"
+                        )));
+                    };
+                    replace(r);
+                }
+            }
+        }
+        Some(other) => {
+            return Err(Error::msg(format!(
+                "failed to parse host-local IPAM ranges section; was expecting a list, not: {other}"
+            )))
+        }
+    }
+    serde_json::to_vec(&conf).map_err(|e| Error::msg(e.to_string()))
+}
+
+/// The rollback of a failed ADD: give back exactly `addresses`. With Calico IPAM they are
+/// released by address, and only while they still belong to this call's handle, so an
+/// address another ADD of the same sandbox holds under the same handle survives; any other
+/// IPAM plugin only has DEL (upstream's `ReleaseIPAllocation`). Failures are only logged.
+pub async fn release_assigned<D: Datastore>(
+    ds: &D,
+    conf: &NetConf,
+    args: &CmdArgs,
+    addresses: &[IpAddr],
+) {
+    if conf.ipam.ipam_type == "calico-ipam" {
+        debug!(
+            ?addresses,
+            "releasing this call's addresses after a failed ADD"
+        );
+        if let Err(e) =
+            crate::ipam::plugin::release_addresses(ds, &ipam_args(args), addresses).await
+        {
+            warn!(error = %e, "failed to release IPAM allocation");
+        }
+        return;
+    }
+    release(ds, &conf.ipam.ipam_type, args).await;
 }
 
 /// Rollback after a failed ADD ("ReleaseIPAllocation"): failures are only logged.
@@ -124,5 +220,25 @@ pub async fn release<D: Datastore>(ds: &D, plugin: &str, args: &CmdArgs) {
     debug!("releasing IPAM allocation after a failed ADD");
     if let Err(e) = exec_del(ds, plugin, args).await {
         warn!(error = %e, "failed to release IPAM allocation");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_local_del_uses_dummy_pod_cidrs() {
+        let out = host_local_del_stdin(
+            br#"{"name":"n","ipam":{"type":"host-local","subnet":"usePodCidr","ranges":[[{"subnet":"UsePodCidrIPv6"},{"subnet":"10.1.0.0/16"}]],"dataDir":"/x"}}"#,
+        )
+        .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["ipam"]["subnet"], "0.0.0.0/0");
+        assert_eq!(v["ipam"]["ranges"][0][0]["subnet"], "::/0");
+        assert_eq!(v["ipam"]["ranges"][0][1]["subnet"], "10.1.0.0/16");
+        assert_eq!(v["ipam"]["dataDir"], "/x");
+        assert!(host_local_del_stdin(br#"{"name":"n","ipam":{"ranges":"x"}}"#).is_err());
+        assert!(host_local_del_stdin(br#"{"name":"n","ipam":[]}"#).is_err());
     }
 }

@@ -5,7 +5,9 @@
 pub mod add;
 pub mod del;
 pub mod endpoint;
+pub mod endpoint_status;
 pub mod ipam_exec;
+pub mod readiness;
 
 use tracing::info;
 
@@ -16,8 +18,8 @@ use crate::datastore::model::ClusterInformation;
 use crate::datastore::resources::get_resource;
 use crate::datastore::Kind;
 use crate::error::{Error, Result};
-use crate::identifiers::{WepIdentifiers, CNI_ARGS_KEYS};
-use crate::skel::args::{load_args, prepend_ignore_unknown};
+use crate::identifiers::WepIdentifiers;
+use crate::skel::args::prepend_ignore_unknown;
 use crate::skel::{CmdArgs, CniError, CniResult, Plugin};
 
 pub struct CalicoPlugin;
@@ -63,16 +65,24 @@ pub struct Call {
     pub ds: EtcdDatastore,
 }
 
-/// Config, logging, nodename gate, identifiers, datastore client. Callers then check the
-/// ready gate (`check_datastore_ready`), ADD together with its other first reads.
-pub async fn prelude(args: &CmdArgs) -> Result<Call> {
+/// The first steps of every call: the config, logging, and the nodename-file gate.
+pub fn load(args: &CmdArgs) -> Result<NetConf> {
     let conf = NetConf::parse(&args.stdin_data)?;
     crate::logging::init(&conf, "cni-plugin");
     conf.check_nodename_file()?;
+    Ok(conf)
+}
+
+/// The node name, the identifiers from CNI_ARGS (calico runs with IgnoreUnknown=1
+/// prepended, so unknown keys are fine; a bad `IP=` value is not) and the datastore client.
+pub async fn connect(args: &CmdArgs, conf: NetConf) -> Result<Call> {
     let node = conf.node_name();
-    // calico runs with IgnoreUnknown=1 prepended, so unknown keys are fine.
-    let cni_args = load_args(&prepend_ignore_unknown(&args.args), CNI_ARGS_KEYS)?;
-    let ids = WepIdentifiers::from_cni_args(&node, &args.container_id, &args.ifname, &cni_args);
+    let ids = WepIdentifiers::from_cni_args(
+        &node,
+        &args.container_id,
+        &args.ifname,
+        &prepend_ignore_unknown(&args.args),
+    )?;
     info!(
         container_id = %args.container_id,
         node = %ids.node,
@@ -84,6 +94,12 @@ pub async fn prelude(args: &CmdArgs) -> Result<Call> {
     );
     let ds = client::connect(&conf).await?;
     Ok(Call { conf, ids, ds })
+}
+
+/// `load` then `connect`: what DEL starts from.
+pub async fn prelude(args: &CmdArgs) -> Result<Call> {
+    let conf = load(args)?;
+    connect(args, conf).await
 }
 
 /// ClusterInformation `default` must say `datastoreReady: true`.

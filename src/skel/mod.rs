@@ -68,12 +68,19 @@ pub fn error_json(e: &CniError) -> String {
 }
 
 /// Runs the plugin against the real process environment and stdio; returns the exit code.
+///
+/// No stdio lock is held across the call: the plugin logs (to stderr) from helper threads
+/// while the main thread waits for them, so a lock held here would deadlock the process.
+/// Each write takes the lock only for itself.
 pub fn run(plugin: &dyn Plugin) -> i32 {
     let env = |k: &str| std::env::var(k).ok();
-    let mut stdin = std::io::stdin().lock();
-    let mut stdout = std::io::stdout().lock();
-    let mut stderr = std::io::stderr().lock();
-    run_with(plugin, &env, &mut stdin, &mut stdout, &mut stderr)
+    run_with(
+        plugin,
+        &env,
+        &mut std::io::stdin(),
+        &mut std::io::stdout(),
+        &mut std::io::stderr(),
+    )
 }
 
 /// The testable core of `run`.
@@ -95,17 +102,62 @@ pub fn run_with(
 }
 
 const ALL_COMMANDS: &[&str] = &["ADD", "CHECK", "DEL", "GC", "STATUS"];
+const ATTACHMENT_COMMANDS: &[&str] = &["ADD", "CHECK", "DEL"];
 
-/// libcni's table of CNI_* variables and the commands that require them.
-const ENV_VARS: &[(&str, &[&str])] = &[
-    ("CNI_COMMAND", ALL_COMMANDS),
-    ("CNI_CONTAINERID", &["ADD", "CHECK", "DEL"]),
-    ("CNI_NETNS", &["ADD", "CHECK"]),
-    ("CNI_IFNAME", &["ADD", "CHECK", "DEL"]),
-    ("CNI_ARGS", &[]),
-    ("CNI_PATH", ALL_COMMANDS),
-    ("CNI_NETNS_OVERRIDE", &[]),
+/// A validator of one CNI_* variable's value.
+type Validate = fn(&str) -> Result<(), CniError>;
+
+/// libcni's table of CNI_* variables, in its order: the commands that require each, and
+/// the check its value must pass when it is set and required.
+const ENV_VARS: &[(&str, &[&str], Option<Validate>)] = &[
+    ("CNI_COMMAND", ALL_COMMANDS, None),
+    (
+        "CNI_CONTAINERID",
+        ATTACHMENT_COMMANDS,
+        Some(validate_container_id),
+    ),
+    ("CNI_NETNS", &["ADD", "CHECK"], None),
+    ("CNI_IFNAME", ATTACHMENT_COMMANDS, Some(validate_ifname)),
+    ("CNI_ARGS", &[], None),
+    ("CNI_PATH", ALL_COMMANDS, None),
+    ("CNI_NETNS_OVERRIDE", &[], None),
 ];
+
+/// libcni v1.3's `getCmdArgsFromEnv`: walks the variables in table order, failing at the
+/// first set-but-invalid value, then reports every missing required one at once.
+fn env_args(env: &dyn Fn(&str) -> Option<String>) -> Result<(String, CmdArgs), CniError> {
+    let get = |k: &str| env(k).unwrap_or_default();
+    let cmd = get("CNI_COMMAND");
+    let mut missing = Vec::new();
+    for (name, cmds, validate) in ENV_VARS {
+        let value = get(name);
+        let required = cmds.contains(&cmd.as_str());
+        if value.is_empty() {
+            if required || *name == "CNI_COMMAND" {
+                missing.push(*name);
+            }
+        } else if let (true, Some(validate)) = (required, validate) {
+            validate(&value)?;
+        }
+    }
+    if !missing.is_empty() {
+        return Err(CniError::new(
+            CODE_INVALID_ENV,
+            format!("required env variables [{}] missing", missing.join(",")),
+            "",
+        ));
+    }
+    let args = CmdArgs {
+        container_id: get("CNI_CONTAINERID"),
+        netns: get("CNI_NETNS"),
+        ifname: get("CNI_IFNAME"),
+        args: get("CNI_ARGS"),
+        path: get("CNI_PATH"),
+        netns_override: get("CNI_NETNS_OVERRIDE"),
+        stdin_data: Vec::new(),
+    };
+    Ok((cmd, args))
+}
 
 fn dispatch(
     plugin: &dyn Plugin,
@@ -114,70 +166,40 @@ fn dispatch(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> Result<(), CniError> {
-    let get = |k: &str| env(k).unwrap_or_default();
-    let cmd = get("CNI_COMMAND");
-    // Run bare (by hand): the about text, as upstream. Run with other CNI_* variables but no
-    // command: a broken runtime call, answered with an error (upstream prints the about text).
-    let runtime_call = ENV_VARS[1..].iter().any(|(name, _)| !get(name).is_empty());
-    if cmd.is_empty() && !runtime_call {
-        let about = plugin.about();
-        let _ = writeln!(stderr, "{about}");
-        let _ = writeln!(
-            stderr,
-            "CNI protocol versions supported: {}",
-            version::SUPPORTED.join(", ")
-        );
-        return Ok(());
-    }
-    let missing: Vec<&str> = ENV_VARS
-        .iter()
-        .filter(|(name, cmds)| {
-            (*name == "CNI_COMMAND" || cmds.contains(&cmd.as_str())) && get(name).is_empty()
-        })
-        .map(|(name, _)| *name)
-        .collect();
-    if !missing.is_empty() {
-        return Err(CniError::new(
-            CODE_INVALID_ENV,
-            format!("required env variables [{}] missing", missing.join(",")),
-            "",
-        ));
-    }
+    let (cmd, mut args) = match env_args(env) {
+        Ok(v) => v,
+        // No CNI_COMMAND at all (whatever else is set): the about text, exit 0, as libcni.
+        Err(e)
+            if e.code == CODE_INVALID_ENV && env("CNI_COMMAND").unwrap_or_default().is_empty() =>
+        {
+            let _ = writeln!(stderr, "{}", plugin.about());
+            let _ = writeln!(
+                stderr,
+                "CNI protocol versions supported: {}",
+                version::SUPPORTED.join(", ")
+            );
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
     if cmd == "VERSION" {
         let _ = writeln!(stdout, "{}", version::version_json());
         return Ok(());
     }
-    let mut stdin_data = Vec::new();
-    stdin.read_to_end(&mut stdin_data).map_err(|e| {
+    stdin.read_to_end(&mut args.stdin_data).map_err(|e| {
         CniError::new(
             CODE_IO_FAILURE,
             format!("error reading from stdin: {e}"),
             "",
         )
     })?;
-    let args = CmdArgs {
-        container_id: get("CNI_CONTAINERID"),
-        netns: get("CNI_NETNS"),
-        ifname: get("CNI_IFNAME"),
-        args: get("CNI_ARGS"),
-        path: get("CNI_PATH"),
-        netns_override: get("CNI_NETNS_OVERRIDE"),
-        stdin_data,
-    };
     validate_config(&args.stdin_data)?;
-    if !args.container_id.is_empty() {
-        validate_container_id(&args.container_id)?;
-    }
-    if ["ADD", "CHECK", "DEL"].contains(&cmd.as_str()) {
-        validate_ifname(&args.ifname)?;
-    }
-    let config_version = config_version(&args.stdin_data)?;
     match cmd.as_str() {
         "ADD" => {
-            check_version(&config_version)?;
+            let config_version = checked_version(&args.stdin_data)?;
             let result = call_guarded(|| plugin.add(&args), "ADD")?;
             let print_version = if config_version_given(&args.stdin_data) {
-                config_version.clone()
+                config_version
             } else {
                 plugin.default_result_version().to_string()
             };
@@ -187,16 +209,16 @@ fn dispatch(
             check_netns(&args)
         }
         "DEL" => {
-            check_version(&config_version)?;
+            checked_version(&args.stdin_data)?;
             call_guarded(|| plugin.del(&args), "DEL")?;
             check_netns(&args)
         }
         "CHECK" => {
-            gated(&config_version, "0.4.0", "CHECK")?;
-            check_version(&config_version)?;
+            gated(&config_version(&args.stdin_data)?, "0.4.0", "CHECK")?;
+            checked_version(&args.stdin_data)?;
             call_guarded(|| plugin.check(&args), "CHECK")
         }
-        "GC" | "STATUS" => gated(&config_version, "1.1.0", &cmd),
+        "GC" | "STATUS" => gated(&config_version(&args.stdin_data)?, "1.1.0", &cmd),
         other => Err(CniError::new(
             CODE_INVALID_ENV,
             format!("unknown CNI_COMMAND: {other}"),
@@ -246,14 +268,16 @@ fn gated(config: &str, floor: &str, what: &str) -> Result<(), CniError> {
     ))
 }
 
-fn check_version(config: &str) -> Result<(), CniError> {
-    if version::is_supported(config) {
-        return Ok(());
+/// The config's version, which must be one the plugin supports (`checkVersionAndCall`).
+fn checked_version(data: &[u8]) -> Result<String, CniError> {
+    let config = config_version(data)?;
+    if version::is_supported(&config) {
+        return Ok(config);
     }
     Err(CniError::new(
         CODE_INCOMPATIBLE_VERSION,
         "incompatible CNI versions",
-        version::incompatible_details(config),
+        version::incompatible_details(&config),
     ))
 }
 

@@ -100,10 +100,57 @@ fn no_command_prints_about() {
 }
 
 #[test]
-fn runtime_call_without_command_is_an_error() {
-    let e = err_of(&run(&add_env(&[("CNI_COMMAND", "")]), CONF));
+fn no_command_prints_about_whatever_else_is_set() {
+    // libcni: a missing CNI_COMMAND is answered with the about text and exit 0, even when
+    // every other variable is set and stdin holds a config.
+    let r = run(&add_env(&[("CNI_COMMAND", "")]), CONF);
+    assert_eq!((r.code, r.stdout.as_str()), (0, ""));
+    assert!(r.stderr.starts_with("Test plugin v0\n"), "{}", r.stderr);
+    // Even an invalid container ID is not looked at without a command.
+    let r = run(
+        &add_env(&[("CNI_COMMAND", ""), ("CNI_CONTAINERID", "-bad")]),
+        "{bad",
+    );
+    assert_eq!((r.code, r.stdout.as_str()), (0, ""));
+}
+
+#[test]
+fn env_is_validated_before_stdin_in_libcni_order() {
+    // Bad container ID and bad JSON: the container ID (code 4) wins.
+    let e = err_of(&run(&add_env(&[("CNI_CONTAINERID", "-bad")]), "{bad"));
+    assert_eq!(
+        (e["code"].as_u64(), e["msg"].as_str()),
+        (Some(4), Some("invalid characters in containerID"))
+    );
+    // Bad ifname and a missing CNI_PATH: the invalid value is reported first.
+    let e = err_of(&run(
+        &add_env(&[("CNI_IFNAME", "a/b"), ("CNI_PATH", "")]),
+        CONF,
+    ));
+    assert_eq!(
+        e["msg"],
+        "interface name contains / or : or whitespace characters"
+    );
+    // Bad ifname and a missing network name: code 4, not 7.
+    let e = err_of(&run(
+        &add_env(&[("CNI_IFNAME", ".")]),
+        r#"{"cniVersion":"1.0.0"}"#,
+    ));
     assert_eq!(e["code"], 4);
-    assert_eq!(e["msg"], "required env variables [CNI_COMMAND] missing");
+    // The ifname is checked for DEL too; a bad one on GC (not required there) is ignored.
+    let e = err_of(&run(
+        &add_env(&[("CNI_COMMAND", "DEL"), ("CNI_IFNAME", "..")]),
+        CONF,
+    ));
+    assert_eq!(e["msg"], "interface name is . or ..");
+    let r = run(
+        &add_env(&[("CNI_COMMAND", "GC"), ("CNI_IFNAME", "..")]),
+        CONF,
+    );
+    assert_eq!(err_of(&r)["msg"], "config version does not allow GC");
+    // Unknown command: the config is still decoded first (code 6 before code 4).
+    let e = err_of(&run(&add_env(&[("CNI_COMMAND", "FOO")]), "{bad"));
+    assert_eq!(e["code"], 6);
 }
 
 #[test]

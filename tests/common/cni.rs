@@ -8,6 +8,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
@@ -95,6 +96,16 @@ impl Invocation {
         self
     }
 
+    /// CNI_ARGS as `calico` passes them to its IPAM plugin: `IgnoreUnknown=1` first.
+    pub fn via_calico(mut self) -> Invocation {
+        self.args = if self.args.is_empty() {
+            "IgnoreUnknown=1".into()
+        } else {
+            format!("IgnoreUnknown=1;{}", self.args)
+        };
+        self
+    }
+
     pub fn with_args(mut self, args: &str) -> Invocation {
         self.args = args.into();
         self
@@ -120,7 +131,13 @@ pub struct Outcome {
     pub code: i32,
     pub stdout: String,
     pub stderr: String,
+    /// How long the process ran.
+    pub elapsed: Duration,
 }
+
+/// No plugin call may hang: every run is bounded, and one that does not exit in time is
+/// killed and fails the test.
+pub const PLUGIN_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl Outcome {
     pub fn json(&self) -> serde_json::Value {
@@ -157,13 +174,27 @@ impl Outcome {
     }
 }
 
-/// Runs `plugin` (a path) with `inv` and `stdin`, inside `host_netns` when given.
+/// Runs `plugin` (a path) with `inv` and `stdin`, inside `host_netns` when given, and
+/// asserts that it exits within `PLUGIN_TIMEOUT`.
 pub fn run_plugin(
     plugin: &Path,
     cni_path: &str,
     host_netns: Option<&str>,
     inv: &Invocation,
     stdin: &str,
+) -> Outcome {
+    run_plugin_within(plugin, cni_path, host_netns, inv, stdin, PLUGIN_TIMEOUT)
+}
+
+/// `run_plugin` with an explicit bound: a process still running after `limit` is killed
+/// and the test fails, naming the hang.
+pub fn run_plugin_within(
+    plugin: &Path,
+    cni_path: &str,
+    host_netns: Option<&str>,
+    inv: &Invocation,
+    stdin: &str,
+    limit: Duration,
 ) -> Outcome {
     let mut cmd = match host_netns {
         Some(ns) => {
@@ -190,19 +221,40 @@ pub fn run_plugin(
     for (k, v) in &inv.extra_env {
         cmd.env(k, v);
     }
+    let started = Instant::now();
     let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn plugin");
+    let pid = child.id() as i32;
     if let Some(mut input) = child.stdin.take() {
         let _ = input.write_all(stdin.as_bytes());
     }
-    let out = child.wait_with_output().expect("wait for plugin");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = match rx.recv_timeout(limit) {
+        Ok(out) => out.expect("wait for plugin"),
+        Err(_) => {
+            // SAFETY: kill(2) on the PID we spawned; at worst it is already gone.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let out = rx.recv().ok().and_then(|o| o.ok());
+            panic!(
+                "{} {} did not exit within {limit:?} (hang); stderr: {}",
+                plugin.display(),
+                inv.command,
+                out.map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+                    .unwrap_or_default()
+            );
+        }
+    };
     Outcome {
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        elapsed: started.elapsed(),
     }
 }

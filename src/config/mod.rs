@@ -4,6 +4,8 @@
 //! Go's `encoding/json` matches keys case-insensitively and ignores unknown keys; we fold
 //! key case for the known fields before decoding, and serde ignores the rest.
 
+mod gotypes;
+
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -13,7 +15,6 @@ use serde_json::{Map, Value};
 pub const DEFAULT_NODENAME_FILE: &str = "/var/lib/calico/nodename";
 pub const MTU_FILE: &str = "/var/lib/calico/mtu";
 pub const DEFAULT_IPAM_LOCK_FILE: &str = "/var/run/calico/ipam.lock";
-pub const DEFAULT_LOG_FILE: &str = "/var/log/calico/cni/cni.log";
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
@@ -23,12 +24,16 @@ pub enum ConfigError {
     NodenameFileMissing(String),
     #[error("failed to read MTU file: {0}")]
     MtuFile(String),
-    #[error("unknown device_type {0:?} in CNI config (supported: \"veth\", \"netkit\")")]
-    DeviceType(String),
     #[error("invalid characters detected in the given network name. Only letters a-z, numbers 0-9, and symbols _.- are supported")]
     NetworkName,
     #[error("{0}")]
     Datastore(String),
+    #[error("invalid dataplane type: {0}")]
+    DataplaneType(String),
+    #[error("GRPC dataplane socket not configured")]
+    GrpcSocket,
+    #[error("the gRPC dataplane (dataplane_options type \"grpc\", socket {0}) is not supported by this build of the Calico CNI plugin; remove dataplane_options to use the Linux dataplane")]
+    GrpcUnsupported(String),
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -41,7 +46,6 @@ pub struct NetConf {
     pub plugin_type: String,
     pub mtu: i64,
     pub num_queues: i64,
-    pub device_type: String,
     pub nodename: String,
     pub nodename_file: String,
     pub nodename_file_optional: bool,
@@ -73,7 +77,7 @@ pub struct NetConf {
     pub dataplane_options: Option<Map<String, Value>>,
     pub args: Value,
     pub calico_api_group: String,
-    pub qps: f64,
+    pub qps: i64,
     pub burst: i64,
     #[serde(rename = "prevResult")]
     pub prev_result: Option<Value>,
@@ -134,7 +138,6 @@ const TOP_FIELDS: &[&str] = &[
     "type",
     "mtu",
     "num_queues",
-    "device_type",
     "nodename",
     "nodename_file",
     "nodename_file_optional",
@@ -222,6 +225,7 @@ impl NetConf {
     pub fn parse(data: &[u8]) -> Result<NetConf, ConfigError> {
         let mut v: Value =
             serde_json::from_slice(data).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        gotypes::check_netconf(&v).map_err(ConfigError::Parse)?;
         if let Value::Object(obj) = &mut v {
             fold_keys(obj, TOP_FIELDS);
             for (field, names) in NESTED_FIELDS {
@@ -279,12 +283,28 @@ impl NetConf {
         ok.then_some(()).ok_or(ConfigError::NetworkName)
     }
 
-    /// `device_type`: only veth is implemented; netkit falls back to veth as upstream does
-    /// when the kernel lacks it.
-    pub fn validate_device_type(&self) -> Result<(), ConfigError> {
-        match self.device_type.as_str() {
-            "" | "veth" | "netkit" => Ok(()),
-            other => Err(ConfigError::DeviceType(other.to_string())),
+    /// `dataplane_options` as upstream's `GetDataplane`: without a `type` the Linux
+    /// dataplane; `grpc` needs a `socket` (and is not implemented here: a clear error
+    /// rather than silently building Linux veths); any other type is refused.
+    pub fn check_dataplane(&self) -> Result<(), ConfigError> {
+        let Some(opts) = &self.dataplane_options else {
+            return Ok(());
+        };
+        let Some(kind) = opts.get("type") else {
+            return Ok(());
+        };
+        if kind.as_str() != Some("grpc") {
+            // Go's `%v` of the JSON value.
+            let shown = match kind {
+                Value::String(s) => s.clone(),
+                Value::Null => "<nil>".to_string(),
+                other => other.to_string(),
+            };
+            return Err(ConfigError::DataplaneType(shown));
+        }
+        match opts.get("socket").and_then(Value::as_str) {
+            Some(socket) => Err(ConfigError::GrpcUnsupported(socket.to_string())),
+            None => Err(ConfigError::GrpcSocket),
         }
     }
 
@@ -520,10 +540,36 @@ mod tests {
             .unwrap()
             .validate_name()
             .is_err());
-        assert!(NetConf::parse(br#"{"name":"n","device_type":"x"}"#)
-            .unwrap()
-            .validate_device_type()
-            .is_err());
+        // `device_type` is HEAD-only: v3.32.1 ignores it like any unknown key.
+        assert!(NetConf::parse(br#"{"name":"n","device_type":"x"}"#).is_ok());
+    }
+
+    #[test]
+    fn dataplane_options() {
+        let check = |j: &str| NetConf::parse(j.as_bytes()).unwrap().check_dataplane();
+        assert_eq!(check(r#"{"name":"n"}"#), Ok(()));
+        assert_eq!(
+            check(r#"{"name":"n","dataplane_options":{"extra":"x"}}"#),
+            Ok(())
+        );
+        assert_eq!(
+            check(r#"{"name":"n","dataplane_options":{"type":"invalid-dataplane-type"}}"#)
+                .unwrap_err()
+                .to_string(),
+            "invalid dataplane type: invalid-dataplane-type"
+        );
+        assert_eq!(
+            check(r#"{"name":"n","dataplane_options":{"type":5}}"#).unwrap_err(),
+            ConfigError::DataplaneType("5".into())
+        );
+        assert_eq!(
+            check(r#"{"name":"n","dataplane_options":{"type":"grpc"}}"#).unwrap_err(),
+            ConfigError::GrpcSocket
+        );
+        assert!(matches!(
+            check(r#"{"name":"n","dataplane_options":{"type":"grpc","socket":"unix:///x"}}"#),
+            Err(ConfigError::GrpcUnsupported(_))
+        ));
     }
 
     #[test]
