@@ -17,10 +17,14 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::fmt::format::Writer;
-use tracing_subscriber::fmt::writer::MakeWriterExt;
+use tracing_subscriber::fmt::writer::{BoxMakeWriter, MakeWriterExt};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, MakeWriter};
+use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::Layer;
 
 use crate::config::NetConf;
 
@@ -107,12 +111,19 @@ where
             .file()
             .and_then(|f| f.strip_prefix("src/"))
             .unwrap_or("?");
+        // logrus's level names.
+        let level = match *meta.level() {
+            Level::ERROR => "ERROR",
+            Level::WARN => "WARNING",
+            Level::INFO => "INFO",
+            _ => "DEBUG",
+        };
         write!(
             writer,
             "{}.{:03} [{}][{}] {}/{} {}: ",
             &ts[..19],
             nanos / 1_000_000,
-            meta.level(),
+            level,
             std::process::id(),
             self.component,
             file,
@@ -151,17 +162,19 @@ pub fn init(conf: &NetConf, component: &'static str) {
             }
         }
     };
-    // Our writers never fail, and internal errors must not go to a locked stderr.
-    let builder = tracing_subscriber::fmt()
+    let writer = match file {
+        Some(f) => BoxMakeWriter::new(raw_stderr.and(LogFile(f))),
+        None => BoxMakeWriter::new(raw_stderr),
+    };
+    // Our writers never fail, and internal errors must not go to a locked stderr. Only our
+    // own events are logged (as upstream logs only Calico's), at `log_level`.
+    let layer = tracing_subscriber::fmt::layer()
         .log_internal_errors(false)
         .event_format(CalicoFormat { component })
-        .with_max_level(level);
-    let result = match file {
-        Some(f) => builder.with_writer(raw_stderr.and(LogFile(f))).try_init(),
-        None => builder.with_writer(raw_stderr).try_init(),
-    };
+        .with_writer(writer)
+        .with_filter(Targets::new().with_target(env!("CARGO_CRATE_NAME"), level));
     // A second init in one process (tests, in-process IPAM) is harmless.
-    let _ = result;
+    let _ = tracing_subscriber::registry().with(layer).try_init();
 }
 
 /// Creates the missing directories of `dir` with mode 0755 regardless of the umask.

@@ -5,43 +5,17 @@
 mod common;
 
 use common::cni::Invocation;
-use common::world::{sysctl, World, NODE};
+use common::world::{sysctl, World, NODE, WEP_PREFIX};
 use serde_json::{json, Value};
 
-const WEP_PREFIX: &str = "/calico/resources/v3/projectcalico.org/workloadendpoints/";
 
 fn ip_of(result: &Value) -> String {
     let addr = result["ips"][0]["address"].as_str().expect("an address");
     addr.split('/').next().unwrap().to_string()
 }
 
-/// Nothing of a pod is left: no WEP, no handle, no allocation, no cali veth or host route.
 fn assert_clean(w: &World) {
-    assert!(
-        w.keys(WEP_PREFIX).is_empty(),
-        "WEPs left: {:?}",
-        w.keys(WEP_PREFIX)
-    );
-    assert!(
-        w.keys("/calico/ipam/v2/handle/").is_empty(),
-        "handles left: {:?}",
-        w.keys("/calico/ipam/v2/handle/")
-    );
-    for k in w.keys("/calico/ipam/v2/assignment/") {
-        let b = w.get(&k);
-        assert!(
-            b["allocations"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(Value::is_null),
-            "allocations left in {k}: {b}"
-        );
-    }
-    let links = w.host_sh("ip -o link show");
-    assert!(!links.contains("cali"), "veth left: {links}");
-    let routes = w.host_sh("ip route show");
-    assert!(!routes.contains("10.65."), "route left: {routes}");
+    w.assert_clean();
 }
 
 #[test]

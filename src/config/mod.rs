@@ -372,48 +372,6 @@ impl NetConf {
         Ok(from_file.unwrap_or(0))
     }
 
-    /// Where and how to reach the datastore: the config's fields, then the process
-    /// environment (`CALICO_`-prefixed names first), as libcalico-go's apiconfig does.
-    pub fn datastore_settings(&self) -> DatastoreSettings {
-        let env = |name: &str| -> String {
-            std::env::var(format!("CALICO_{name}"))
-                .or_else(|_| std::env::var(name))
-                .unwrap_or_default()
-        };
-        let pick = |conf: &str, name: &str| -> String {
-            if conf.is_empty() {
-                env(name)
-            } else {
-                conf.to_string()
-            }
-        };
-        let endpoints = pick(&self.etcd_endpoints, "ETCD_ENDPOINTS");
-        let mut datastore_type = pick(&self.datastore_type, "DATASTORE_TYPE");
-        if datastore_type.is_empty() {
-            datastore_type = if endpoints.is_empty() && self.etcd_discovery_srv.is_empty() {
-                "kubernetes".to_string()
-            } else {
-                "etcdv3".to_string()
-            };
-        }
-        DatastoreSettings {
-            datastore_type,
-            etcd_endpoints: endpoints
-                .split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_string)
-                .collect(),
-            etcd_discovery_srv: pick(&self.etcd_discovery_srv, "ETCD_DISCOVERY_SRV"),
-            etcd_key_file: pick(&self.etcd_key_file, "ETCD_KEY_FILE"),
-            etcd_cert_file: pick(&self.etcd_cert_file, "ETCD_CERT_FILE"),
-            etcd_ca_cert_file: pick(&self.etcd_ca_cert_file, "ETCD_CA_CERT_FILE"),
-            etcd_username: env("ETCD_USERNAME"),
-            etcd_password: env("ETCD_PASSWORD"),
-            kubeconfig: pick(&self.kubernetes.kubeconfig, "KUBECONFIG"),
-        }
-    }
-
     /// Mesos-style labels from `args.org.apache.mesos.network_info.labels.labels`.
     pub fn mesos_labels(&self) -> BTreeMap<String, String> {
         let mut out = BTreeMap::new();
@@ -461,20 +419,6 @@ fn sanitize_label(s: &str) -> String {
         out.push_str(if run.contains('.') { "." } else { &run });
     }
     out.trim_matches(|c| c == '.' || c == '-').to_string()
-}
-
-/// Resolved datastore connection settings.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DatastoreSettings {
-    pub datastore_type: String,
-    pub etcd_endpoints: Vec<String>,
-    pub etcd_discovery_srv: String,
-    pub etcd_key_file: String,
-    pub etcd_cert_file: String,
-    pub etcd_ca_cert_file: String,
-    pub etcd_username: String,
-    pub etcd_password: String,
-    pub kubeconfig: String,
 }
 
 #[cfg(test)]
@@ -530,11 +474,6 @@ mod tests {
             br#"{"name":"n","nodename":"node1","etcd_endpoints":"http://127.0.0.1:1, http://127.0.0.1:2"}"#,
         )
         .unwrap();
-        let s = c.datastore_settings();
-        assert_eq!(
-            s.etcd_endpoints,
-            vec!["http://127.0.0.1:1", "http://127.0.0.1:2"]
-        );
         assert_eq!(c.node_name(), "node1");
         assert!(NetConf::parse(br#"{"name":"a b"}"#)
             .unwrap()

@@ -8,6 +8,8 @@
 pub mod etcd;
 pub mod model;
 pub mod resources;
+pub mod settings;
+pub mod srv;
 pub mod validate;
 
 use serde::de::DeserializeOwned;

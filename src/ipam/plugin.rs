@@ -66,7 +66,6 @@ struct Call {
 fn load(args: &CmdArgs) -> Result<NetConf> {
     let conf = NetConf::parse(&args.stdin_data)?;
     crate::logging::init(&conf, "ipam");
-    conf.validate_name()?;
     Ok(conf)
 }
 

@@ -31,7 +31,7 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     let conf = load(args)?;
     let mtu = conf.resolve_mtu()?;
     refuse_name_template(&args.ifname)?;
-    let call = connect(args, conf).await?;
+    let call = connect(args, conf, true).await?;
     let conf = &call.conf;
 
     // The ready gate, the endpoint lookup and the profile lookup are independent reads:

@@ -74,8 +74,9 @@ pub fn load(args: &CmdArgs) -> Result<NetConf> {
 }
 
 /// The node name, the identifiers from CNI_ARGS (calico runs with IgnoreUnknown=1
-/// prepended, so unknown keys are fine; a bad `IP=` value is not) and the datastore client.
-pub async fn connect(args: &CmdArgs, conf: NetConf) -> Result<Call> {
+/// prepended, so unknown keys are fine; a bad `IP=` value is not) and the datastore client
+/// (whose errors ADD words as `error creating calico client: <e>`, DEL bare, as upstream).
+pub async fn connect(args: &CmdArgs, conf: NetConf, for_add: bool) -> Result<Call> {
     let node = conf.node_name();
     let ids = WepIdentifiers::from_cni_args(
         &node,
@@ -92,14 +93,20 @@ pub async fn connect(args: &CmdArgs, conf: NetConf) -> Result<Call> {
         "calico {}",
         "call"
     );
-    let ds = client::connect(&conf).await?;
+    let ds = client::connect(&conf).await.map_err(|e| {
+        if for_add {
+            Error::msg(format!("error creating calico client: {e}"))
+        } else {
+            e
+        }
+    })?;
     Ok(Call { conf, ids, ds })
 }
 
 /// `load` then `connect`: what DEL starts from.
 pub async fn prelude(args: &CmdArgs) -> Result<Call> {
     let conf = load(args)?;
-    connect(args, conf).await
+    connect(args, conf, false).await
 }
 
 /// ClusterInformation `default` must say `datastoreReady: true`.

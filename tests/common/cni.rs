@@ -75,6 +75,9 @@ pub struct Invocation {
     pub extra_env: Vec<(String, String)>,
     /// Leave these CNI_* variables out entirely.
     pub unset: Vec<String>,
+    /// A shell snippet run (as root, in the host netns, in a private mount namespace)
+    /// just before the plugin is exec'd, e.g. to make /proc/sys/net/ipv6 vanish.
+    pub prefix: Option<String>,
 }
 
 impl Invocation {
@@ -196,13 +199,20 @@ pub fn run_plugin_within(
     stdin: &str,
     limit: Duration,
 ) -> Outcome {
-    let mut cmd = match host_netns {
-        Some(ns) => {
+    let mut cmd = match (host_netns, &inv.prefix) {
+        (Some(ns), Some(prefix)) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, "unshare", "-m", "sh", "-c"])
+                .arg(format!("{prefix} && exec \"$0\""))
+                .arg(plugin);
+            c
+        }
+        (Some(ns), None) => {
             let mut c = Command::new("ip");
             c.args(["netns", "exec", ns]).arg(plugin);
             c
         }
-        None => Command::new(plugin),
+        (None, _) => Command::new(plugin),
     };
     let env = [
         ("CNI_COMMAND", inv.command.as_str()),

@@ -10,6 +10,7 @@ use super::etcd::EtcdServer;
 use super::netns::{HostNetns, Netns};
 
 pub const NODE: &str = "node1";
+pub const WEP_PREFIX: &str = "/calico/resources/v3/projectcalico.org/workloadendpoints/";
 pub const POOL_CIDR: &str = "10.65.0.0/16";
 
 pub struct World {
@@ -124,6 +125,31 @@ impl World {
     pub fn host_sh(&self, cmd: &str) -> String {
         let out = self.host.exec("sh", &["-c", cmd]);
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Nothing of any pod is left: no WEP, no handle, no allocation, no cali veth or route
+    /// into the pool in the host netns.
+    pub fn assert_clean(&self) {
+        let weps = self.keys(WEP_PREFIX);
+        assert!(weps.is_empty(), "WEPs left: {weps:?}");
+        let handles = self.keys("/calico/ipam/v2/handle/");
+        assert!(handles.is_empty(), "handles left: {handles:?}");
+        for k in self.keys("/calico/ipam/v2/assignment/") {
+            let b = self.get(&k);
+            assert!(
+                b["allocations"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().all(Value::is_null)),
+                "allocations left in {k}: {b}"
+            );
+        }
+        let links = self.host_sh("ip -o link show");
+        assert!(!links.contains("cali"), "veth left: {links}");
+        let routes = self.host_sh("ip route show; ip -6 route show");
+        assert!(
+            !routes.contains("10.65.") && !routes.contains("fd80:"),
+            "route left: {routes}"
+        );
     }
 
     pub fn keys(&self, prefix: &str) -> Vec<String> {

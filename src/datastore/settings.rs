@@ -1,0 +1,166 @@
+//! Where the datastore is and how to reach it, resolved once per call exactly as v3.32.1
+//! does it: `CreateClient` (cni-plugin/internal/pkg/utils) exports every non-empty NetConf
+//! value into the process environment under its plain name (`ETCD_ENDPOINTS`, …), then
+//! libcalico-go's `apiconfig.LoadClientConfig` reads the environment with envconfig, which
+//! tries `CALICO_<NAME>` first and the plain name only when the prefixed one is unset.
+//!
+//! So, per setting: `CALICO_<NAME>` when present in the environment (even empty) → else the
+//! NetConf value when non-empty → else `<NAME>` from the environment → else unset. The
+//! environment is passed in, so these rules are unit-tested without touching the process.
+
+use crate::config::NetConf;
+
+/// The resolved connection settings.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DatastoreSettings {
+    /// `etcdv3` or `kubernetes` (anything else is refused by `resolve`).
+    pub datastore_type: String,
+    /// `ETCD_ENDPOINTS` split on `,` (blank entries dropped, spaces trimmed).
+    pub etcd_endpoints: Vec<String>,
+    pub etcd_discovery_srv: String,
+    pub etcd_key_file: String,
+    pub etcd_cert_file: String,
+    pub etcd_ca_cert_file: String,
+    /// Only used when both are set, as upstream.
+    pub etcd_username: String,
+    pub etcd_password: String,
+    pub kubeconfig: String,
+    pub k8s_api_endpoint: String,
+    pub calico_api_group: String,
+}
+
+/// What reading the environment can refuse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettingsError {
+    #[error("unknown datastore type: {0}")]
+    UnknownType(String),
+}
+
+/// One envconfig-read setting: `CALICO_<name>` if present, else the NetConf value, else
+/// `<name>`. (`CALICO_API_GROUP`'s own prefixed form is `CALICO_CALICO_API_GROUP`.)
+fn setting(env: &dyn Fn(&str) -> Option<String>, name: &str, from_conf: &str) -> String {
+    if let Some(v) = env(&format!("CALICO_{name}")) {
+        return v;
+    }
+    if !from_conf.is_empty() {
+        return from_conf.to_string();
+    }
+    env(name).unwrap_or_default()
+}
+
+impl DatastoreSettings {
+    /// Resolves the settings from the NetConf and an environment lookup.
+    pub fn resolve(
+        conf: &NetConf,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<DatastoreSettings, SettingsError> {
+        let get = |name: &str, from_conf: &str| setting(env, name, from_conf);
+        let endpoints = get("ETCD_ENDPOINTS", &conf.etcd_endpoints);
+        let mut datastore_type = get("DATASTORE_TYPE", &conf.datastore_type);
+        if datastore_type.is_empty() {
+            // Discovery alone does not select etcd: only endpoints do (apiconfig/load.go).
+            datastore_type = if endpoints.is_empty() {
+                "kubernetes".into()
+            } else {
+                "etcdv3".into()
+            };
+        }
+        if datastore_type != "etcdv3" && datastore_type != "kubernetes" {
+            return Err(SettingsError::UnknownType(datastore_type));
+        }
+        let (user, password) = (get("ETCD_USERNAME", ""), get("ETCD_PASSWORD", ""));
+        let (etcd_username, etcd_password) = if user.is_empty() || password.is_empty() {
+            (String::new(), String::new())
+        } else {
+            (user, password)
+        };
+        Ok(DatastoreSettings {
+            datastore_type,
+            etcd_endpoints: endpoints
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect(),
+            etcd_discovery_srv: get("ETCD_DISCOVERY_SRV", &conf.etcd_discovery_srv),
+            etcd_key_file: get("ETCD_KEY_FILE", &conf.etcd_key_file),
+            etcd_cert_file: get("ETCD_CERT_FILE", &conf.etcd_cert_file),
+            etcd_ca_cert_file: get("ETCD_CA_CERT_FILE", &conf.etcd_ca_cert_file),
+            etcd_username,
+            etcd_password,
+            kubeconfig: get("KUBECONFIG", &conf.kubernetes.kubeconfig),
+            k8s_api_endpoint: get("K8S_API_ENDPOINT", &conf.kubernetes.k8s_api_root),
+            calico_api_group: get("CALICO_API_GROUP", &conf.calico_api_group),
+        })
+    }
+
+    /// From the NetConf and this process's environment.
+    pub fn from_process(conf: &NetConf) -> Result<DatastoreSettings, SettingsError> {
+        Self::resolve(conf, &|k| std::env::var(k).ok())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn resolve(conf: &str, env: &[(&str, &str)]) -> Result<DatastoreSettings, SettingsError> {
+        let env: HashMap<String, String> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let conf = NetConf::parse(conf.as_bytes()).unwrap();
+        DatastoreSettings::resolve(&conf, &|k| env.get(k).cloned())
+    }
+
+    #[test]
+    fn prefixed_environment_beats_netconf_beats_plain_environment() {
+        let conf = r#"{"name":"n","etcd_endpoints":"http://conf:2379"}"#;
+        let s = resolve(conf, &[]).unwrap();
+        assert_eq!(s.etcd_endpoints, vec!["http://conf:2379"]);
+        assert_eq!(s.datastore_type, "etcdv3");
+        let s = resolve(conf, &[("ETCD_ENDPOINTS", "http://plain:2379")]).unwrap();
+        assert_eq!(s.etcd_endpoints, vec!["http://conf:2379"]);
+        let s = resolve(conf, &[("CALICO_ETCD_ENDPOINTS", "http://prefixed:2379")]).unwrap();
+        assert_eq!(s.etcd_endpoints, vec!["http://prefixed:2379"]);
+        // Present but empty still wins: no endpoints, so the kubernetes datastore.
+        let s = resolve(conf, &[("CALICO_ETCD_ENDPOINTS", "")]).unwrap();
+        assert!(s.etcd_endpoints.is_empty());
+        assert_eq!(s.datastore_type, "kubernetes");
+        // Without a NetConf value the plain name is read.
+        let s = resolve(r#"{"name":"n"}"#, &[("ETCD_ENDPOINTS", "http://a:1,http://b:2")]).unwrap();
+        assert_eq!(s.etcd_endpoints, vec!["http://a:1", "http://b:2"]);
+    }
+
+    #[test]
+    fn datastore_type_defaults_and_refusals() {
+        assert_eq!(resolve(r#"{"name":"n"}"#, &[]).unwrap().datastore_type, "kubernetes");
+        // Discovery alone does not select etcd.
+        let s = resolve(r#"{"name":"n","etcd_discovery_srv":"example.com"}"#, &[]).unwrap();
+        assert_eq!((s.datastore_type.as_str(), s.etcd_discovery_srv.as_str()), ("kubernetes", "example.com"));
+        let s = resolve(r#"{"name":"n","datastore_type":"etcdv3"}"#, &[("DATASTORE_TYPE", "kubernetes")]).unwrap();
+        assert_eq!(s.datastore_type, "etcdv3");
+        let s = resolve(r#"{"name":"n","datastore_type":"etcdv3"}"#, &[("CALICO_DATASTORE_TYPE", "kubernetes")]).unwrap();
+        assert_eq!(s.datastore_type, "kubernetes");
+        assert_eq!(
+            resolve(r#"{"name":"n","datastore_type":"Kubernetes"}"#, &[]).unwrap_err().to_string(),
+            "unknown datastore type: Kubernetes"
+        );
+    }
+
+    #[test]
+    fn credentials_files_and_groups() {
+        let conf = r#"{"name":"n","etcd_endpoints":"http://e:1","etcd_ca_cert_file":"/conf/ca"}"#;
+        let s = resolve(conf, &[("ETCD_USERNAME", "u")]).unwrap();
+        assert_eq!((s.etcd_username.as_str(), s.etcd_password.as_str()), ("", ""));
+        let s = resolve(conf, &[("ETCD_USERNAME", "u"), ("CALICO_ETCD_PASSWORD", "p")]).unwrap();
+        assert_eq!((s.etcd_username.as_str(), s.etcd_password.as_str()), ("u", "p"));
+        let s = resolve(conf, &[("CALICO_ETCD_CA_CERT_FILE", "/env/ca"), ("ETCD_KEY_FILE", "/env/key")]).unwrap();
+        assert_eq!((s.etcd_ca_cert_file.as_str(), s.etcd_key_file.as_str()), ("/env/ca", "/env/key"));
+        let s = resolve(r#"{"name":"n","calico_api_group":"projectcalico.org/v3"}"#, &[("CALICO_CALICO_API_GROUP", "crd.projectcalico.org/v1")]).unwrap();
+        assert_eq!(s.calico_api_group, "crd.projectcalico.org/v1");
+        let s = resolve(r#"{"name":"n","kubernetes":{"kubeconfig":"/conf/kc","k8s_api_root":"https://a"}}"#, &[("KUBECONFIG", "/env/kc")]).unwrap();
+        assert_eq!((s.kubeconfig.as_str(), s.k8s_api_endpoint.as_str()), ("/conf/kc", "https://a"));
+    }
+}
