@@ -8,7 +8,6 @@ use common::cni::Invocation;
 use common::world::{sysctl, World, NODE, WEP_PREFIX};
 use serde_json::{json, Value};
 
-
 fn ip_of(result: &Value) -> String {
     let addr = result["ips"][0]["address"].as_str().expect("an address");
     addr.split('/').next().unwrap().to_string()

@@ -29,7 +29,9 @@ fn ok_fast(out: &Outcome) {
 /// A pod netns that already has an `eth0` (a veth whose peer `keep0` stays in the pod).
 fn pod_with_eth0(w: &World) -> (Netns, u32) {
     let pod = w.pod();
-    pod.ip(&["link", "add", "eth0", "type", "veth", "peer", "name", "keep0"]);
+    pod.ip(&[
+        "link", "add", "eth0", "type", "veth", "peer", "name", "keep0",
+    ]);
     let idx = pod.ifindex("eth0");
     (pod, idx)
 }
@@ -48,7 +50,10 @@ fn an_existing_pod_interface_fails_the_add_fast_and_survives_it() {
         }
         let out = w.calico(&inv, &conf);
         let err = fails_fast(&out);
-        assert_eq!((err["code"].as_u64(), err["msg"].as_str()), (Some(999), Some("file exists")));
+        assert_eq!(
+            (err["code"].as_u64(), err["msg"].as_str()),
+            (Some(999), Some("file exists"))
+        );
         assert!(out.stderr.contains("Error adding veth"), "{}", out.stderr);
         assert_eq!(pod.ifindex("eth0"), idx, "the pod's own eth0 was replaced");
         assert!(pod.has_link("keep0"));
@@ -85,8 +90,15 @@ fn a_host_without_ipv6_sysctls_still_networks_ipv4_pods() {
     inv.prefix = Some("mount -t tmpfs none /proc/sys/net/ipv6".into());
     let out = w.calico(&inv, &conf);
     ok_fast(&out);
-    assert!(out.stderr.contains("[WARNING]") && out.stderr.contains("accept_ra=0"), "{}", out.stderr);
-    let ip = out.json()["ips"][0]["address"].as_str().unwrap().to_string();
+    assert!(
+        out.stderr.contains("[WARNING]") && out.stderr.contains("accept_ra=0"),
+        "{}",
+        out.stderr
+    );
+    let ip = out.json()["ips"][0]["address"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(pod.sh("ip -4 addr show dev eth0").contains(&ip));
     ok_fast(&w.calico(&inv.as_del(), &conf));
     w.assert_clean();
@@ -99,10 +111,14 @@ fn a_host_without_ipv6_sysctls_still_networks_ipv4_pods() {
 fn the_link_local_retry_gives_up_cleanly() {
     let w = World::new();
     w.seed_pool("default-ipv6-ippool", "fd80:24e2:f998:72d6::/64", 122);
-    w.host.set_sysctl("net/ipv6/conf/default/addr_gen_mode", "3");
+    w.host
+        .set_sysctl("net/ipv6/conf/default/addr_gen_mode", "3");
     let conf = w.conf(json!({"ipam": {"assign_ipv6": "true"}}));
     let pod = w.pod();
-    let out = w.calico(&Invocation::new("ADD", "ll1", pod.path()).k8s("default", "ll"), &conf);
+    let out = w.calico(
+        &Invocation::new("ADD", "ll1", pod.path()).k8s("default", "ll"),
+        &conf,
+    );
     let err = fails_fast(&out);
     assert!(
         err["msg"]
@@ -133,7 +149,8 @@ fn values_the_kernel_rejects_fail_cleanly() {
         let conf = w.conf(extra.clone());
         let pod = w.pod();
         let out = w.calico(
-            &Invocation::new("ADD", &format!("kv{i}"), pod.path()).k8s("default", &format!("kv{i}")),
+            &Invocation::new("ADD", &format!("kv{i}"), pod.path())
+                .k8s("default", &format!("kv{i}")),
             &conf,
         );
         let err = fails_fast(&out);
@@ -191,7 +208,8 @@ fn an_empty_block_without_affinity_is_borrowed_from() {
     // One block's worth of pool, taken by an empty, non-affine block.
     w.seed_pool("one-block", "10.65.3.0/29", 29);
     let block = r#"{"cidr":"10.65.3.0/29","affinity":null,"allocations":[null,null,null,null,null,null,null,null],"unallocated":[0,1,2,3,4,5,6,7],"attributes":[],"sequenceNumber":1,"sequenceNumberForAllocation":{},"deleted":false}"#;
-    w.etcd.put("/calico/ipam/v2/assignment/ipv4/block/10.65.3.0-29", block);
+    w.etcd
+        .put("/calico/ipam/v2/assignment/ipv4/block/10.65.3.0-29", block);
     let conf = w.conf(json!({}));
     let pod = w.pod();
     let inv = Invocation::new("ADD", "borrow1", pod.path());
@@ -206,7 +224,8 @@ fn an_empty_block_without_affinity_is_borrowed_from() {
     // Emptied and non-affine, the block was deleted by that DEL; put it back. With strict
     // affinity there is nothing to borrow from: upstream's message.
     assert!(w.keys("/calico/ipam/v2/assignment/").is_empty());
-    w.etcd.put("/calico/ipam/v2/assignment/ipv4/block/10.65.3.0-29", block);
+    w.etcd
+        .put("/calico/ipam/v2/assignment/ipv4/block/10.65.3.0-29", block);
     w.etcd.put(
         "/calico/ipam/v2/config",
         r#"{"strict_affinity":true,"auto_allocate_blocks":true}"#,
@@ -236,7 +255,12 @@ fn two_adds_of_the_same_sandbox_never_free_the_winners_address() {
             (a.join().unwrap(), b.join().unwrap())
         });
         assert!(a.elapsed < FAST && b.elapsed < FAST);
-        assert!(a.code == 0 || b.code == 0, "both failed: {} / {}", a.stdout, b.stdout);
+        assert!(
+            a.code == 0 || b.code == 0,
+            "both failed: {} / {}",
+            a.stdout,
+            b.stdout
+        );
         let wep = w.get(&format!("{WEP_PREFIX}default/node1-k8s-race--{round}-eth0"));
         let listed: Vec<String> = wep["spec"]["ipNetworks"]
             .as_array()
@@ -249,7 +273,14 @@ fn two_adds_of_the_same_sandbox_never_free_the_winners_address() {
         let mut held = Vec::new();
         for k in w.keys("/calico/ipam/v2/assignment/ipv4/") {
             let blk = w.get(&k);
-            let base: std::net::Ipv4Addr = blk["cidr"].as_str().unwrap().split('/').next().unwrap().parse().unwrap();
+            let base: std::net::Ipv4Addr = blk["cidr"]
+                .as_str()
+                .unwrap()
+                .split('/')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
             for (o, a) in blk["allocations"].as_array().unwrap().iter().enumerate() {
                 if let Some(i) = a.as_u64() {
                     if blk["attributes"][i as usize]["handle_id"] == handle.as_str() {
@@ -259,7 +290,10 @@ fn two_adds_of_the_same_sandbox_never_free_the_winners_address() {
             }
         }
         for ip in &listed {
-            assert!(held.contains(ip), "round {round}: the endpoint's {ip} is not allocated (held {held:?})");
+            assert!(
+                held.contains(ip),
+                "round {round}: the endpoint's {ip} is not allocated (held {held:?})"
+            );
         }
         // The handle's count matches the blocks.
         let counted: i64 = w.get(&format!("/calico/ipam/v2/handle/{handle}"))["block"]
@@ -290,7 +324,11 @@ fn unusable_interface_names_leak_nothing() {
                 inv = inv.k8s("default", &format!("dash{i}"));
             }
             let err = fails_fast(&w.calico(&inv, &conf));
-            let which = if ifname.starts_with('-') { "begin" } else { "end" };
+            let which = if ifname.starts_with('-') {
+                "begin"
+            } else {
+                "end"
+            };
             assert_eq!(
                 err["msg"],
                 format!("error constructing WorkloadEndpoint name: error with field endpoint = '{ifname}' (field must not {which} with a '-')")
@@ -300,7 +338,10 @@ fn unusable_interface_names_leak_nothing() {
             // by DEL, although the name cannot be built.
             let held = Invocation::new("ADD", &cid, "/dev/null").via_calico();
             w.ipam(&held, &conf).assert_ok();
-            assert_eq!(w.keys(&format!("/calico/ipam/v2/handle/net1.{cid}")).len(), 1);
+            assert_eq!(
+                w.keys(&format!("/calico/ipam/v2/handle/net1.{cid}")).len(),
+                1
+            );
             ok_fast(&w.calico(&inv.as_del(), &conf));
             w.assert_clean();
         }
@@ -349,7 +390,11 @@ fn lock_and_log_files_are_private_and_the_lock_wait_is_bounded() {
         "took {:?}",
         out.elapsed
     );
-    assert!(out.stderr.contains("continuing without it"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("continuing without it"),
+        "{}",
+        out.stderr
+    );
     drop(held);
     ok_fast(&w.calico(&inv.as_del(), &conf));
     ok_fast(&w.calico(&Invocation::new("DEL", "modes2", pod2.path()), &conf));
@@ -362,17 +407,28 @@ fn lock_and_log_files_are_private_and_the_lock_wait_is_bounded() {
 fn host_local_use_pod_cidr_on_del() {
     let w = World::new();
     let data = w.scratch.path().join("host-local");
-    let add_conf = w.conf(json!({"ipam": {"type": "host-local", "subnet": "10.66.0.0/24",
-        "dataDir": data.display().to_string()}}));
-    let del_conf = w.conf(json!({"ipam": {"type": "host-local", "subnet": "usePodCidr",
-        "ranges": [[{"subnet": "usePodCidrIPv6"}]], "dataDir": data.display().to_string()}}));
+    let add_conf = w.conf(
+        json!({"ipam": {"type": "host-local", "subnet": "10.66.0.0/24",
+        "dataDir": data.display().to_string()}}),
+    );
+    let del_conf = w.conf(
+        json!({"ipam": {"type": "host-local", "subnet": "usePodCidr",
+        "ranges": [[{"subnet": "usePodCidrIPv6"}]], "dataDir": data.display().to_string()}}),
+    );
     let pod = w.pod();
     let inv = Invocation::new("ADD", "hlpod1", pod.path()).k8s("default", "hlpod");
     let out = w.calico(&inv, &add_conf);
     ok_fast(&out);
-    let ip = out.json()["ips"][0]["address"].as_str().unwrap().trim_end_matches("/32").to_string();
+    let ip = out.json()["ips"][0]["address"]
+        .as_str()
+        .unwrap()
+        .trim_end_matches("/32")
+        .to_string();
     assert!(data.join("net1").join(&ip).exists());
     ok_fast(&w.calico(&inv.as_del(), &del_conf));
-    assert!(!data.join("net1").join(&ip).exists(), "host-local released the address");
+    assert!(
+        !data.join("net1").join(&ip).exists(),
+        "host-local released the address"
+    );
     w.assert_clean();
 }

@@ -235,6 +235,53 @@ fn deselected_empty_blocks_lose_their_affinity() {
         .is_some());
 }
 
+/// Item 22, as v3.32.1: a block whose pool is disabled is kept (only enabled pools are
+/// looked at); a release with the Node gone keeps the affinity; a nodeSelector that does
+/// not parse fails the ADD with the parser's text (and never releases anything).
+#[test]
+fn deselected_affinity_release_is_conservative() {
+    let env = Env::new();
+    env.ipam("ADD", "k1").assert_ok();
+    env.ipam("DEL", "k1").assert_ok();
+    // Disabled and deselected: the empty affine block is kept.
+    env.etcd.put(
+        "/calico/resources/v3/projectcalico.org/ippools/p29",
+        r#"{"kind":"IPPool","apiVersion":"projectcalico.org/v3","metadata":{"name":"p29"},"spec":{"cidr":"10.80.0.0/29","blockSize":29,"nodeSelector":"zone == 'x'","disabled":true}}"#,
+    );
+    put_pool(&env, "q29", "10.81.0.0/29", "all()");
+    let r = env.ipam("ADD", "k2").assert_ok().json();
+    assert_eq!(r["ips"][0]["address"], "10.81.0.0/29");
+    assert!(
+        env.etcd.get_raw(AFFINITY).is_some(),
+        "a disabled pool's block is kept"
+    );
+    // The Node is gone when q29 stops selecting it: the release keeps the affinity.
+    put_pool(&env, "q29", "10.81.0.0/29", "zone == 'x'");
+    env.etcd
+        .etcdctl(&["del", "/calico/resources/v3/projectcalico.org/nodes/node1"]);
+    env.ipam("DEL", "k2").assert_ok();
+    assert!(env
+        .etcd
+        .get_raw("/calico/ipam/v2/host/node1/ipv4/block/10.81.0.0-29")
+        .is_some());
+    // A selector that does not parse: the ADD fails with the parser's own text.
+    env.etcd.put(
+        "/calico/resources/v3/projectcalico.org/nodes/node1",
+        r#"{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node1"},"spec":{}}"#,
+    );
+    let bad = "zone ==== 'x'";
+    put_pool(&env, "q29", "10.81.0.0/29", bad);
+    let want = calico_cni::ipam::selector::parse(bad)
+        .unwrap_err()
+        .to_string();
+    let err = env.ipam("ADD", "k3").assert_err();
+    assert_eq!(err["msg"], want.as_str());
+    assert!(env
+        .etcd
+        .get_raw("/calico/ipam/v2/host/node1/ipv4/block/10.81.0.0-29")
+        .is_some());
+}
+
 /// A claimer that crashed after writing its `pending` affinity (no block yet): the next ADD
 /// on that host finishes the claim — block created, affinity confirmed.
 #[test]

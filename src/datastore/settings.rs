@@ -129,22 +129,42 @@ mod tests {
         assert!(s.etcd_endpoints.is_empty());
         assert_eq!(s.datastore_type, "kubernetes");
         // Without a NetConf value the plain name is read.
-        let s = resolve(r#"{"name":"n"}"#, &[("ETCD_ENDPOINTS", "http://a:1,http://b:2")]).unwrap();
+        let s = resolve(
+            r#"{"name":"n"}"#,
+            &[("ETCD_ENDPOINTS", "http://a:1,http://b:2")],
+        )
+        .unwrap();
         assert_eq!(s.etcd_endpoints, vec!["http://a:1", "http://b:2"]);
     }
 
     #[test]
     fn datastore_type_defaults_and_refusals() {
-        assert_eq!(resolve(r#"{"name":"n"}"#, &[]).unwrap().datastore_type, "kubernetes");
+        assert_eq!(
+            resolve(r#"{"name":"n"}"#, &[]).unwrap().datastore_type,
+            "kubernetes"
+        );
         // Discovery alone does not select etcd.
         let s = resolve(r#"{"name":"n","etcd_discovery_srv":"example.com"}"#, &[]).unwrap();
-        assert_eq!((s.datastore_type.as_str(), s.etcd_discovery_srv.as_str()), ("kubernetes", "example.com"));
-        let s = resolve(r#"{"name":"n","datastore_type":"etcdv3"}"#, &[("DATASTORE_TYPE", "kubernetes")]).unwrap();
+        assert_eq!(
+            (s.datastore_type.as_str(), s.etcd_discovery_srv.as_str()),
+            ("kubernetes", "example.com")
+        );
+        let s = resolve(
+            r#"{"name":"n","datastore_type":"etcdv3"}"#,
+            &[("DATASTORE_TYPE", "kubernetes")],
+        )
+        .unwrap();
         assert_eq!(s.datastore_type, "etcdv3");
-        let s = resolve(r#"{"name":"n","datastore_type":"etcdv3"}"#, &[("CALICO_DATASTORE_TYPE", "kubernetes")]).unwrap();
+        let s = resolve(
+            r#"{"name":"n","datastore_type":"etcdv3"}"#,
+            &[("CALICO_DATASTORE_TYPE", "kubernetes")],
+        )
+        .unwrap();
         assert_eq!(s.datastore_type, "kubernetes");
         assert_eq!(
-            resolve(r#"{"name":"n","datastore_type":"Kubernetes"}"#, &[]).unwrap_err().to_string(),
+            resolve(r#"{"name":"n","datastore_type":"Kubernetes"}"#, &[])
+                .unwrap_err()
+                .to_string(),
             "unknown datastore type: Kubernetes"
         );
     }
@@ -153,14 +173,45 @@ mod tests {
     fn credentials_files_and_groups() {
         let conf = r#"{"name":"n","etcd_endpoints":"http://e:1","etcd_ca_cert_file":"/conf/ca"}"#;
         let s = resolve(conf, &[("ETCD_USERNAME", "u")]).unwrap();
-        assert_eq!((s.etcd_username.as_str(), s.etcd_password.as_str()), ("", ""));
-        let s = resolve(conf, &[("ETCD_USERNAME", "u"), ("CALICO_ETCD_PASSWORD", "p")]).unwrap();
-        assert_eq!((s.etcd_username.as_str(), s.etcd_password.as_str()), ("u", "p"));
-        let s = resolve(conf, &[("CALICO_ETCD_CA_CERT_FILE", "/env/ca"), ("ETCD_KEY_FILE", "/env/key")]).unwrap();
-        assert_eq!((s.etcd_ca_cert_file.as_str(), s.etcd_key_file.as_str()), ("/env/ca", "/env/key"));
-        let s = resolve(r#"{"name":"n","calico_api_group":"projectcalico.org/v3"}"#, &[("CALICO_CALICO_API_GROUP", "crd.projectcalico.org/v1")]).unwrap();
+        assert_eq!(
+            (s.etcd_username.as_str(), s.etcd_password.as_str()),
+            ("", "")
+        );
+        let s = resolve(
+            conf,
+            &[("ETCD_USERNAME", "u"), ("CALICO_ETCD_PASSWORD", "p")],
+        )
+        .unwrap();
+        assert_eq!(
+            (s.etcd_username.as_str(), s.etcd_password.as_str()),
+            ("u", "p")
+        );
+        let s = resolve(
+            conf,
+            &[
+                ("CALICO_ETCD_CA_CERT_FILE", "/env/ca"),
+                ("ETCD_KEY_FILE", "/env/key"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            (s.etcd_ca_cert_file.as_str(), s.etcd_key_file.as_str()),
+            ("/env/ca", "/env/key")
+        );
+        let s = resolve(
+            r#"{"name":"n","calico_api_group":"projectcalico.org/v3"}"#,
+            &[("CALICO_CALICO_API_GROUP", "crd.projectcalico.org/v1")],
+        )
+        .unwrap();
         assert_eq!(s.calico_api_group, "crd.projectcalico.org/v1");
-        let s = resolve(r#"{"name":"n","kubernetes":{"kubeconfig":"/conf/kc","k8s_api_root":"https://a"}}"#, &[("KUBECONFIG", "/env/kc")]).unwrap();
-        assert_eq!((s.kubeconfig.as_str(), s.k8s_api_endpoint.as_str()), ("/conf/kc", "https://a"));
+        let s = resolve(
+            r#"{"name":"n","kubernetes":{"kubeconfig":"/conf/kc","k8s_api_root":"https://a"}}"#,
+            &[("KUBECONFIG", "/env/kc")],
+        )
+        .unwrap();
+        assert_eq!(
+            (s.kubeconfig.as_str(), s.k8s_api_endpoint.as_str()),
+            ("/conf/kc", "https://a")
+        );
     }
 }

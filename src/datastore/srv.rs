@@ -231,19 +231,38 @@ mod tests {
     #[test]
     fn answers_and_errors() {
         let name = "_etcd-client._tcp.example.com";
-        let r = parse_answer(&response(name, 0, &[(10, 2379, "e2.example.com"), (0, 2380, "e1.example.com")])).unwrap();
+        let r = parse_answer(&response(
+            name,
+            0,
+            &[(10, 2379, "e2.example.com"), (0, 2380, "e1.example.com")],
+        ))
+        .unwrap();
         assert_eq!(r.len(), 2);
         assert_eq!(r[1].target, "e1.example.com.");
         assert_eq!((r[1].priority, r[1].port), (0, 2380));
-        assert_eq!(parse_answer(&response(name, 3, &[])).unwrap_err(), "no such host");
-        assert_eq!(parse_answer(&response(name, 2, &[])).unwrap_err(), "server misbehaving");
+        assert_eq!(
+            parse_answer(&response(name, 3, &[])).unwrap_err(),
+            "no such host"
+        );
+        assert_eq!(
+            parse_answer(&response(name, 2, &[])).unwrap_err(),
+            "server misbehaving"
+        );
         assert!(parse_answer(&[0, 1]).is_err());
     }
 
     #[test]
     fn resolv_conf() {
-        let ns = nameservers("# c\nsearch x\nnameserver 10.0.0.2\nnameserver fe80::1%eth0\noptions ndots:5\n");
-        assert_eq!(ns, vec!["10.0.0.2:53".parse().unwrap(), "[fe80::1]:53".parse().unwrap()]);
+        let ns = nameservers(
+            "# c\nsearch x\nnameserver 10.0.0.2\nnameserver fe80::1%eth0\noptions ndots:5\n",
+        );
+        assert_eq!(
+            ns,
+            vec![
+                "10.0.0.2:53".parse().unwrap(),
+                "[fe80::1]:53".parse().unwrap()
+            ]
+        );
         assert_eq!(nameservers(""), vec!["127.0.0.1:53".parse().unwrap()]);
     }
 
@@ -271,7 +290,9 @@ mod tests {
             https.unwrap_err(),
             format!("lookup _etcd-client-ssl._tcp.example.test on {addr}: no such host")
         );
-        let http = lookup_srv(&[addr], "_etcd-client._tcp.example.test").await.unwrap();
+        let http = lookup_srv(&[addr], "_etcd-client._tcp.example.test")
+            .await
+            .unwrap();
         assert_eq!(http[0].target, "localhost.");
     }
 }
