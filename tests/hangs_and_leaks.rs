@@ -375,7 +375,7 @@ fn lock_and_log_files_are_private_and_the_lock_wait_is_bounded() {
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&lock_dir.join("ipam.lock")), 0o600);
     assert_eq!(mode(&lock_dir), 0o755);
-    assert_eq!(mode(&lock_dir.parent().unwrap().to_path_buf()), 0o755);
+    assert_eq!(mode(lock_dir.parent().unwrap()), 0o755);
     assert_eq!(mode(&log_dir.join("cni.log")), 0o644);
     assert_eq!(mode(&log_dir), 0o755);
 

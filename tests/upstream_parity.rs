@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::cni::Invocation;
 use common::world::{World, NODE, WEP_PREFIX};
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// Item 9: a call bad in its environment and in its config gets code 4 (libcni validates
 /// the environment before it reads stdin), however it is bad.
