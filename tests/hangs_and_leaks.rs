@@ -378,6 +378,19 @@ fn lock_and_log_files_are_private_and_the_lock_wait_is_bounded() {
     assert_eq!(mode(lock_dir.parent().unwrap()), 0o755);
     assert_eq!(mode(&log_dir.join("cni.log")), 0o644);
     assert_eq!(mode(&log_dir), 0o755);
+    // An unprivileged user cannot even open the lock file to hold it.
+    let nobody = std::process::Command::new("runuser")
+        .args(["-u", "nobody", "--", "flock", "-n"])
+        .arg(lock_dir.join("ipam.lock"))
+        .arg("true")
+        .output()
+        .unwrap();
+    assert!(!nobody.status.success());
+    assert!(
+        String::from_utf8_lossy(&nobody.stderr).contains("Permission denied"),
+        "{}",
+        String::from_utf8_lossy(&nobody.stderr)
+    );
 
     // Someone holds the lock and never lets go: the ADD waits ~10 s, then goes on.
     let file = std::fs::File::open(lock_dir.join("ipam.lock")).unwrap();
