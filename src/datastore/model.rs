@@ -356,7 +356,8 @@ pub struct IpamConfig {
 }
 
 impl IpamConfig {
-    /// The in-memory defaults used when no config is stored (nothing is written).
+    /// v3.32.1's defaults, which `GetIPAMConfig` stores when no config exists:
+    /// `{"auto_allocate_blocks":true,"kubeVirtVMAddressPersistence":"Enabled"}`.
     pub fn defaults() -> Self {
         IpamConfig {
             auto_allocate_blocks: true,

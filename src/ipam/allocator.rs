@@ -199,12 +199,6 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         Err(IpamError::ConfigRetries)
     }
 
-    /// IPAMConfig as upstream's `GetIPAMConfig` returns it (created when missing).
-    pub async fn ipam_config(&self) -> Result<IpamConfig, IpamError> {
-        let stored = self.stored_config().await?;
-        self.config_or_create(stored).await
-    }
-
     async fn reservations(&self) -> Result<Vec<IpNet>, IpamError> {
         let rs: Vec<IpReservation> = list_resources(
             self.ds,

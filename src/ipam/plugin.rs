@@ -213,17 +213,10 @@ async fn cmd_del(args: &CmdArgs) -> Result<()> {
     release(&ds, &identify(args, conf, false)?).await
 }
 
-async fn release<D: Datastore>(ds: &D, call: &Call) -> Result<()> {
-    release_handles(ds, &call.conf, &call.ids).await
-}
-
 /// DEL's release: the handle `<network>.<containerID>`, then the legacy one, under the IPAM
 /// lock and within one 90 s budget; a handle that does not exist is success.
-pub async fn release_handles<D: Datastore>(
-    ds: &D,
-    conf: &NetConf,
-    ids: &WepIdentifiers,
-) -> Result<()> {
+async fn release<D: Datastore>(ds: &D, call: &Call) -> Result<()> {
+    let (conf, ids) = (&call.conf, &call.ids);
     let ipam = Ipam::new(ds, &ids.node);
     let _lock = IpamLock::acquire(conf.ipam_lock_file());
     with_timeout(async {
