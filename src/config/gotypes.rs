@@ -276,28 +276,19 @@ fn check_value(
             _ => mismatch("bool"),
         },
         GoType::Int | GoType::Uint64 => {
-            let Value::Number(n) = v else {
-                return mismatch(if matches!(ty, GoType::Int) {
-                    "int"
-                } else {
-                    "uint64"
-                });
+            let (go_type, signed) = match ty {
+                GoType::Int => ("int", true),
+                _ => ("uint64", false),
             };
-            let fits = if matches!(ty, GoType::Int) {
-                n.is_i64()
-            } else {
-                n.is_u64()
+            let Value::Number(n) = v else {
+                return mismatch(go_type);
             };
             // Go refuses a fraction, an exponent or an out-of-range value for an integer.
             let literal = n.to_string();
+            let fits = if signed { n.is_i64() } else { n.is_u64() };
             if fits && !literal.contains(['.', 'e', 'E']) {
                 Ok(())
             } else {
-                let go_type = if matches!(ty, GoType::Int) {
-                    "int"
-                } else {
-                    "uint64"
-                };
                 Err(type_error(
                     &format!("number {literal}"),
                     struct_name,

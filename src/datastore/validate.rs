@@ -271,30 +271,37 @@ fn is_cidr(s: &str) -> bool {
     s.parse::<IpNet>().is_ok() || s.parse::<IpAddr>().is_ok()
 }
 
+/// A string field, its value, its validator tag and the tag's check.
+type ScalarRule<'a> = (&'static str, &'a str, &'static str, fn(&str) -> bool);
+
 /// Validates a WorkloadEndpoint as clientv3's Create/Update does.
 pub fn workload_endpoint(wep: &WorkloadEndpoint) -> Result<(), ValidationError> {
     let mut e = Errors::default();
     object_meta(&mut e, &wep.metadata.name, wep.metadata.labels.as_ref());
     let s = &wep.spec;
-    for (field, value) in [
-        ("Orchestrator", &s.orchestrator),
-        ("Workload", &s.workload),
-        ("Node", &s.node),
-    ] {
-        if !value.is_empty() && !is_name(value) {
-            e.tag(field, value, "name");
-        }
-    }
-    if !s.container_id.is_empty() && !is_container_id(&s.container_id) {
-        e.tag("ContainerID", &s.container_id, "containerID");
-    }
-    for (field, value) in [
-        ("Pod", &s.pod),
-        ("Endpoint", &s.endpoint),
-        ("ServiceAccountName", &s.service_account_name),
-    ] {
-        if !value.is_empty() && !is_name(value) {
-            e.tag(field, value, "name");
+    // The scalar spec fields in declaration order, each with its validator tag.
+    let scalars: [ScalarRule; 7] = [
+        ("Orchestrator", &s.orchestrator, "name", is_name),
+        ("Workload", &s.workload, "name", is_name),
+        ("Node", &s.node, "name", is_name),
+        (
+            "ContainerID",
+            &s.container_id,
+            "containerID",
+            is_container_id,
+        ),
+        ("Pod", &s.pod, "name", is_name),
+        ("Endpoint", &s.endpoint, "name", is_name),
+        (
+            "ServiceAccountName",
+            &s.service_account_name,
+            "name",
+            is_name,
+        ),
+    ];
+    for (field, value, tag, valid) in scalars {
+        if !value.is_empty() && !valid(value) {
+            e.tag(field, value, tag);
         }
     }
     for (i, n) in s.ip_networks.iter().enumerate() {
