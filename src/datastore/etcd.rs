@@ -270,31 +270,6 @@ fn key_from_path(what: &ListKind, path: &str) -> Option<Key> {
     }
 }
 
-/// libcalico-go's `<Kind>(<ns>/<name>)` text for not-found / already-exists errors.
-fn describe(key: &Key) -> String {
-    match key {
-        Key::Resource {
-            kind,
-            namespace,
-            name,
-        } => match namespace {
-            Some(ns) if kind.namespaced() => format!("{}({ns}/{name})", kind.name()),
-            _ => format!("{}({name})", kind.name()),
-        },
-        Key::Block { cidr } => format!("BlockKey(cidr={})", cidr.masked()),
-        Key::BlockAffinity {
-            host,
-            cidr,
-            affinity_type,
-        } => format!(
-            "BlockAffinityKey(cidr={}, host={host}, affinityType={affinity_type})",
-            cidr.masked()
-        ),
-        Key::Handle { id } => format!("IPAMHandleKey(id={id})"),
-        Key::IpamConfig => "IPAMConfigKey()".to_string(),
-    }
-}
-
 fn decode_value(key: &Key, raw: &[u8]) -> Result<Value, DatastoreError> {
     if raw.is_empty() && matches!(key, Key::BlockAffinity { .. }) {
         return Ok(Value::Object(Default::default()));
@@ -333,7 +308,7 @@ fn parse_rev(key: &Key, revision: &str) -> Result<i64, DatastoreError> {
     revision.parse().map_err(|_| {
         DatastoreError::Other(format!(
             "invalid revision {revision:?} for {}",
-            describe(key)
+            key.describe()
         ))
     })
 }
@@ -345,9 +320,9 @@ fn failed_compare(key: &Key, resp: &etcd_client::TxnResponse) -> DatastoreError 
         _ => false,
     });
     if exists {
-        DatastoreError::Conflict(describe(key))
+        DatastoreError::Conflict(key.describe())
     } else {
-        DatastoreError::NotFound(describe(key))
+        DatastoreError::NotFound(key.describe())
     }
 }
 
@@ -384,7 +359,7 @@ impl Datastore for EtcdDatastore {
             .await?;
         match resp.kvs().first() {
             Some(item) => to_pair(key.clone(), item),
-            None => Err(DatastoreError::NotFound(describe(key))),
+            None => Err(DatastoreError::NotFound(key.describe())),
         }
     }
 
@@ -421,7 +396,7 @@ impl Datastore for EtcdDatastore {
                     return Ok(rev);
                 }
             }
-            return Err(DatastoreError::AlreadyExists(describe(key)));
+            return Err(DatastoreError::AlreadyExists(key.describe()));
         }
         Ok(header_revision(&resp))
     }
@@ -478,7 +453,7 @@ impl Datastore for EtcdDatastore {
         }) {
             Ok(())
         } else {
-            Err(DatastoreError::NotFound(describe(key)))
+            Err(DatastoreError::NotFound(key.describe()))
         };
         match outcome {
             // Retried after a lost answer: the first attempt deleted it.
@@ -564,10 +539,6 @@ mod tests {
             Some(Key::Block {
                 cidr: "10.0.0.0/26".parse().unwrap()
             })
-        );
-        assert_eq!(
-            describe(&Key::resource(Kind::Node, None, "node1")),
-            "Node(node1)"
         );
     }
 }

@@ -103,6 +103,35 @@ impl Key {
     }
 }
 
+impl Key {
+    /// libcalico-go's text for the key in not-found / already-exists / conflict errors
+    /// (`BlockAffinityKey(cidr=…, host=…, affinityType=…)`, `WorkloadEndpoint(ns/name)`):
+    /// the same whichever backend stored it.
+    pub fn describe(&self) -> String {
+        match self {
+            Key::Resource {
+                kind,
+                namespace,
+                name,
+            } => match namespace {
+                Some(ns) if kind.namespaced() => format!("{}({ns}/{name})", kind.name()),
+                _ => format!("{}({name})", kind.name()),
+            },
+            Key::Block { cidr } => format!("BlockKey(cidr={})", cidr.masked()),
+            Key::BlockAffinity {
+                host,
+                cidr,
+                affinity_type,
+            } => format!(
+                "BlockAffinityKey(cidr={}, host={host}, affinityType={affinity_type})",
+                cidr.masked()
+            ),
+            Key::Handle { id } => format!("IPAMHandleKey(id={id})"),
+            Key::IpamConfig => "IPAMConfigKey()".to_string(),
+        }
+    }
+}
+
 /// What to list.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ListKind {
