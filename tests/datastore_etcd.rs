@@ -48,7 +48,7 @@ fn create_update_delete_semantics() {
         };
         assert!(matches!(
             ds.get(&key).await,
-            Err(DatastoreError::NotFound(_))
+            Err(DatastoreError::NotFound { .. })
         ));
         let r1 = ds
             .create(&key, &json!({"block":{"10.0.0.0/26":1},"deleted":false}))

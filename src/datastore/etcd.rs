@@ -322,7 +322,7 @@ fn failed_compare(key: &Key, resp: &etcd_client::TxnResponse) -> DatastoreError 
     if exists {
         DatastoreError::Conflict(key.describe())
     } else {
-        DatastoreError::NotFound(key.describe())
+        DatastoreError::not_found(key)
     }
 }
 
@@ -359,7 +359,7 @@ impl Datastore for EtcdDatastore {
             .await?;
         match resp.kvs().first() {
             Some(item) => to_pair(key.clone(), item),
-            None => Err(DatastoreError::NotFound(key.describe())),
+            None => Err(DatastoreError::not_found(key)),
         }
     }
 
@@ -453,11 +453,11 @@ impl Datastore for EtcdDatastore {
         }) {
             Ok(())
         } else {
-            Err(DatastoreError::NotFound(key.describe()))
+            Err(DatastoreError::not_found(key))
         };
         match outcome {
             // Retried after a lost answer: the first attempt deleted it.
-            Err(DatastoreError::NotFound(_)) if attempts > 1 => Ok(()),
+            Err(DatastoreError::NotFound { .. }) if attempts > 1 => Ok(()),
             other => other,
         }
     }

@@ -175,8 +175,10 @@ impl KvPair {
 /// Errors from any backend, in libcalico-go's vocabulary (the texts match its `errors` package).
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
 pub enum DatastoreError {
-    #[error("resource does not exist: {0} with error: <nil>")]
-    NotFound(String),
+    /// `key` is `Key::describe()`; `cause` the backend's own error (`<nil>` on etcd, the API
+    /// server's message on Kubernetes), as libcalico-go's `ErrorResourceDoesNotExist` prints.
+    #[error("resource does not exist: {key} with error: {cause}")]
+    NotFound { key: String, cause: String },
     #[error("resource already exists: {0}")]
     AlreadyExists(String),
     #[error("update conflict: {0}")]
@@ -192,8 +194,15 @@ pub enum DatastoreError {
 }
 
 impl DatastoreError {
+    /// The key is absent (etcd's wording: no underlying error).
+    pub fn not_found(key: &Key) -> DatastoreError {
+        DatastoreError::NotFound {
+            key: key.describe(),
+            cause: "<nil>".into(),
+        }
+    }
     pub fn is_not_found(&self) -> bool {
-        matches!(self, DatastoreError::NotFound(_))
+        matches!(self, DatastoreError::NotFound { .. })
     }
     pub fn is_conflict(&self) -> bool {
         matches!(self, DatastoreError::Conflict(_))
