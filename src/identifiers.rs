@@ -179,6 +179,44 @@ impl WepIdentifiers {
     }
 }
 
+/// Splits a WorkloadEndpoint name (or a prefix of one) into its segments — node,
+/// orchestrator, workload, endpoint — at each single `-` (a doubled `--` is an escaped `-`).
+/// The workload is the pod for the k8s orchestrator. None when there are more than four.
+pub fn parse_wep_name(name: &str) -> Option<WepIdentifiers> {
+    let mut parts: Vec<String> = vec![String::new()];
+    let mut chars = name.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '-' {
+            if chars.peek() == Some(&'-') {
+                chars.next();
+                parts.last_mut()?.push('-');
+            } else {
+                parts.push(String::new());
+            }
+        } else {
+            parts.last_mut()?.push(c);
+        }
+    }
+    if parts.len() > 4 {
+        return None;
+    }
+    parts.resize(4, String::new());
+    let [node, orchestrator, workload, endpoint] = <[String; 4]>::try_from(parts).ok()?;
+    let pod = if orchestrator == ORCH_K8S {
+        workload.clone()
+    } else {
+        String::new()
+    };
+    Some(WepIdentifiers {
+        node,
+        orchestrator,
+        workload,
+        pod,
+        endpoint,
+        ..Default::default()
+    })
+}
+
 /// `<prefix>` + the first 11 hex digits of sha1("<namespace>.<pod>").
 pub fn veth_name_for_workload(prefix: &str, namespace: &str, pod: &str) -> String {
     let digest = Sha1::digest(format!("{namespace}.{pod}").as_bytes());
@@ -222,6 +260,18 @@ fn join_segments(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn wep_names_parse_back() {
+        let ids = super::parse_wep_name("node--1-k8s-web--1-eth0").unwrap();
+        assert_eq!(
+            (ids.node.as_str(), ids.orchestrator.as_str(), ids.pod.as_str(), ids.endpoint.as_str()),
+            ("node-1", "k8s", "web-1", "eth0")
+        );
+        let prefix = super::parse_wep_name("node1-k8s-p-").unwrap();
+        assert_eq!((prefix.pod.as_str(), prefix.endpoint.as_str()), ("p", ""));
+        assert!(super::parse_wep_name("a-b-c-d-e").is_none());
+    }
+
     use super::*;
 
     #[test]

@@ -5,7 +5,10 @@
 //! `BlockAffinityKey`, `IPAMHandleKey`, `IPAMConfigKey`); each backend maps them to its own
 //! storage (etcd key paths, Kubernetes REST paths). Values are the JSON upstream stores.
 
+pub mod backend;
 pub mod etcd;
+pub mod kubernetes;
+pub mod memory;
 pub mod model;
 pub mod resources;
 pub mod settings;
@@ -185,9 +188,12 @@ pub enum DatastoreError {
     Conflict(String),
     #[error("error connecting to the datastore: {0}")]
     Unavailable(String),
+    /// A 401 / 403 from the API server.
+    #[error("connection is unauthorized: {0}")]
+    Unauthorized(String),
     #[error("failed to decode {key}: {error}")]
     Decode { key: String, error: String },
-    #[error("datastore configuration error: {0}")]
+    #[error("{0}")]
     Config(String),
     #[error("datastore error: {0}")]
     Other(String),

@@ -9,6 +9,7 @@
 //! environment is passed in, so these rules are unit-tested without touching the process.
 
 use crate::config::NetConf;
+use crate::datastore::kubernetes::client::KubeSettings;
 
 /// The resolved connection settings.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -24,8 +25,8 @@ pub struct DatastoreSettings {
     /// Only used when both are set, as upstream.
     pub etcd_username: String,
     pub etcd_password: String,
-    pub kubeconfig: String,
-    pub k8s_api_endpoint: String,
+    /// The Kubernetes datastore's API server (kubeconfig and the `K8S_*` overrides).
+    pub kube: KubeSettings,
     pub calico_api_group: String,
 }
 
@@ -88,10 +89,44 @@ impl DatastoreSettings {
             etcd_ca_cert_file: get("ETCD_CA_CERT_FILE", &conf.etcd_ca_cert_file),
             etcd_username,
             etcd_password,
-            kubeconfig: get("KUBECONFIG", &conf.kubernetes.kubeconfig),
-            k8s_api_endpoint: get("K8S_API_ENDPOINT", &conf.kubernetes.k8s_api_root),
+            kube: KubeSettings {
+                kubeconfig: get("KUBECONFIG", &conf.kubernetes.kubeconfig),
+                server: get("K8S_API_ENDPOINT", &conf.kubernetes.k8s_api_root),
+                // The field has no envconfig name, so envconfig reads `CALICO_K8SAPITOKEN`
+                // or `K8SAPITOKEN`; the `K8S_API_TOKEN` the CNI exports is never read.
+                token: get("K8SAPITOKEN", ""),
+                ca_file: get("K8S_CA_FILE", ""),
+                cert_file: get("K8S_CERT_FILE", ""),
+                key_file: get("K8S_KEY_FILE", ""),
+                insecure_skip_tls_verify: matches!(
+                    get("K8S_INSECURE_SKIP_TLS_VERIFY", "").as_str(),
+                    "1" | "t" | "T" | "true" | "TRUE" | "True"
+                ),
+                context: get("K8S_CURRENT_CONTEXT", ""),
+            },
             calico_api_group: get("CALICO_API_GROUP", &conf.calico_api_group),
         })
+    }
+
+    /// The API server the plugin itself reads pods, namespaces and nodes from (k8s.go
+    /// `getK8sRestConfig`): the NetConf's kubeconfig with its `policy.k8s_*` overrides;
+    /// `kubernetes.k8s_api_root` beats `policy.k8s_api_root`. Independent of the datastore.
+    pub fn plugin_kube(conf: &NetConf) -> KubeSettings {
+        let p = &conf.policy;
+        let server = if conf.kubernetes.k8s_api_root.is_empty() {
+            p.k8s_api_root.clone()
+        } else {
+            conf.kubernetes.k8s_api_root.clone()
+        };
+        KubeSettings {
+            kubeconfig: conf.kubernetes.kubeconfig.clone(),
+            server,
+            token: p.k8s_auth_token.clone(),
+            ca_file: p.k8s_certificate_authority.clone(),
+            cert_file: p.k8s_client_certificate.clone(),
+            key_file: p.k8s_client_key.clone(),
+            ..Default::default()
+        }
     }
 
     /// From the NetConf and this process's environment.
@@ -210,8 +245,29 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            (s.kubeconfig.as_str(), s.k8s_api_endpoint.as_str()),
+            (s.kube.kubeconfig.as_str(), s.kube.server.as_str()),
             ("/conf/kc", "https://a")
+        );
+        // The token the NetConf gives is exported as K8S_API_TOKEN, which the datastore
+        // never reads; only (CALICO_)K8SAPITOKEN reaches it.
+        let s = resolve(
+            r#"{"name":"n","policy":{"k8s_auth_token":"conf"}}"#,
+            &[("K8S_API_TOKEN", "x"), ("K8SAPITOKEN", "y")],
+        )
+        .unwrap();
+        assert_eq!(s.kube.token, "y");
+    }
+
+    #[test]
+    fn plugin_client_settings_come_from_the_netconf() {
+        let conf = NetConf::parse(
+            br#"{"name":"n","kubernetes":{"kubeconfig":"/kc"},"policy":{"type":"k8s","k8s_api_root":"https://p:6443","k8s_auth_token":"t","k8s_certificate_authority":"/ca"}}"#,
+        )
+        .unwrap();
+        let k = DatastoreSettings::plugin_kube(&conf);
+        assert_eq!(
+            (k.kubeconfig.as_str(), k.server.as_str(), k.token.as_str(), k.ca_file.as_str()),
+            ("/kc", "https://p:6443", "t", "/ca")
         );
     }
 }

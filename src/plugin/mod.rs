@@ -13,7 +13,7 @@ use tracing::info;
 
 use crate::client;
 use crate::config::NetConf;
-use crate::datastore::etcd::EtcdDatastore;
+use crate::datastore::backend::Backend;
 use crate::datastore::model::ClusterInformation;
 use crate::datastore::resources::get_resource;
 use crate::datastore::Kind;
@@ -62,7 +62,7 @@ impl Plugin for CalicoPlugin {
 pub struct Call {
     pub conf: NetConf,
     pub ids: WepIdentifiers,
-    pub ds: EtcdDatastore,
+    pub ds: Backend,
 }
 
 /// The first steps of every call: the config, logging, and the nodename-file gate.
@@ -110,17 +110,10 @@ pub async fn prelude(args: &CmdArgs) -> Result<Call> {
 }
 
 /// ClusterInformation `default` must say `datastoreReady: true`.
-pub async fn check_datastore_ready(ds: &EtcdDatastore) -> Result<()> {
+pub async fn check_datastore_ready<D: crate::datastore::Datastore>(ds: &D) -> Result<()> {
     let ci: ClusterInformation = get_resource(ds, Kind::ClusterInformation, None, "default")
         .await
-        .map_err(|e| {
-            let text = if e.is_not_found() {
-                "resource does not exist: ClusterInformation(default) with error: <nil>".to_string()
-            } else {
-                e.to_string()
-            };
-            Error::msg(format!("error getting ClusterInformation: {text}"))
-        })?;
+        .map_err(|e| Error::msg(format!("error getting ClusterInformation: {e}")))?;
     if ci.spec.datastore_ready != Some(true) {
         info!("Upgrade may be in progress, ready flag is not set");
         return Err(Error::msg(

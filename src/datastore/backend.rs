@@ -1,0 +1,122 @@
+//! The datastore a call uses: etcd v3 or the Kubernetes API, chosen by the resolved
+//! settings (`datastore::settings`). `Backend` dispatches the `Datastore` trait statically;
+//! `connect` is the one factory. The Kubernetes client is only built when selected.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::etcd::{EtcdConfig, EtcdDatastore};
+use super::kubernetes::client::KubeClient;
+use super::kubernetes::crd::Group;
+use super::kubernetes::KubeDatastore;
+use super::settings::DatastoreSettings;
+use super::{srv, Datastore, DatastoreError, Key, KvPair, ListKind, Revision};
+
+/// Per-request (and connect) timeout: a dead datastore fails a call instead of hanging it.
+pub const DATASTORE_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub enum Backend {
+    Etcd(EtcdDatastore),
+    Kubernetes(KubeDatastore),
+}
+
+impl Backend {
+    /// The Kubernetes API client when this is the Kubernetes datastore (the plugin reuses
+    /// its connection for pods and namespaces).
+    pub fn kube_client(&self) -> Option<&Arc<KubeClient>> {
+        match self {
+            Backend::Kubernetes(k) => Some(k.client()),
+            Backend::Etcd(_) => None,
+        }
+    }
+
+    pub fn is_kubernetes(&self) -> bool {
+        matches!(self, Backend::Kubernetes(_))
+    }
+}
+
+/// Connects to the datastore the settings name (errors are upstream's bare texts).
+pub async fn connect(s: &DatastoreSettings) -> Result<Backend, DatastoreError> {
+    if s.datastore_type == "kubernetes" {
+        let client = KubeClient::new(&s.kube, DATASTORE_TIMEOUT).await?;
+        return Ok(Backend::Kubernetes(KubeDatastore::new(
+            Arc::new(client),
+            Group::new(&s.calico_api_group),
+        )));
+    }
+    let endpoints = etcd_endpoints(s).await?;
+    let opt = |v: &str| (!v.is_empty()).then(|| v.to_string());
+    let cfg = EtcdConfig {
+        endpoints,
+        key_file: opt(&s.etcd_key_file),
+        cert_file: opt(&s.etcd_cert_file),
+        ca_cert_file: opt(&s.etcd_ca_cert_file),
+        username: opt(&s.etcd_username),
+        password: opt(&s.etcd_password),
+        timeout: DATASTORE_TIMEOUT,
+    };
+    Ok(Backend::Etcd(EtcdDatastore::connect(&cfg).await?))
+}
+
+/// The configured endpoints, or those DNS SRV discovery finds (libcalico-go etcdv3.go).
+async fn etcd_endpoints(s: &DatastoreSettings) -> Result<Vec<String>, DatastoreError> {
+    let config = |m: &str| DatastoreError::Config(m.to_string());
+    if !s.etcd_discovery_srv.is_empty() && !s.etcd_endpoints.is_empty() {
+        return Err(config("multiple discovery or bootstrap options specified, use either \"etcdEndpoints\" or \"etcdDiscoverySrv\""));
+    }
+    let endpoints = if s.etcd_discovery_srv.is_empty() {
+        s.etcd_endpoints.clone()
+    } else {
+        srv::discover_etcd_endpoints(&s.etcd_discovery_srv)
+            .await
+            .map_err(|e| {
+                config(&format!(
+                    "failed to discover etcd endpoints through SRV discovery: {e}"
+                ))
+            })?
+    };
+    if endpoints.is_empty() {
+        return Err(config("no etcd endpoints specified"));
+    }
+    Ok(endpoints)
+}
+
+impl Datastore for Backend {
+    async fn get(&self, key: &Key) -> Result<KvPair, DatastoreError> {
+        match self {
+            Backend::Etcd(d) => d.get(key).await,
+            Backend::Kubernetes(d) => d.get(key).await,
+        }
+    }
+    async fn list(&self, what: &ListKind) -> Result<Vec<KvPair>, DatastoreError> {
+        match self {
+            Backend::Etcd(d) => d.list(what).await,
+            Backend::Kubernetes(d) => d.list(what).await,
+        }
+    }
+    async fn create(&self, key: &Key, value: &Value) -> Result<Revision, DatastoreError> {
+        match self {
+            Backend::Etcd(d) => d.create(key, value).await,
+            Backend::Kubernetes(d) => d.create(key, value).await,
+        }
+    }
+    async fn update(
+        &self,
+        key: &Key,
+        value: &Value,
+        revision: &str,
+    ) -> Result<Revision, DatastoreError> {
+        match self {
+            Backend::Etcd(d) => d.update(key, value, revision).await,
+            Backend::Kubernetes(d) => d.update(key, value, revision).await,
+        }
+    }
+    async fn delete(&self, key: &Key, revision: Option<&str>) -> Result<(), DatastoreError> {
+        match self {
+            Backend::Etcd(d) => d.delete(key, revision).await,
+            Backend::Kubernetes(d) => d.delete(key, revision).await,
+        }
+    }
+}

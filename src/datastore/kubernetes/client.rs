@@ -1,0 +1,297 @@
+//! A thin REST client for the API server: kube's configuration loading (kubeconfig, token,
+//! client certificates, CA data) and auth layer over `OneConnection`, with JSON bodies in
+//! and out and every request bounded by a timeout. The bearer token is never logged.
+
+use std::time::Duration;
+
+use http::{Method, Request};
+use http_body_util::BodyExt;
+use kube::client::{Body, ConfigExt};
+use serde::Deserialize;
+use serde_json::Value;
+use tower::ServiceBuilder;
+
+use super::transport::OneConnection;
+use crate::datastore::DatastoreError;
+
+/// How to reach the API server: a kubeconfig file, and client-go's overrides on top of it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KubeSettings {
+    pub kubeconfig: String,
+    /// Overrides the kubeconfig's server (`https://host:port`).
+    pub server: String,
+    pub token: String,
+    pub ca_file: String,
+    pub cert_file: String,
+    pub key_file: String,
+    pub insecure_skip_tls_verify: bool,
+    pub context: String,
+}
+
+impl KubeSettings {
+    /// Neither a kubeconfig nor a server: only an in-cluster configuration can serve.
+    pub fn is_empty(&self) -> bool {
+        self.kubeconfig.is_empty() && self.server.is_empty()
+    }
+}
+
+/// client-go's text when nothing says where the API server is.
+pub const NO_CONFIGURATION: &str =
+    "invalid configuration: no configuration has been provided, try setting KUBERNETES_MASTER environment variable";
+
+/// An answer from the API server.
+#[derive(Debug)]
+pub struct ApiResponse {
+    pub status: u16,
+    pub body: Vec<u8>,
+}
+
+/// The parts of a `metav1.Status` error body the client uses.
+#[derive(Debug, Default, Deserialize)]
+pub struct Status {
+    #[serde(default)]
+    pub message: String,
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub details: Option<StatusDetails>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct StatusDetails {
+    #[serde(default)]
+    pub causes: Vec<StatusCause>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct StatusCause {
+    #[serde(default, rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub field: String,
+}
+
+impl ApiResponse {
+    pub fn ok(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+
+    pub fn json(&self) -> Result<Value, DatastoreError> {
+        serde_json::from_slice(&self.body).map_err(|e| {
+            DatastoreError::Other(format!("invalid JSON from the API server: {e}"))
+        })
+    }
+
+    /// The error body as a Status, or one made of the raw text (`404 page not found`).
+    pub fn status_object(&self) -> Status {
+        serde_json::from_slice::<Status>(&self.body)
+            .ok()
+            .filter(|s| !s.message.is_empty() || !s.reason.is_empty())
+            .unwrap_or_else(|| Status {
+                message: String::from_utf8_lossy(&self.body).trim().to_string(),
+                ..Default::default()
+            })
+    }
+}
+
+/// A connected (lazily: the first request connects) API client.
+pub struct KubeClient {
+    client: kube::Client,
+    transport: OneConnection,
+    timeout: Duration,
+}
+
+fn config_error(e: impl std::fmt::Display) -> DatastoreError {
+    DatastoreError::Config(e.to_string())
+}
+
+/// kube's configuration for these settings, with client-go's overrides applied.
+async fn load_config(s: &KubeSettings) -> Result<kube::Config, DatastoreError> {
+    let mut cfg = if !s.kubeconfig.is_empty() {
+        let file = kube::config::Kubeconfig::read_from(&s.kubeconfig).map_err(config_error)?;
+        let opts = kube::config::KubeConfigOptions {
+            context: (!s.context.is_empty()).then(|| s.context.clone()),
+            ..Default::default()
+        };
+        kube::Config::from_custom_kubeconfig(file, &opts)
+            .await
+            .map_err(config_error)?
+    } else if !s.server.is_empty() {
+        kube::Config::new(parse_server(&s.server)?)
+    } else {
+        kube::Config::incluster_env().map_err(|_| config_error(NO_CONFIGURATION))?
+    };
+    if !s.server.is_empty() {
+        cfg.cluster_url = parse_server(&s.server)?;
+    }
+    if !s.ca_file.is_empty() {
+        cfg.root_cert = Some(read_certs(&s.ca_file)?);
+        cfg.root_cert_file = None;
+    }
+    if !s.token.is_empty() {
+        cfg.auth_info.token = Some(secrecy::SecretString::from(s.token.clone()));
+        cfg.auth_info.token_file = None;
+    }
+    if !s.cert_file.is_empty() {
+        cfg.auth_info.client_certificate = Some(s.cert_file.clone());
+        cfg.auth_info.client_certificate_data = None;
+    }
+    if !s.key_file.is_empty() {
+        cfg.auth_info.client_key = Some(s.key_file.clone());
+        cfg.auth_info.client_key_data = None;
+    }
+    if s.insecure_skip_tls_verify {
+        cfg.accept_invalid_certs = true;
+    }
+    Ok(cfg)
+}
+
+/// A server given as `host:port` or a URL; anything after `/api/` is dropped (old configs
+/// named `https://host:6443/api/v1/`).
+fn parse_server(server: &str) -> Result<http::Uri, DatastoreError> {
+    let base = server.split("/api/").next().unwrap_or(server);
+    let base = base.trim_end_matches('/');
+    let with_scheme = if base.contains("://") {
+        base.to_string()
+    } else {
+        format!("https://{base}")
+    };
+    with_scheme
+        .parse()
+        .map_err(|e| config_error(format!("invalid API server address {server:?}: {e}")))
+}
+
+fn read_certs(path: &str) -> Result<Vec<Vec<u8>>, DatastoreError> {
+    use rustls_pki_types::pem::PemObject;
+    let certs: Result<Vec<_>, _> = rustls_pki_types::CertificateDer::pem_file_iter(path)
+        .map_err(|e| config_error(format!("unable to read certificate-authority {path}: {e}")))?
+        .map(|c| c.map(|c| c.to_vec()))
+        .collect();
+    certs.map_err(|e| config_error(format!("unable to read certificate-authority {path}: {e}")))
+}
+
+impl KubeClient {
+    /// Builds the client; nothing is sent until the first request.
+    pub async fn new(s: &KubeSettings, timeout: Duration) -> Result<KubeClient, DatastoreError> {
+        let cfg = load_config(s).await?;
+        let tls = if cfg.cluster_url.scheme_str() == Some("http") {
+            None
+        } else {
+            Some(cfg.rustls_client_config().map_err(config_error)?)
+        };
+        let transport = OneConnection::new(
+            &cfg.cluster_url,
+            tls,
+            cfg.tls_server_name.as_deref(),
+            timeout,
+        )
+        .map_err(config_error)?;
+        let service = ServiceBuilder::new()
+            .layer(cfg.base_uri_layer())
+            .option_layer(cfg.auth_layer().map_err(config_error)?)
+            .service(transport.clone());
+        Ok(KubeClient {
+            client: kube::Client::new(service, cfg.default_namespace.clone()),
+            transport,
+            timeout,
+        })
+    }
+
+    /// Connections opened so far (at most one).
+    pub fn connections(&self) -> usize {
+        self.transport.connections()
+    }
+
+    /// One request; `body` is (content type, bytes). Transport failures and timeouts are
+    /// `Unavailable`; any HTTP answer, error statuses included, is returned.
+    pub async fn request(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<(&str, Vec<u8>)>,
+    ) -> Result<ApiResponse, DatastoreError> {
+        let mut req = Request::builder()
+            .method(method.clone())
+            .uri(path)
+            .header(http::header::ACCEPT, "application/json");
+        let body = match body {
+            Some((content_type, bytes)) => {
+                req = req.header(http::header::CONTENT_TYPE, content_type);
+                Body::from(bytes)
+            }
+            None => Body::empty(),
+        };
+        let req = req
+            .body(body)
+            .map_err(|e| DatastoreError::Other(e.to_string()))?;
+        let exchange = async {
+            let resp = self.client.send(req).await.map_err(|e| e.to_string())?;
+            let status = resp.status().as_u16();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?
+                .to_bytes()
+                .to_vec();
+            Ok::<_, String>(ApiResponse { status, body })
+        };
+        match tokio::time::timeout(self.timeout, exchange).await {
+            Ok(Ok(r)) => {
+                tracing::debug!(%method, path, status = r.status, "API request");
+                Ok(r)
+            }
+            Ok(Err(e)) => Err(DatastoreError::Unavailable(format!("{method} {path}: {e}"))),
+            Err(_) => Err(DatastoreError::Unavailable(format!(
+                "{method} {path}: context deadline exceeded (no answer within {:?})",
+                self.timeout
+            ))),
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> Result<ApiResponse, DatastoreError> {
+        self.request(Method::GET, path, None).await
+    }
+
+    pub async fn send_json(
+        &self,
+        method: Method,
+        path: &str,
+        content_type: &str,
+        body: &Value,
+    ) -> Result<ApiResponse, DatastoreError> {
+        let bytes = serde_json::to_vec(body).map_err(|e| DatastoreError::Other(e.to_string()))?;
+        self.request(method, path, Some((content_type, bytes))).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_addresses() {
+        assert_eq!(
+            parse_server("https://10.0.0.1:6443/api/v1/").unwrap().to_string(),
+            "https://10.0.0.1:6443/"
+        );
+        assert_eq!(
+            parse_server("10.0.0.1:6443").unwrap().to_string(),
+            "https://10.0.0.1:6443/"
+        );
+    }
+
+    #[test]
+    fn status_bodies() {
+        let r = ApiResponse {
+            status: 404,
+            body: br#"{"kind":"Status","message":"pods \"p\" not found","reason":"NotFound","code":404}"#.to_vec(),
+        };
+        assert_eq!(r.status_object().message, "pods \"p\" not found");
+        let r = ApiResponse {
+            status: 404,
+            body: b"404 page not found\n".to_vec(),
+        };
+        assert_eq!(r.status_object().message, "404 page not found");
+    }
+}

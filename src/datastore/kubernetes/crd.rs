@@ -1,0 +1,458 @@
+//! Calico's objects as custom resources of `crd.projectcalico.org/v1` (calico-datastore.md
+//! §2): which resource a key is, and the conversion between the model JSON the IPAM code
+//! reads and writes (the etcd format) and the CR's spec — `affinityClaimTime` for the block's
+//! `affinity_claim_time`, `strictAffinity` always written, string `deleted` on v1
+//! affinities, `handleID` in the handle, camelCase IPAMConfig fields.
+
+use serde_json::{json, Map, Value};
+
+use super::names::{affinity_labels, affinity_name, cidr_to_name};
+use crate::datastore::{DatastoreError, Key, Kind};
+
+/// The annotation holding the v3 metadata the CR cannot carry.
+pub const METADATA_ANNOTATION: &str = "projectcalico.org/metadata";
+
+/// The API group and version Calico's CRs are served under.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Group {
+    /// e.g. `crd.projectcalico.org/v1`.
+    pub api_version: String,
+}
+
+impl Default for Group {
+    fn default() -> Self {
+        Group {
+            api_version: "crd.projectcalico.org/v1".into(),
+        }
+    }
+}
+
+impl Group {
+    /// From `calico_api_group` (empty: the v1 CRDs).
+    pub fn new(configured: &str) -> Group {
+        if configured.is_empty() {
+            Group::default()
+        } else {
+            Group {
+                api_version: configured.to_string(),
+            }
+        }
+    }
+
+    /// The `projectcalico.org/v3` CRDs: bool `deleted`, `IPAMConfiguration`.
+    pub fn is_v3(&self) -> bool {
+        self.api_version.starts_with("projectcalico.org/")
+    }
+
+    pub fn collection(&self, plural: &str) -> String {
+        format!("/apis/{}/{plural}", self.api_version)
+    }
+
+    pub fn object(&self, plural: &str, name: &str) -> String {
+        format!("/apis/{}/{plural}/{name}", self.api_version)
+    }
+}
+
+/// A key stored as a custom resource: its plural, kind and name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CrdRef {
+    pub plural: &'static str,
+    pub kind: &'static str,
+    pub name: String,
+}
+
+/// The CR a key is stored as, or None for keys that are not CRs (pods, nodes, profiles).
+pub fn crd_ref(key: &Key, group: &Group) -> Option<CrdRef> {
+    let r = |plural, kind, name: String| Some(CrdRef { plural, kind, name });
+    match key {
+        Key::Block { cidr } => r("ipamblocks", "IPAMBlock", cidr_to_name(&cidr.masked())),
+        Key::BlockAffinity { host, cidr, .. } => r(
+            "blockaffinities",
+            "BlockAffinity",
+            affinity_name(host, &cidr.masked()),
+        ),
+        Key::Handle { id } => r("ipamhandles", "IPAMHandle", id.to_lowercase()),
+        Key::IpamConfig if group.is_v3() => {
+            r("ipamconfigurations", "IPAMConfiguration", "default".into())
+        }
+        Key::IpamConfig => r("ipamconfigs", "IPAMConfig", "default".into()),
+        Key::Resource { kind, name, .. } => match kind {
+            Kind::IpPool => r("ippools", "IPPool", name.clone()),
+            Kind::ClusterInformation => r("clusterinformations", "ClusterInformation", name.clone()),
+            Kind::IpReservation => r("ipreservations", "IPReservation", name.clone()),
+            Kind::WorkloadEndpoint | Kind::Profile | Kind::Node => None,
+        },
+    }
+}
+
+fn obj(value: &Value) -> Map<String, Value> {
+    value.as_object().cloned().unwrap_or_default()
+}
+
+/// The model value as a whole CR (kind, apiVersion, metadata, spec), for POST and PUT.
+pub fn to_cr(
+    key: &Key,
+    value: &Value,
+    cr: &CrdRef,
+    group: &Group,
+    revision: Option<&str>,
+    uid: Option<&str>,
+) -> Result<Value, DatastoreError> {
+    let mut meta = Map::new();
+    meta.insert("name".into(), Value::String(cr.name.clone()));
+    if let Some(rv) = revision.filter(|r| !r.is_empty()) {
+        meta.insert("resourceVersion".into(), Value::String(rv.into()));
+    }
+    if let Some(uid) = uid.filter(|u| !u.is_empty()) {
+        meta.insert("uid".into(), Value::String(uid.into()));
+    }
+    let mut v3_meta = json!({"creationTimestamp": null});
+    let spec = match key {
+        Key::Block { .. } => block_spec(value),
+        Key::BlockAffinity {
+            host,
+            cidr,
+            affinity_type,
+        } => {
+            let labels: Map<String, Value> = affinity_labels(host, affinity_type, cidr)
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), Value::String(v)))
+                .collect();
+            v3_meta["labels"] = Value::Object(labels.clone());
+            meta.insert("labels".into(), Value::Object(labels));
+            let deleted = value.get("deleted").and_then(Value::as_bool).unwrap_or(false);
+            let mut s = Map::new();
+            s.insert("state".into(), value.get("state").cloned().unwrap_or(json!("")));
+            s.insert("node".into(), Value::String(host.clone()));
+            if !affinity_type.is_empty() {
+                s.insert("type".into(), Value::String(affinity_type.clone()));
+            }
+            s.insert("cidr".into(), Value::String(cidr.masked().to_string()));
+            s.insert(
+                "deleted".into(),
+                if group.is_v3() {
+                    Value::Bool(deleted)
+                } else {
+                    Value::String(deleted.to_string())
+                },
+            );
+            Value::Object(s)
+        }
+        Key::Handle { id } => {
+            let v = obj(value);
+            json!({
+                "handleID": id,
+                "block": v.get("block").cloned().filter(|b| !b.is_null()).unwrap_or(json!({})),
+                "deleted": v.get("deleted").cloned().unwrap_or(json!(false)),
+            })
+        }
+        Key::IpamConfig => ipam_config_spec(value),
+        Key::Resource { .. } => {
+            // A v3 resource: its spec as is; its labels/annotations kept in the metadata
+            // annotation, Calico's own ones on the CR too.
+            let m = value.get("metadata").cloned().unwrap_or(json!({}));
+            let mut keep = Map::new();
+            for field in ["labels", "annotations", "generateName"] {
+                if let Some(v) = m.get(field).filter(|v| !v.is_null()) {
+                    keep.insert(field.into(), v.clone());
+                }
+            }
+            keep.insert("creationTimestamp".into(), Value::Null);
+            v3_meta = Value::Object(keep);
+            value.get("spec").cloned().unwrap_or(json!({}))
+        }
+    };
+    let mut annotations = Map::new();
+    annotations.insert(
+        METADATA_ANNOTATION.into(),
+        Value::String(serde_json::to_string(&v3_meta).unwrap_or_default()),
+    );
+    meta.insert("annotations".into(), Value::Object(annotations));
+    Ok(json!({
+        "kind": cr.kind,
+        "apiVersion": group.api_version,
+        "metadata": Value::Object(meta),
+        "spec": spec,
+    }))
+}
+
+/// The block in the etcd format → the IPAMBlock spec.
+fn block_spec(value: &Value) -> Value {
+    let v = obj(value);
+    let mut s = Map::new();
+    s.insert("cidr".into(), v.get("cidr").cloned().unwrap_or(Value::Null));
+    if let Some(a) = v.get("affinity").filter(|a| !a.is_null()) {
+        s.insert("affinity".into(), a.clone());
+    }
+    if let Some(t) = v.get("affinity_claim_time").filter(|t| !t.is_null()) {
+        s.insert("affinityClaimTime".into(), t.clone());
+    }
+    s.insert(
+        "allocations".into(),
+        v.get("allocations").cloned().unwrap_or(json!([])),
+    );
+    s.insert(
+        "unallocated".into(),
+        v.get("unallocated").cloned().filter(|u| !u.is_null()).unwrap_or(json!([])),
+    );
+    s.insert(
+        "attributes".into(),
+        v.get("attributes").cloned().filter(|a| !a.is_null()).unwrap_or(json!([])),
+    );
+    s.insert(
+        "sequenceNumber".into(),
+        v.get("sequenceNumber").cloned().unwrap_or(json!(0)),
+    );
+    if let Some(m) = v.get("sequenceNumberForAllocation").filter(|m| !m.is_null()) {
+        s.insert("sequenceNumberForAllocation".into(), m.clone());
+    }
+    s.insert("deleted".into(), v.get("deleted").cloned().unwrap_or(json!(false)));
+    s.insert("strictAffinity".into(), Value::Bool(false));
+    Value::Object(s)
+}
+
+/// The etcd-format IPAMConfig (`strict_affinity`, `auto_allocate_blocks`, …) → the CR spec.
+fn ipam_config_spec(value: &Value) -> Value {
+    let v = obj(value);
+    let flag = |k: &str| v.get(k).and_then(Value::as_bool).unwrap_or(false);
+    let mut s = Map::new();
+    s.insert("strictAffinity".into(), Value::Bool(flag("strict_affinity")));
+    s.insert(
+        "autoAllocateBlocks".into(),
+        Value::Bool(flag("auto_allocate_blocks")),
+    );
+    for k in ["maxBlocksPerHost", "kubeVirtVMAddressPersistence", "ipCooldownSeconds"] {
+        if let Some(x) = v.get(k).filter(|x| !x.is_null()) {
+            s.insert(k.into(), x.clone());
+        }
+    }
+    Value::Object(s)
+}
+
+/// What a stored CR says, in the model's terms.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FromCr {
+    pub value: Value,
+    pub revision: String,
+    pub uid: String,
+    /// Soft-deleted: the delete has begun and must be finished.
+    pub deleted: bool,
+}
+
+/// A CR as served → the model value (etcd format; v3 resources as v3 objects).
+pub fn from_cr(key: &Key, cr: &Value) -> Result<FromCr, DatastoreError> {
+    let meta = cr.get("metadata").cloned().unwrap_or(json!({}));
+    let revision = meta
+        .get("resourceVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let uid = meta
+        .get("uid")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let spec = obj(cr.get("spec").unwrap_or(&Value::Null));
+    let deleted_flag = match spec.get("deleted") {
+        Some(Value::Bool(b)) => *b,
+        Some(Value::String(s)) if s.is_empty() => false,
+        Some(Value::String(s)) => parse_go_bool(s).ok_or_else(|| {
+            DatastoreError::Decode {
+                key: key.describe(),
+                error: format!(
+                    "Failed to parse deleted value as bool: strconv.ParseBool: parsing \"{s}\": invalid syntax"
+                ),
+            }
+        })?,
+        _ => false,
+    };
+    let (value, deleted) = match key {
+        Key::Block { .. } => {
+            let mut v = spec.clone();
+            v.remove("strictAffinity");
+            if let Some(t) = v.remove("affinityClaimTime") {
+                v.insert("affinity_claim_time".into(), t);
+            }
+            v.entry("affinity").or_insert(Value::Null);
+            (Value::Object(v), deleted_flag)
+        }
+        Key::BlockAffinity { .. } => (
+            json!({"state": spec.get("state").cloned().unwrap_or(json!("")), "deleted": deleted_flag}),
+            deleted_flag,
+        ),
+        Key::Handle { .. } => (
+            json!({"block": spec.get("block").cloned().unwrap_or(json!({})), "deleted": deleted_flag}),
+            deleted_flag,
+        ),
+        Key::IpamConfig => {
+            let mut v = Map::new();
+            let flag = |k: &str| spec.get(k).and_then(Value::as_bool).unwrap_or(false);
+            if flag("strictAffinity") {
+                v.insert("strict_affinity".into(), Value::Bool(true));
+            }
+            if flag("autoAllocateBlocks") {
+                v.insert("auto_allocate_blocks".into(), Value::Bool(true));
+            }
+            for k in ["maxBlocksPerHost", "kubeVirtVMAddressPersistence", "ipCooldownSeconds"] {
+                if let Some(x) = spec.get(k).filter(|x| !x.is_null()) {
+                    v.insert(k.into(), x.clone());
+                }
+            }
+            (Value::Object(v), false)
+        }
+        Key::Resource { kind, name, .. } => {
+            let mut m: Map<String, Value> = meta
+                .get("annotations")
+                .and_then(|a| a.get(METADATA_ANNOTATION))
+                .and_then(Value::as_str)
+                .and_then(|s| serde_json::from_str::<Map<String, Value>>(s).ok())
+                .unwrap_or_default();
+            m.insert("name".into(), Value::String(name.clone()));
+            m.insert("resourceVersion".into(), Value::String(revision.clone()));
+            if !uid.is_empty() {
+                m.insert("uid".into(), Value::String(uid.clone()));
+            }
+            if let Some(ts) = meta.get("creationTimestamp") {
+                m.insert("creationTimestamp".into(), ts.clone());
+            }
+            (
+                json!({
+                    "kind": kind.name(),
+                    "apiVersion": "projectcalico.org/v3",
+                    "metadata": Value::Object(m),
+                    "spec": Value::Object(spec.clone()),
+                }),
+                false,
+            )
+        }
+    };
+    Ok(FromCr {
+        value,
+        revision,
+        uid,
+        deleted,
+    })
+}
+
+/// Go's `strconv.ParseBool`.
+fn parse_go_bool(s: &str) -> Option<bool> {
+    match s {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// The same value with `deleted` set: the first half of a soft delete.
+pub fn mark_deleted(key: &Key, value: &Value) -> Value {
+    let mut v = value.clone();
+    if matches!(
+        key,
+        Key::Block { .. } | Key::BlockAffinity { .. } | Key::Handle { .. }
+    ) {
+        if let Value::Object(m) = &mut v {
+            m.insert("deleted".into(), Value::Bool(true));
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_round_trip_and_spec_shape() {
+        let key = Key::Block {
+            cidr: "10.244.166.128/29".parse().unwrap(),
+        };
+        let etcd = json!({"cidr":"10.244.166.128/29","affinity":"host:node1","affinity_claim_time":"2025-01-02T03:04:05Z",
+            "allocations":[0,null,null,null,null,null,null,null],"unallocated":[1,2,3,4,5,6,7],
+            "attributes":[{"handle_id":"k8s-pod-network.abc","secondary":{"node":"node1"}}],
+            "sequenceNumber":7,"sequenceNumberForAllocation":{"0":6},"deleted":false});
+        let g = Group::default();
+        let r = crd_ref(&key, &g).unwrap();
+        assert_eq!(r.name, "10-244-166-128-29");
+        let cr = to_cr(&key, &etcd, &r, &g, Some("12"), None).unwrap();
+        assert_eq!(
+            cr["spec"],
+            json!({"cidr":"10.244.166.128/29","affinity":"host:node1","affinityClaimTime":"2025-01-02T03:04:05Z",
+                "allocations":[0,null,null,null,null,null,null,null],"unallocated":[1,2,3,4,5,6,7],
+                "attributes":[{"handle_id":"k8s-pod-network.abc","secondary":{"node":"node1"}}],
+                "sequenceNumber":7,"sequenceNumberForAllocation":{"0":6},"deleted":false,"strictAffinity":false})
+        );
+        assert_eq!(cr["metadata"]["resourceVersion"], "12");
+        assert_eq!(
+            cr["metadata"]["annotations"][METADATA_ANNOTATION],
+            "{\"creationTimestamp\":null}"
+        );
+        let back = from_cr(&key, &cr).unwrap();
+        assert_eq!(back.value, etcd);
+        // A fresh block: null attributes are written as [], no affinity field.
+        let fresh = json!({"cidr":"10.0.0.0/26","affinity":null,"allocations":[],"unallocated":[],"attributes":null,"sequenceNumber":1,"sequenceNumberForAllocation":null,"deleted":false});
+        let cr = to_cr(&key, &fresh, &r, &g, None, None).unwrap();
+        assert_eq!(cr["spec"]["attributes"], json!([]));
+        assert!(cr["spec"].get("affinity").is_none());
+    }
+
+    #[test]
+    fn affinity_cr() {
+        let cidr = "10.244.166.128/26".parse().unwrap();
+        let key = Key::host_affinity("node1", cidr);
+        let g = Group::default();
+        let r = crd_ref(&key, &g).unwrap();
+        assert_eq!((r.plural, r.name.as_str()), ("blockaffinities", "node1-10-244-166-128-26"));
+        let cr = to_cr(&key, &json!({"state":"confirmed","deleted":false}), &r, &g, None, None).unwrap();
+        assert_eq!(
+            cr["spec"],
+            json!({"state":"confirmed","node":"node1","type":"host","cidr":"10.244.166.128/26","deleted":"false"})
+        );
+        assert_eq!(
+            cr["metadata"]["labels"],
+            json!({"projectcalico.org/affinity-type":"host",
+                "projectcalico.org/hostname-hash":"7DS2CCNJGGLTHBDQLLFO6SX24SY2YDDEG3W2VN556FA2W4DLLV5A",
+                "projectcalico.org/ip-version":"4"})
+        );
+        let ann = cr["metadata"]["annotations"][METADATA_ANNOTATION].as_str().unwrap();
+        assert!(ann.starts_with("{\"creationTimestamp\":null,\"labels\":{\"projectcalico.org/affinity-type\":\"host\""));
+        let back = from_cr(&key, &cr).unwrap();
+        assert_eq!(back.value, json!({"state":"confirmed","deleted":false}));
+        let mut soft = cr.clone();
+        soft["spec"]["deleted"] = json!("true");
+        assert!(from_cr(&key, &soft).unwrap().deleted);
+    }
+
+    #[test]
+    fn handle_and_config() {
+        let key = Key::Handle {
+            id: "k8s-pod-network.ABC".into(),
+        };
+        let g = Group::default();
+        let r = crd_ref(&key, &g).unwrap();
+        assert_eq!(r.name, "k8s-pod-network.abc");
+        let cr = to_cr(&key, &json!({"block":{"10.0.0.0/26":1}}), &r, &g, None, None).unwrap();
+        assert_eq!(
+            cr["spec"],
+            json!({"handleID":"k8s-pod-network.ABC","block":{"10.0.0.0/26":1},"deleted":false})
+        );
+        let key = Key::IpamConfig;
+        let r = crd_ref(&key, &g).unwrap();
+        let cr = to_cr(
+            &key,
+            &json!({"auto_allocate_blocks":true,"kubeVirtVMAddressPersistence":"Enabled"}),
+            &r,
+            &g,
+            None,
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            cr["spec"],
+            json!({"strictAffinity":false,"autoAllocateBlocks":true,"kubeVirtVMAddressPersistence":"Enabled"})
+        );
+        assert_eq!(
+            from_cr(&key, &cr).unwrap().value,
+            json!({"auto_allocate_blocks":true,"kubeVirtVMAddressPersistence":"Enabled"})
+        );
+    }
+}

@@ -1,0 +1,678 @@
+//! The Kubernetes datastore (KDD): Calico's objects as custom resources, workload endpoints
+//! as the pods themselves (calico-datastore.md §2). Keys map to REST paths; values are
+//! converted to and from the CRs (`crd`), pods (`pods`) and core Nodes.
+//!
+//! CAS is the resourceVersion: a PUT with a stale one is a 409 Conflict. The API has no
+//! compare-and-delete, so IPAM objects are soft-deleted as upstream does: a PUT with
+//! `deleted: true` at the caller's revision (the CAS), then a DELETE with the object's UID as
+//! precondition; a Get that finds `deleted: true` finishes the delete and answers NotFound.
+//! What was last read of each object (revision, UID, value) is remembered for the life of
+//! the call, so that a delete does not need to read the object again.
+
+pub mod client;
+pub mod crd;
+pub mod names;
+pub mod pods;
+pub mod transport;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use http::Method;
+use k8s_openapi::api::core::v1::{Node as K8sNode, Pod};
+use serde_json::{json, Value};
+
+use self::client::{ApiResponse, KubeClient};
+use self::crd::{crd_ref, from_cr, mark_deleted, to_cr, CrdRef, Group};
+use super::{Datastore, DatastoreError, Key, Kind, KvPair, ListKind, Revision};
+use crate::identifiers::parse_wep_name;
+
+const STRATEGIC_MERGE: &str = "application/strategic-merge-patch+json";
+const JSON: &str = "application/json";
+
+/// What was last read or written of one object.
+#[derive(Clone, Debug)]
+struct Seen {
+    revision: String,
+    uid: String,
+    value: Value,
+}
+
+pub struct KubeDatastore {
+    client: Arc<KubeClient>,
+    group: Group,
+    seen: Mutex<HashMap<String, Seen>>,
+}
+
+/// An error answer, in libcalico-go's terms (`K8sErrorToCalico`).
+pub fn api_error(key: &Key, resp: &ApiResponse) -> DatastoreError {
+    let status = resp.status_object();
+    let conflict_on = |field: &str| {
+        status.details.as_ref().is_some_and(|d| {
+            !d.causes.is_empty()
+                && d.causes
+                    .iter()
+                    .all(|c| c.field == field && c.kind == "FieldValueInvalid")
+        })
+    };
+    match resp.status {
+        404 => DatastoreError::NotFound {
+            key: key.describe(),
+            cause: status.message,
+        },
+        409 if status.reason == "AlreadyExists" => DatastoreError::AlreadyExists(key.describe()),
+        409 if status.message.contains("UID in precondition") => DatastoreError::NotFound {
+            key: key.describe(),
+            cause: status.message,
+        },
+        409 => DatastoreError::Conflict(key.describe()),
+        401 | 403 => DatastoreError::Unauthorized(status.message),
+        _ if conflict_on("metadata.uid") => DatastoreError::NotFound {
+            key: key.describe(),
+            cause: status.message,
+        },
+        _ if conflict_on("metadata.resourceVersion") => DatastoreError::Conflict(key.describe()),
+        _ => DatastoreError::Other(status.message),
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(key: &Key, v: Value) -> Result<T, DatastoreError> {
+    serde_json::from_value(v).map_err(|e| DatastoreError::Decode {
+        key: key.describe(),
+        error: e.to_string(),
+    })
+}
+
+fn pod_path(namespace: &str, pod: &str) -> String {
+    format!("/api/v1/namespaces/{namespace}/pods/{pod}")
+}
+
+impl KubeDatastore {
+    pub fn new(client: Arc<KubeClient>, group: Group) -> KubeDatastore {
+        KubeDatastore {
+            client,
+            group,
+            seen: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The API client, for the plugin's own reads (pods, namespaces, nodes).
+    pub fn client(&self) -> &Arc<KubeClient> {
+        &self.client
+    }
+
+    fn remember(&self, path: &str, seen: Seen) {
+        if let Ok(mut m) = self.seen.lock() {
+            m.insert(path.to_string(), seen);
+        }
+    }
+
+    fn recall(&self, path: &str) -> Option<Seen> {
+        self.seen.lock().ok().and_then(|m| m.get(path).cloned())
+    }
+
+    fn forget(&self, path: &str) {
+        if let Ok(mut m) = self.seen.lock() {
+            m.remove(path);
+        }
+    }
+
+    // ---- custom resources ----
+
+    fn stored(&self, key: &Key, path: &str, resp: &ApiResponse) -> Result<KvPair, DatastoreError> {
+        let got = from_cr(key, &resp.json()?)?;
+        self.remember(
+            path,
+            Seen {
+                revision: got.revision.clone(),
+                uid: got.uid.clone(),
+                value: got.value.clone(),
+            },
+        );
+        Ok(KvPair {
+            key: key.clone(),
+            value: got.value,
+            revision: got.revision,
+        })
+    }
+
+    async fn get_cr(&self, key: &Key, cr: &CrdRef) -> Result<KvPair, DatastoreError> {
+        let path = self.group.object(cr.plural, &cr.name);
+        let resp = self.client.get(&path).await?;
+        if !resp.ok() {
+            return Err(api_error(key, &resp));
+        }
+        let got = from_cr(key, &resp.json()?)?;
+        if got.deleted {
+            // A delete that did not finish: finish it, as upstream's Get does.
+            let _ = self.delete_by_uid(key, &path, &got.uid).await;
+            return Err(DatastoreError::NotFound {
+                key: key.describe(),
+                cause: "Resource was deleted".into(),
+            });
+        }
+        self.stored(key, &path, &resp)
+    }
+
+    async fn write_cr(
+        &self,
+        key: &Key,
+        cr: &CrdRef,
+        value: &Value,
+        revision: Option<&str>,
+    ) -> Result<Revision, DatastoreError> {
+        let obj = to_cr(key, value, cr, &self.group, revision, None)?;
+        let path = self.group.object(cr.plural, &cr.name);
+        let resp = match revision {
+            None => {
+                self.client
+                    .send_json(Method::POST, &self.group.collection(cr.plural), JSON, &obj)
+                    .await?
+            }
+            Some(_) => self.client.send_json(Method::PUT, &path, JSON, &obj).await?,
+        };
+        if !resp.ok() {
+            return Err(api_error(key, &resp));
+        }
+        Ok(self.stored(key, &path, &resp)?.revision)
+    }
+
+    async fn delete_by_uid(&self, key: &Key, path: &str, uid: &str) -> Result<(), DatastoreError> {
+        let mut opts = json!({"kind": "DeleteOptions", "apiVersion": "v1"});
+        if !uid.is_empty() {
+            opts["preconditions"] = json!({ "uid": uid });
+        }
+        let resp = self
+            .client
+            .send_json(Method::DELETE, path, JSON, &opts)
+            .await?;
+        self.forget(path);
+        if !resp.ok() {
+            return Err(api_error(key, &resp));
+        }
+        Ok(())
+    }
+
+    async fn delete_cr(
+        &self,
+        key: &Key,
+        cr: &CrdRef,
+        revision: Option<&str>,
+    ) -> Result<(), DatastoreError> {
+        let path = self.group.object(cr.plural, &cr.name);
+        if let Key::Resource { .. } | Key::IpamConfig = key {
+            let mut opts = json!({"kind": "DeleteOptions", "apiVersion": "v1"});
+            if let Some(rv) = revision.filter(|r| !r.is_empty()) {
+                opts["preconditions"] = json!({ "resourceVersion": rv });
+            }
+            let resp = self
+                .client
+                .send_json(Method::DELETE, &path, JSON, &opts)
+                .await?;
+            self.forget(&path);
+            return if resp.ok() {
+                Ok(())
+            } else {
+                Err(api_error(key, &resp))
+            };
+        }
+        // Soft delete: the value at that revision, marked deleted, CAS-written; then the
+        // DELETE by UID.
+        let current = match self.recall(&path) {
+            Some(s) if revision.is_none_or(|r| r == s.revision) => s,
+            _ => {
+                let got = self.get_cr(key, cr).await?;
+                self.recall(&path).unwrap_or(Seen {
+                    revision: got.revision,
+                    uid: String::new(),
+                    value: got.value,
+                })
+            }
+        };
+        if let Some(r) = revision.filter(|r| *r != current.revision) {
+            tracing::debug!(revision = r, current = %current.revision, "stale delete");
+            return Err(DatastoreError::Conflict(key.describe()));
+        }
+        self.write_cr(
+            key,
+            cr,
+            &mark_deleted(key, &current.value),
+            Some(&current.revision),
+        )
+        .await?;
+        let uid = self.recall(&path).map(|s| s.uid).unwrap_or(current.uid);
+        self.delete_by_uid(key, &path, &uid).await
+    }
+
+    async fn list_crs(&self, plural: &str, query: &str) -> Result<Vec<Value>, DatastoreError> {
+        let mut path = self.group.collection(plural);
+        if !query.is_empty() {
+            path.push('?');
+            path.push_str(query);
+        }
+        let resp = self.client.get(&path).await?;
+        if !resp.ok() {
+            return Err(api_error(
+                &Key::Resource {
+                    kind: Kind::IpPool,
+                    namespace: None,
+                    name: plural.to_string(),
+                },
+                &resp,
+            ));
+        }
+        let list = resp.json()?;
+        Ok(list
+            .get("items")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    async fn list_keyed(
+        &self,
+        plural: &str,
+        query: &str,
+        key_of: impl Fn(&Value) -> Option<Key>,
+    ) -> Result<Vec<KvPair>, DatastoreError> {
+        let mut out = Vec::new();
+        for item in self.list_crs(plural, query).await? {
+            let Some(key) = key_of(&item) else { continue };
+            let got = from_cr(&key, &item)?;
+            if let Some(cr) = crd_ref(&key, &self.group) {
+                self.remember(
+                    &self.group.object(cr.plural, &cr.name),
+                    Seen {
+                        revision: got.revision.clone(),
+                        uid: got.uid.clone(),
+                        value: got.value.clone(),
+                    },
+                );
+            }
+            out.push(KvPair {
+                key,
+                value: got.value,
+                revision: got.revision,
+            });
+        }
+        Ok(out)
+    }
+
+    // ---- pods as workload endpoints ----
+
+    async fn get_pod(&self, key: &Key, namespace: &str, pod: &str) -> Result<Pod, DatastoreError> {
+        let resp = self.client.get(&pod_path(namespace, pod)).await?;
+        if !resp.ok() {
+            return Err(api_error(key, &resp));
+        }
+        decode(key, resp.json()?)
+    }
+
+    /// The endpoint of a pod, as a v3 WorkloadEndpoint value.
+    fn endpoint_pair(&self, key: &Key, pod: &Pod) -> Result<Option<KvPair>, DatastoreError> {
+        let spec = pod.spec.as_ref();
+        let scheduled = spec.and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty());
+        if !scheduled || spec.and_then(|s| s.host_network).unwrap_or(false) {
+            return Ok(None);
+        }
+        let wep = pods::pod_to_endpoint(pod).map_err(|e| DatastoreError::Decode {
+            key: key.describe(),
+            error: e,
+        })?;
+        let ns = wep.metadata.namespace.clone();
+        let name = wep.metadata.name.clone();
+        let revision = wep.metadata.resource_version.clone();
+        let value = serde_json::to_value(&wep).map_err(|e| DatastoreError::Other(e.to_string()))?;
+        self.remember(
+            &pod_path(&ns, &wep.spec.pod),
+            Seen {
+                revision: revision.clone(),
+                uid: wep.metadata.uid.clone(),
+                value: Value::Null,
+            },
+        );
+        Ok(Some(KvPair {
+            key: Key::Resource {
+                kind: Kind::WorkloadEndpoint,
+                namespace: Some(ns),
+                name,
+            },
+            value,
+            revision,
+        }))
+    }
+
+    fn pod_of(key: &Key) -> Result<(String, String), DatastoreError> {
+        let Key::Resource {
+            namespace, name, ..
+        } = key
+        else {
+            return Err(DatastoreError::Other("not an endpoint key".into()));
+        };
+        let ids = parse_wep_name(name);
+        match ids {
+            Some(ids) if !ids.pod.is_empty() && ids.orchestrator == "k8s" => {
+                Ok((namespace.clone().unwrap_or_default(), ids.pod))
+            }
+            _ => Err(DatastoreError::Other(format!(
+                "insufficient identifiers for WorkloadEndpoint {name}: the Kubernetes datastore only holds pods"
+            ))),
+        }
+    }
+
+    async fn get_endpoint(&self, key: &Key) -> Result<KvPair, DatastoreError> {
+        let (ns, pod) = Self::pod_of(key)?;
+        let p = self.get_pod(key, &ns, &pod).await?;
+        self.endpoint_pair(key, &p)?.ok_or_else(|| DatastoreError::NotFound {
+            key: key.describe(),
+            cause: "pod is not scheduled or uses host networking".into(),
+        })
+    }
+
+    async fn patch_pod(
+        &self,
+        key: &Key,
+        ns: &str,
+        pod: &str,
+        patch: &Value,
+    ) -> Result<Revision, DatastoreError> {
+        let path = format!("{}/status", pod_path(ns, pod));
+        let resp = self
+            .client
+            .send_json(Method::PATCH, &path, STRATEGIC_MERGE, patch)
+            .await?;
+        if !resp.ok() {
+            return Err(api_error(key, &resp));
+        }
+        let p: Pod = decode(key, resp.json()?)?;
+        Ok(p.metadata.resource_version.unwrap_or_default())
+    }
+
+    async fn write_endpoint(&self, key: &Key, value: &Value) -> Result<Revision, DatastoreError> {
+        let (ns, pod) = Self::pod_of(key)?;
+        let ips: Vec<String> = value
+            .pointer("/spec/ipNetworks")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+            .unwrap_or_default();
+        let cid = value
+            .pointer("/spec/containerID")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        self.patch_pod(key, &ns, &pod, &pods::add_patch(&ips, cid)).await
+    }
+
+    async fn delete_endpoint(&self, key: &Key, revision: Option<&str>) -> Result<(), DatastoreError> {
+        let (ns, pod) = Self::pod_of(key)?;
+        let uid = self
+            .recall(&pod_path(&ns, &pod))
+            .map(|s| s.uid)
+            .unwrap_or_default();
+        let patch = pods::delete_patch(revision.unwrap_or_default(), &uid);
+        self.patch_pod(key, &ns, &pod, &patch).await.map(|_| ())
+    }
+
+    // ---- nodes and profiles ----
+
+    async fn get_node(&self, key: &Key, name: &str) -> Result<KvPair, DatastoreError> {
+        let resp = self.client.get(&format!("/api/v1/nodes/{name}")).await?;
+        if !resp.ok() {
+            return Err(api_error(key, &resp));
+        }
+        let node: K8sNode = decode(key, resp.json()?)?;
+        let revision = node.metadata.resource_version.clone().unwrap_or_default();
+        let value = json!({
+            "kind": "Node",
+            "apiVersion": "projectcalico.org/v3",
+            "metadata": {
+                "name": name,
+                "uid": node.metadata.uid.clone().unwrap_or_default(),
+                "resourceVersion": revision,
+                "labels": node.metadata.labels.clone().unwrap_or_default(),
+            },
+            "spec": {"orchRefs": [{"nodeName": name, "orchestrator": "k8s"}]},
+        });
+        Ok(KvPair {
+            key: key.clone(),
+            value,
+            revision,
+        })
+    }
+
+    /// Profiles are derived from namespaces (`kns.`) and service accounts (`ksa.`) and are
+    /// read-only; any other name is refused as upstream refuses it.
+    async fn get_profile(&self, key: &Key, name: &str) -> Result<KvPair, DatastoreError> {
+        let Some((prefix, rest)) = name.split_once('.') else {
+            return Err(DatastoreError::Other(format!("Invalid name {name}")));
+        };
+        match prefix {
+            "kns" => {
+                let resp = self.client.get(&format!("/api/v1/namespaces/{rest}")).await?;
+                if !resp.ok() {
+                    return Err(api_error(key, &resp));
+                }
+                let v = resp.json()?;
+                let revision = v
+                    .pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string();
+                Ok(KvPair {
+                    key: key.clone(),
+                    value: json!({"kind": "Profile", "apiVersion": "projectcalico.org/v3",
+                        "metadata": {"name": name, "resourceVersion": revision},
+                        "spec": {"ingress": [{"action": "Allow"}], "egress": [{"action": "Allow"}]}}),
+                    revision,
+                })
+            }
+            "ksa" => Err(DatastoreError::Other(format!(
+                "reading service account profile {name} is not supported by this plugin"
+            ))),
+            _ => Err(DatastoreError::Other("Revision  invalid".into())),
+        }
+    }
+
+    fn read_only(key: &Key) -> DatastoreError {
+        DatastoreError::Other(format!(
+            "operation not supported on {}: the Kubernetes datastore derives it from the Kubernetes API",
+            key.describe()
+        ))
+    }
+}
+
+impl Datastore for KubeDatastore {
+    async fn get(&self, key: &Key) -> Result<KvPair, DatastoreError> {
+        if let Some(cr) = crd_ref(key, &self.group) {
+            return self.get_cr(key, &cr).await;
+        }
+        match key {
+            Key::Resource {
+                kind: Kind::WorkloadEndpoint,
+                ..
+            } => self.get_endpoint(key).await,
+            Key::Resource {
+                kind: Kind::Node,
+                name,
+                ..
+            } => self.get_node(key, name).await,
+            Key::Resource {
+                kind: Kind::Profile,
+                name,
+                ..
+            } => self.get_profile(key, name).await,
+            _ => Err(Self::read_only(key)),
+        }
+    }
+
+    async fn list(&self, what: &ListKind) -> Result<Vec<KvPair>, DatastoreError> {
+        match what {
+            ListKind::Resources {
+                kind: Kind::WorkloadEndpoint,
+                namespace,
+                name_prefix,
+            } => {
+                // The CNI's lookup of one pod's endpoint: a Get of the pod.
+                let prefix = name_prefix.clone().unwrap_or_default();
+                let key = Key::Resource {
+                    kind: Kind::WorkloadEndpoint,
+                    namespace: namespace.clone(),
+                    name: format!("{prefix}eth0"),
+                };
+                let (ns, pod) = Self::pod_of(&key)?;
+                let p = match self.get_pod(&key, &ns, &pod).await {
+                    Ok(p) => p,
+                    Err(e) if e.is_not_found() => return Ok(Vec::new()),
+                    Err(e) => return Err(e),
+                };
+                Ok(self
+                    .endpoint_pair(&key, &p)?
+                    .into_iter()
+                    .filter(|kv| match &kv.key {
+                        Key::Resource { name, .. } => name.starts_with(&prefix),
+                        _ => false,
+                    })
+                    .collect())
+            }
+            ListKind::Resources {
+                kind,
+                namespace,
+                name_prefix,
+            } => {
+                let probe = Key::Resource {
+                    kind: *kind,
+                    namespace: namespace.clone(),
+                    name: String::new(),
+                };
+                let Some(cr) = crd_ref(&probe, &self.group) else {
+                    return Err(Self::read_only(&probe));
+                };
+                let prefix = name_prefix.clone().unwrap_or_default();
+                self.list_keyed(cr.plural, "", |item| {
+                    let name = item.pointer("/metadata/name")?.as_str()?;
+                    name.starts_with(&prefix).then(|| Key::Resource {
+                        kind: *kind,
+                        namespace: None,
+                        name: name.to_string(),
+                    })
+                })
+                .await
+            }
+            ListKind::Blocks { version } => {
+                self.list_keyed("ipamblocks", "", |item| {
+                    let cidr: crate::net::IpNet = item.pointer("/spec/cidr")?.as_str()?.parse().ok()?;
+                    version
+                        .is_none_or(|v| cidr.version() == v)
+                        .then_some(Key::Block { cidr })
+                })
+                .await
+            }
+            ListKind::Affinities {
+                host,
+                affinity_type,
+                version,
+            } => {
+                let mut selector = format!(
+                    "{}={},{}={}",
+                    names::LABEL_AFFINITY_TYPE,
+                    affinity_type,
+                    names::LABEL_HOSTNAME_HASH,
+                    names::hostname_hash(host)
+                );
+                if let Some(v) = version {
+                    selector.push_str(&format!(",{}={v}", names::LABEL_IP_VERSION));
+                }
+                let query = format!("labelSelector={}", url_encode(&selector));
+                let pairs = self
+                    .list_keyed("blockaffinities", &query, |item| {
+                        let spec = item.get("spec")?;
+                        let cidr: crate::net::IpNet = spec.get("cidr")?.as_str()?.parse().ok()?;
+                        let node = spec.get("node")?.as_str()?;
+                        let t = spec
+                            .get("type")
+                            .and_then(Value::as_str)
+                            .filter(|t| !t.is_empty())
+                            .unwrap_or("host");
+                        (node == host
+                            && t == affinity_type
+                            && version.is_none_or(|v| cidr.version() == v))
+                        .then(|| Key::BlockAffinity {
+                            host: host.clone(),
+                            cidr,
+                            affinity_type: affinity_type.clone(),
+                        })
+                    })
+                    .await?;
+                Ok(pairs
+                    .into_iter()
+                    .filter(|kv| kv.value.get("deleted") != Some(&Value::Bool(true)))
+                    .collect())
+            }
+            ListKind::Handles => {
+                self.list_keyed("ipamhandles", "", |item| {
+                    let id = item.pointer("/spec/handleID")?.as_str()?;
+                    Some(Key::Handle { id: id.to_string() })
+                })
+                .await
+            }
+        }
+    }
+
+    async fn create(&self, key: &Key, value: &Value) -> Result<Revision, DatastoreError> {
+        if let Some(cr) = crd_ref(key, &self.group) {
+            return self.write_cr(key, &cr, value, None).await;
+        }
+        match key {
+            Key::Resource {
+                kind: Kind::WorkloadEndpoint,
+                ..
+            } => self.write_endpoint(key, value).await,
+            _ => Err(Self::read_only(key)),
+        }
+    }
+
+    async fn update(
+        &self,
+        key: &Key,
+        value: &Value,
+        revision: &str,
+    ) -> Result<Revision, DatastoreError> {
+        if let Some(cr) = crd_ref(key, &self.group) {
+            return self.write_cr(key, &cr, value, Some(revision)).await;
+        }
+        match key {
+            // The endpoint patch deliberately carries no revision (upstream: the CNI owns
+            // these annotations).
+            Key::Resource {
+                kind: Kind::WorkloadEndpoint,
+                ..
+            } => self.write_endpoint(key, value).await,
+            _ => Err(Self::read_only(key)),
+        }
+    }
+
+    async fn delete(&self, key: &Key, revision: Option<&str>) -> Result<(), DatastoreError> {
+        if let Some(cr) = crd_ref(key, &self.group) {
+            return self.delete_cr(key, &cr, revision).await;
+        }
+        match key {
+            Key::Resource {
+                kind: Kind::WorkloadEndpoint,
+                ..
+            } => self.delete_endpoint(key, revision).await,
+            _ => Err(Self::read_only(key)),
+        }
+    }
+}
+
+/// Percent-encodes a query value (label selectors: `=`, `,`, `/`, `!`, spaces).
+fn url_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 3);
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}

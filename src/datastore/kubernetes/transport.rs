@@ -1,0 +1,196 @@
+//! The one connection a call makes to the API server. The first request opens it (TCP, then
+//! TLS offering ALPN `h2` and `http/1.1`); every later request reuses it. Over HTTP/2,
+//! requests issued together are multiplexed on it; over HTTP/1.1 (a server or proxy without
+//! h2) they queue on it one at a time. Either way a call costs exactly one TLS handshake,
+//! which hyper's pooled client does not guarantee: requests started before the first
+//! connection is up would each open their own.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response, Uri};
+use hyper::body::Incoming;
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls_pki_types::ServerName;
+use tokio::net::TcpStream;
+use tokio::sync::{Mutex, OnceCell};
+use tokio_rustls::rustls::ClientConfig;
+use tokio_rustls::TlsConnector;
+
+use kube::client::Body;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+enum Conn {
+    H2(http2::SendRequest<Body>),
+    H1(Mutex<http1::SendRequest<Body>>),
+}
+
+struct Inner {
+    host: String,
+    port: u16,
+    /// None for a plain `http://` server.
+    tls: Option<(TlsConnector, ServerName<'static>)>,
+    connect_timeout: Duration,
+    conn: OnceCell<Conn>,
+    handshakes: std::sync::atomic::AtomicUsize,
+}
+
+/// A tower service sending every request over one lazily opened connection.
+#[derive(Clone)]
+pub struct OneConnection {
+    inner: Arc<Inner>,
+}
+
+impl OneConnection {
+    /// `server` is the cluster URL; `tls` the client config (ALPN is set here); `tls_name`
+    /// overrides the name the certificate is checked against.
+    pub fn new(
+        server: &Uri,
+        tls: Option<ClientConfig>,
+        tls_name: Option<&str>,
+        connect_timeout: Duration,
+    ) -> Result<OneConnection, BoxError> {
+        let host = server
+            .host()
+            .ok_or_else(|| format!("no host in the API server URL {server}"))?
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let https = server.scheme_str() != Some("http");
+        let port = server.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let tls = match (https, tls) {
+            (false, _) => None,
+            (true, None) => return Err("an https API server needs a TLS configuration".into()),
+            (true, Some(mut cfg)) => {
+                cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+                let name = ServerName::try_from(tls_name.unwrap_or(&host).to_string())
+                    .map_err(|e| format!("invalid TLS server name: {e}"))?;
+                Some((TlsConnector::from(Arc::new(cfg)), name))
+            }
+        };
+        Ok(OneConnection {
+            inner: Arc::new(Inner {
+                host,
+                port,
+                tls,
+                connect_timeout,
+                conn: OnceCell::new(),
+                handshakes: Default::default(),
+            }),
+        })
+    }
+
+    /// How many connections were opened (0 or 1).
+    pub fn connections(&self) -> usize {
+        self.inner
+            .handshakes
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Inner {
+    async fn open(&self) -> Result<Conn, BoxError> {
+        let addr = (self.host.as_str(), self.port);
+        let connect = async {
+            let tcp = TcpStream::connect(addr).await?;
+            tcp.set_nodelay(true)?;
+            self.handshakes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            match &self.tls {
+                None => http1_conn(TokioIo::new(tcp)).await,
+                Some((connector, name)) => {
+                    let stream = connector.connect(name.clone(), tcp).await?;
+                    let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+                    let io = TokioIo::new(stream);
+                    if h2 {
+                        let (send, conn) = http2::handshake(TokioExecutor::new(), io).await?;
+                        tokio::spawn(async move {
+                            if let Err(e) = conn.await {
+                                tracing::debug!(error = %e, "API server connection ended");
+                            }
+                        });
+                        Ok(Conn::H2(send))
+                    } else {
+                        http1_conn(io).await
+                    }
+                }
+            }
+        };
+        tokio::time::timeout(self.connect_timeout, connect)
+            .await
+            .map_err(|_| -> BoxError {
+                format!(
+                    "dial tcp {}:{}: i/o timeout (no connection within {:?})",
+                    self.host, self.port, self.connect_timeout
+                )
+                .into()
+            })?
+    }
+
+    async fn send(&self, req: Request<Body>) -> Result<Response<Incoming>, BoxError> {
+        let conn = self.conn.get_or_try_init(|| self.open()).await?;
+        match conn {
+            Conn::H2(send) => {
+                let mut send = send.clone();
+                send.ready().await?;
+                Ok(send.send_request(req).await?)
+            }
+            Conn::H1(send) => {
+                let mut send = send.lock().await;
+                send.ready().await?;
+                Ok(send.send_request(origin_form(req)?).await?)
+            }
+        }
+    }
+}
+
+async fn http1_conn<T>(io: TokioIo<T>) -> Result<Conn, BoxError>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (send, conn) = http1::handshake(io).await?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "API server connection ended");
+        }
+    });
+    Ok(Conn::H1(Mutex::new(send)))
+}
+
+/// HTTP/1.1 requests carry the path in the request line and the authority in `Host`.
+fn origin_form(req: Request<Body>) -> Result<Request<Body>, BoxError> {
+    let (mut parts, body) = req.into_parts();
+    if let Some(authority) = parts.uri.authority().cloned() {
+        parts.headers.insert(
+            http::header::HOST,
+            http::HeaderValue::from_str(authority.as_str())?,
+        );
+    }
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "/".into());
+    parts.uri = path.parse()?;
+    Ok(Request::from_parts(parts, body))
+}
+
+impl tower::Service<Request<Body>> for OneConnection {
+    type Response = Response<Incoming>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let inner = self.inner.clone();
+        Box::pin(async move { inner.send(req).await })
+    }
+}
