@@ -264,7 +264,12 @@ mod tests {
     fn wep_names_parse_back() {
         let ids = super::parse_wep_name("node--1-k8s-web--1-eth0").unwrap();
         assert_eq!(
-            (ids.node.as_str(), ids.orchestrator.as_str(), ids.pod.as_str(), ids.endpoint.as_str()),
+            (
+                ids.node.as_str(),
+                ids.orchestrator.as_str(),
+                ids.pod.as_str(),
+                ids.endpoint.as_str()
+            ),
             ("node-1", "k8s", "web-1", "eth0")
         );
         let prefix = super::parse_wep_name("node1-k8s-p-").unwrap();

@@ -266,7 +266,12 @@ mod tests {
         .unwrap();
         let k = DatastoreSettings::plugin_kube(&conf);
         assert_eq!(
-            (k.kubeconfig.as_str(), k.server.as_str(), k.token.as_str(), k.ca_file.as_str()),
+            (
+                k.kubeconfig.as_str(),
+                k.server.as_str(),
+                k.token.as_str(),
+                k.ca_file.as_str()
+            ),
             ("/kc", "https://p:6443", "t", "/ca")
         );
     }

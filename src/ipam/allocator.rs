@@ -97,6 +97,9 @@ pub struct AutoAssignArgs {
     pub ipv6_pools: Vec<IpNet>,
     /// 0 = use IPAMConfig's value (0 there too = 20).
     pub max_blocks_per_host: i64,
+    /// The pod's namespace's labels, for pools' `namespaceSelector` (empty without a
+    /// Kubernetes client, as upstream's nil Namespace).
+    pub namespace_labels: BTreeMap<String, String>,
 }
 
 /// The addresses one family got, and why it got fewer than asked (upstream's Msgs).
@@ -325,7 +328,8 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         if num == 0 {
             return Ok(out);
         }
-        let usable = self.usable_pools_and_blocks(view, version, requested_pools)?;
+        let usable =
+            self.usable_pools_and_blocks(view, version, requested_pools, &args.namespace_labels)?;
         self.release_deselected_affinities(view, version, &usable)
             .await;
         let (pools, mut affine) = (usable.allowed, usable.affine);
@@ -397,6 +401,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         view: &HostView,
         version: u8,
         requested: &[IpNet],
+        namespace_labels: &BTreeMap<String, String>,
     ) -> Result<UsablePools, IpamError> {
         let enabled: Vec<IpPool> = view
             .pools
@@ -429,7 +434,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                     continue;
                 }
                 if !selects(&p.spec.node_selector, &view.labels)?
-                    || !selects(&p.spec.namespace_selector, &BTreeMap::new())?
+                    || !selects(&p.spec.namespace_selector, namespace_labels)?
                 {
                     continue;
                 }
@@ -1461,3 +1466,7 @@ mod tests {
         assert_eq!(max_blocks(1, 0), 1);
     }
 }
+
+#[cfg(test)]
+#[path = "allocator_tests.rs"]
+mod store_tests;

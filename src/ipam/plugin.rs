@@ -10,12 +10,14 @@ use tracing::{info, warn};
 
 use crate::client;
 use crate::config::NetConf;
+use crate::datastore::backend::Backend;
 use crate::datastore::Datastore;
 use crate::error::{Error, Result};
 use crate::identifiers::WepIdentifiers;
 use crate::ipam::allocator::{AutoAssignArgs, Ipam, IpamError};
 use crate::ipam::lock::IpamLock;
 use crate::net::IpNet;
+use crate::plugin::k8s_pod;
 use crate::skel::args::{load_args, ArgKind, IGNORE_UNKNOWN};
 use crate::skel::result::{IpConfig, Route};
 use crate::skel::{CmdArgs, CniError, CniResult, Plugin};
@@ -100,14 +102,46 @@ async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     let conf = load(args)?;
     let ds = client::connect(&conf).await?;
     let call = identify(args, conf, true)?;
-    assign(&ds, &call, requested_ip(args)?).await
+    let labels = namespace_labels(&call.conf, &call.ids.namespace, &ds).await?;
+    assign(&ds, &call, requested_ip(args)?, labels).await
+}
+
+/// The namespace's labels for pools' `namespaceSelector`: read from the Kubernetes API when
+/// the NetConf names a kubeconfig or `policy.type: k8s` (as upstream), else none.
+pub async fn namespace_labels(
+    conf: &NetConf,
+    namespace: &str,
+    ds: &Backend,
+) -> Result<BTreeMap<String, String>> {
+    if (conf.kubernetes.kubeconfig.is_empty() && conf.policy.policy_type != "k8s")
+        || namespace.is_empty()
+    {
+        return Ok(BTreeMap::new());
+    }
+    let fail =
+        |e: &dyn std::fmt::Display| Error::msg(format!("failed to get namespace {namespace}: {e}"));
+    let client = k8s_pod::client_for(conf, ds).await.map_err(|e| fail(&e))?;
+    let resp = client
+        .get(&format!("/api/v1/namespaces/{namespace}"))
+        .await
+        .map_err(|e| fail(&e))?;
+    if !resp.ok() {
+        return Err(fail(&resp.status_object().message));
+    }
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_slice(&resp.body).map_err(|e| fail(&e))?;
+    Ok(ns.metadata.labels.unwrap_or_default())
 }
 
 /// calico-ipam ADD on an open datastore (the `calico` plugin calls this in-process when
-/// `ipam.type` is this very binary).
-pub async fn add_with<D: Datastore>(ds: &D, args: &CmdArgs) -> Result<CniResult> {
+/// `ipam.type` is this very binary, with the namespace labels it has read).
+pub async fn add_with<D: Datastore>(
+    ds: &D,
+    args: &CmdArgs,
+    namespace_labels: BTreeMap<String, String>,
+) -> Result<CniResult> {
     let call = prepare(args, true)?;
-    assign(ds, &call, requested_ip(args)?).await
+    assign(ds, &call, requested_ip(args)?, namespace_labels).await
 }
 
 /// calico-ipam DEL on an open datastore.
@@ -135,7 +169,25 @@ pub async fn release_addresses<D: Datastore>(ds: &D, args: &CmdArgs, ips: &[IpAd
     Ok(())
 }
 
-async fn assign<D: Datastore>(ds: &D, call: &Call, ip: Option<IpAddr>) -> Result<CniResult> {
+/// Releases these addresses whoever holds them (upstream `releaseIPAddrs` before an
+/// `ipAddrs` re-ADD). Addresses not allocated are only logged.
+pub async fn release_any<D: Datastore>(ds: &D, args: &CmdArgs, ips: &[IpAddr]) -> Result<()> {
+    let call = prepare(args, false)?;
+    let ipam = Ipam::new(ds, &call.ids.node);
+    let _lock = IpamLock::acquire(call.conf.ipam_lock_file());
+    let unallocated = with_timeout(ipam.release_ips(ips, None)).await??;
+    if !unallocated.is_empty() {
+        warn!(?unallocated, "Asked to release address but it doesn't exist.");
+    }
+    Ok(())
+}
+
+async fn assign<D: Datastore>(
+    ds: &D,
+    call: &Call,
+    ip: Option<IpAddr>,
+    namespace_labels: BTreeMap<String, String>,
+) -> Result<CniResult> {
     let handle = call.ids.handle_id(&call.conf.name);
     let mut attrs = BTreeMap::new();
     attrs.insert("node".to_string(), call.ids.node.clone());
@@ -176,6 +228,7 @@ async fn assign<D: Datastore>(ds: &D, call: &Call, ip: Option<IpAddr>) -> Result
         ipv4_pools,
         ipv6_pools,
         max_blocks_per_host: 0,
+        namespace_labels,
     };
     let _lock = IpamLock::acquire(call.conf.ipam_lock_file());
     let (v4, v6) = with_timeout(ipam.auto_assign(&req)).await??;

@@ -9,22 +9,25 @@
 //! the addresses it was given — never a pre-existing interface, never an address another
 //! ADD of the same sandbox holds under the same handle.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use serde_json::Value;
 use tracing::{info, warn};
 
 use crate::dataplane::{self, NetworkingRequest};
-use crate::datastore::model::{Profile, WorkloadEndpoint};
+use crate::datastore::model::{IpNat, Profile, WorkloadEndpoint};
 use crate::datastore::validate;
 use crate::error::{Error, Result};
 use crate::net::IpNet;
 use crate::plugin::endpoint;
 use crate::plugin::endpoint_status;
 use crate::plugin::ipam_exec;
+use crate::plugin::k8s_pod::{self, AddressSource, PodInfo};
 use crate::plugin::readiness;
 use crate::plugin::{check_datastore_ready, connect, load, Call};
 use crate::skel::error::CODE_INVALID_ENV;
+use crate::skel::result::IpConfig;
 use crate::skel::{CmdArgs, CniError, CniResult};
 
 pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
@@ -34,23 +37,49 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     let call = connect(args, conf, true).await?;
     let conf = &call.conf;
 
-    // The ready gate, the endpoint lookup and the profile lookup are independent reads:
-    // one round trip. Nothing is written before the gate has passed.
+    // The ready gate, the endpoint lookup, the profile lookup and (policy type k8s) the pod
+    // and its namespace are independent reads: one round trip. Nothing is written before
+    // the gate has passed. On the Kubernetes datastore the endpoint is the pod itself, so
+    // the pod is read once.
     let want_profile = conf.policy.policy_type.is_empty();
-    let (ready, existing, profile_exists) = tokio::join!(
+    let policy_k8s = call.ids.is_k8s() && conf.policy.policy_type == "k8s";
+    let endpoint_from_pod = policy_k8s && call.ds.is_kubernetes();
+    let (ready, existing, profile_exists, pod) = tokio::join!(
         check_datastore_ready(&call.ds),
-        endpoint::find_existing(&call.ds, &call.ids),
+        async {
+            if endpoint_from_pod {
+                Ok(None)
+            } else {
+                endpoint::find_existing(&call.ds, &call.ids).await
+            }
+        },
         async {
             if want_profile {
                 endpoint::profile_exists(&call.ds, &conf.name).await
             } else {
                 Ok(true)
             }
+        },
+        async {
+            if !policy_k8s {
+                return Ok(None);
+            }
+            let client = k8s_pod::client_for(conf, &call.ds).await?;
+            k8s_pod::read(&client, &call.ids.namespace, &call.ids.pod)
+                .await
+                .map(Some)
         }
     );
     ready?;
     readiness::wait_for_gates(&conf.readiness_gates).await?;
-    let existing = existing?;
+    let pod: Option<PodInfo> = pod?;
+    let mut existing = existing?;
+    if endpoint_from_pod {
+        existing = pod
+            .as_ref()
+            .and_then(|p| p.endpoint.clone())
+            .filter(|w| call.ids.name_matches(&w.metadata.name));
+    }
     // Upstream's k8s path checks the dataplane first thing; its cni path only after IPAM.
     // Both are checked here, before anything is allocated.
     conf.check_dataplane()?;
@@ -61,7 +90,7 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     };
 
     let mut result = if call.ids.is_k8s() {
-        add_k8s(args, &call, existing, profile, mtu).await?
+        add_k8s(args, &call, existing, profile, mtu, pod).await?
     } else {
         add_cni(args, &call, existing, profile, mtu).await?
     };
@@ -148,9 +177,15 @@ async fn add_cni(
     wep.spec.interface_name = ids.host_veth_name();
     validate_and_ensure_profile(call, &wep, profile).await?;
 
-    let result = ipam_add(call, args, "IPAM plugin returned no IP addresses in result").await?;
+    let result = ipam_add(
+        call,
+        args,
+        BTreeMap::new(),
+        "IPAM plugin returned no IP addresses in result",
+    )
+    .await?;
     let routes = default_routes();
-    network_and_write(args, call, result, wep, routes, false, mtu).await
+    network_and_write(args, call, result, wep, routes, Extras::default(), mtu).await
 }
 
 async fn add_k8s(
@@ -159,25 +194,66 @@ async fn add_k8s(
     existing: Option<WorkloadEndpoint>,
     profile: Option<Profile>,
     mtu: u32,
+    pod: Option<PodInfo>,
 ) -> Result<CniResult> {
     let conf = &call.conf;
     let ids = &call.ids;
-    if conf.policy.policy_type == "k8s" {
-        return Err(Error::msg(
-            "policy type \"k8s\" needs the Kubernetes API client, which this build does not have yet",
-        ));
-    }
     // Upstream refuses a negative delay only after writing the endpoint (and leaks the IP).
     endpoint_status::validate_timeout(conf.policy_setup_timeout_seconds)?;
     let routes = k8s_routes(conf)?;
     let name = endpoint_name(call, existing.as_ref())?;
-    let wep = k8s_endpoint(call, existing, &name);
+    let old_addresses: Vec<String> = existing
+        .as_ref()
+        .map(|w| w.spec.ip_networks.clone())
+        .unwrap_or_default();
+    let mut wep = k8s_endpoint(call, existing, &name);
+    let pod = pod.unwrap_or_default();
+    let mut extras = Extras::default();
+    if conf.policy.policy_type == "k8s" {
+        wep.metadata.labels = Some(pod.labels.clone());
+        wep.metadata.generate_name = pod.generate_name.clone();
+        wep.spec.ports = pod.ports.clone();
+        wep.spec.profiles = pod.profiles.clone();
+        wep.spec.service_account_name = pod.service_account.clone();
+    }
+    // Every annotation is checked before IPAM (upstream checks some after networking and
+    // leaks the addresses when they are wrong).
+    wep.spec.allow_spoofed_source_prefixes = pod.source_prefixes()?;
+    extras.floating_ips = pod.floating_ips(conf)?;
+    extras.container_mac = pod.hw_addr()?;
+    let source = pod.address_source(conf)?;
     validate_and_ensure_profile(call, &wep, profile).await?;
 
-    let result = ipam_add(call, args, "IPAM plugin returned missing IP config").await?;
+    let result = match source {
+        AddressSource::Ipam => {
+            let mut ipam_args = args.clone();
+            if conf.ipam.ipam_type == "calico-ipam" {
+                if let Some(stdin) = pod.ipam_stdin(&args.stdin_data)? {
+                    ipam_args.stdin_data = stdin;
+                }
+            }
+            let labels = namespace_labels(call, &pod).await?;
+            ipam_add(call, &ipam_args, labels, "IPAM plugin returned missing IP config").await?
+        }
+        AddressSource::IpAddrs(ips) => {
+            release_old_addresses(call, args, &old_addresses).await?;
+            assign_each(call, args, &ips, namespace_labels(call, &pod).await?).await?
+        }
+        AddressSource::NoIpam(ips) => CniResult {
+            ips: ips
+                .iter()
+                .map(|ip| IpConfig {
+                    address: IpNet::host(*ip),
+                    gateway: None,
+                    interface: None,
+                })
+                .collect(),
+            ..Default::default()
+        },
+    };
     // A calico-ipam result without routes is a KubeVirt migration target: no host routes.
-    let skip_host_routes = conf.ipam.ipam_type == "calico-ipam" && result.routes.is_empty();
-    let result = network_and_write(args, call, result, wep, routes, skip_host_routes, mtu).await?;
+    extras.skip_host_routes = conf.ipam.ipam_type == "calico-ipam" && result.routes.is_empty();
+    let result = network_and_write(args, call, result, wep, routes, extras, mtu).await?;
     endpoint_status::wait_for_policy(
         &conf.endpoint_status_dir,
         &ids.namespace,
@@ -186,6 +262,79 @@ async fn add_k8s(
     )
     .await;
     Ok(result)
+}
+
+/// The namespace's labels for calico-ipam's pool selection: those already read with the
+/// pod, else read when a kubeconfig is configured (as calico-ipam does).
+async fn namespace_labels(call: &Call, pod: &PodInfo) -> Result<BTreeMap<String, String>> {
+    if call.conf.ipam.ipam_type != "calico-ipam" {
+        return Ok(BTreeMap::new());
+    }
+    if call.conf.policy.policy_type == "k8s" {
+        return Ok(pod.namespace_labels.clone());
+    }
+    crate::ipam::plugin::namespace_labels(&call.conf, &call.ids.namespace, &call.ds).await
+}
+
+/// `ipAddrs` on a re-ADD: the endpoint's previous addresses are released first.
+async fn release_old_addresses(call: &Call, args: &CmdArgs, old: &[String]) -> Result<()> {
+    let ips: Vec<IpAddr> = old
+        .iter()
+        .filter_map(|s| s.parse::<IpNet>().ok())
+        .map(|n| n.addr)
+        .collect();
+    if ips.is_empty() {
+        return Ok(());
+    }
+    info!(?ips, "releasing the endpoint's previous addresses before ipAddrs");
+    crate::ipam::plugin::release_any(&call.ds, args, &ips)
+        .await
+        .map_err(|e| Error::msg(format!("failed to release ipAddrs: {e}")))
+}
+
+/// `ipAddrs`: calico-ipam once per address with `IP=<address>` added to CNI_ARGS. A
+/// failure gives back the addresses already assigned.
+async fn assign_each(
+    call: &Call,
+    args: &CmdArgs,
+    ips: &[IpAddr],
+    labels: BTreeMap<String, String>,
+) -> Result<CniResult> {
+    let mut result = CniResult::default();
+    let mut assigned = Vec::new();
+    for ip in ips {
+        let mut one = args.clone();
+        one.args = format!("{};IP={ip}", args.args);
+        let got = ipam_exec::exec_add(&call.ds, &call.conf.ipam.ipam_type, &one, labels.clone())
+            .await
+            .and_then(|r| {
+                if r.ips.is_empty() {
+                    Err(Error::msg("IPAM plugin returned missing IP config"))
+                } else {
+                    Ok(r)
+                }
+            });
+        match got {
+            Ok(r) => {
+                assigned.push(r.ips[0].address.addr);
+                result.ips.push(r.ips[0].clone());
+                result.routes.extend(r.routes);
+            }
+            Err(e) => {
+                ipam_exec::release_assigned(&call.ds, &call.conf, args, &assigned).await;
+                return Err(Error::msg(format!("error getting IP from IPAM: {e}")));
+            }
+        }
+    }
+    Ok(result)
+}
+
+/// What the annotations add to the interface and the endpoint.
+#[derive(Default)]
+struct Extras {
+    container_mac: Option<[u8; 6]>,
+    floating_ips: Vec<String>,
+    skip_host_routes: bool,
 }
 
 /// The k8s endpoint as upstream builds it: a new one, or the existing one with every field
@@ -220,9 +369,14 @@ fn k8s_endpoint(call: &Call, existing: Option<WorkloadEndpoint>, name: &str) -> 
 }
 
 /// Runs the IPAM plugin; a result without addresses is given back and refused with `empty`.
-async fn ipam_add(call: &Call, args: &CmdArgs, empty: &str) -> Result<CniResult> {
+async fn ipam_add(
+    call: &Call,
+    args: &CmdArgs,
+    namespace_labels: BTreeMap<String, String>,
+    empty: &str,
+) -> Result<CniResult> {
     let ipam_type = &call.conf.ipam.ipam_type;
-    let result = ipam_exec::exec_add(&call.ds, ipam_type, args).await?;
+    let result = ipam_exec::exec_add(&call.ds, ipam_type, args, namespace_labels).await?;
     info!(ips = ?result.ips.iter().map(|i| i.address.to_string()).collect::<Vec<_>>(), "Got result from IPAM plugin");
     if result.ips.is_empty() {
         ipam_exec::release(&call.ds, ipam_type, args).await;
@@ -239,10 +393,11 @@ async fn network_and_write(
     mut result: CniResult,
     mut wep: WorkloadEndpoint,
     routes: Vec<IpNet>,
-    skip_host_routes: bool,
+    extras: Extras,
     mtu: u32,
 ) -> Result<CniResult> {
     wep.spec.ip_networks = endpoint::ip_networks(&result);
+    wep.spec.ip_nats = floating_nats(&result, &extras.floating_ips);
     let assigned: Vec<IpAddr> = result.ips.iter().map(|ip| ip.address.addr).collect();
     let req = NetworkingRequest {
         netns_path: args.netns.clone(),
@@ -253,8 +408,8 @@ async fn network_and_write(
         ips: assigned.iter().map(|ip| IpNet::host(*ip)).collect(),
         routes,
         allow_ip_forwarding: call.conf.container_settings.allow_ip_forwarding,
-        container_mac: None,
-        skip_host_routes,
+        container_mac: extras.container_mac,
+        skip_host_routes: extras.skip_host_routes,
     };
     let net = match dataplane::do_networking(&req) {
         Ok(n) => n,
@@ -285,6 +440,22 @@ async fn network_and_write(
         &args.netns,
     );
     Ok(result)
+}
+
+/// Floating IPs NATed to the pod's address of the same family.
+fn floating_nats(result: &CniResult, floating: &[String]) -> Vec<IpNat> {
+    let v4 = result.ips.iter().find(|i| i.address.addr.is_ipv4());
+    let v6 = result.ips.iter().find(|i| i.address.addr.is_ipv6());
+    floating
+        .iter()
+        .filter_map(|ext| {
+            let internal = if ext.contains(':') { v6 } else { v4 };
+            internal.map(|i| IpNat {
+                internal_ip: i.address.addr.to_string(),
+                external_ip: ext.clone(),
+            })
+        })
+        .collect()
 }
 
 /// `0.0.0.0/0` and `::/0`.

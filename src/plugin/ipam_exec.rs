@@ -9,6 +9,7 @@
 //! subnets become `0.0.0.0/0`/`::/0` (host-local releases by container ID; it only needs a
 //! valid CIDR).
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -106,11 +107,17 @@ fn ipam_args(args: &CmdArgs) -> CmdArgs {
     }
 }
 
-/// IPAM ADD: the plugin's result, converted to the 1.0 model.
-pub async fn exec_add<D: Datastore>(ds: &D, plugin: &str, args: &CmdArgs) -> Result<CniResult> {
+/// IPAM ADD: the plugin's result, converted to the 1.0 model. In-process calico-ipam gets
+/// the namespace labels the caller has read (a separate calico-ipam reads them itself).
+pub async fn exec_add<D: Datastore>(
+    ds: &D,
+    plugin: &str,
+    args: &CmdArgs,
+    namespace_labels: BTreeMap<String, String>,
+) -> Result<CniResult> {
     if is_own_ipam(plugin, &args.path) {
         debug!("running calico-ipam ADD in-process");
-        return crate::ipam::plugin::add_with(ds, &ipam_args(args)).await;
+        return crate::ipam::plugin::add_with(ds, &ipam_args(args), namespace_labels).await;
     }
     let out = exec(plugin, "ADD", args, &args.stdin_data)?;
     Ok(CniResult::parse(&out)?)

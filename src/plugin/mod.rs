@@ -7,6 +7,7 @@ pub mod del;
 pub mod endpoint;
 pub mod endpoint_status;
 pub mod ipam_exec;
+pub mod k8s_pod;
 pub mod readiness;
 
 use tracing::info;

@@ -77,9 +77,8 @@ impl ApiResponse {
     }
 
     pub fn json(&self) -> Result<Value, DatastoreError> {
-        serde_json::from_slice(&self.body).map_err(|e| {
-            DatastoreError::Other(format!("invalid JSON from the API server: {e}"))
-        })
+        serde_json::from_slice(&self.body)
+            .map_err(|e| DatastoreError::Other(format!("invalid JSON from the API server: {e}")))
     }
 
     /// The error body as a Status, or one made of the raw text (`404 page not found`).
@@ -96,6 +95,7 @@ impl ApiResponse {
 
 /// A connected (lazily: the first request connects) API client.
 pub struct KubeClient {
+    settings: KubeSettings,
     client: kube::Client,
     transport: OneConnection,
     timeout: Duration,
@@ -191,10 +191,16 @@ impl KubeClient {
             .option_layer(cfg.auth_layer().map_err(config_error)?)
             .service(transport.clone());
         Ok(KubeClient {
+            settings: s.clone(),
             client: kube::Client::new(service, cfg.default_namespace.clone()),
             transport,
             timeout,
         })
+    }
+
+    /// The settings this client was built from.
+    pub fn settings(&self) -> &KubeSettings {
+        &self.settings
     }
 
     /// Connections opened so far (at most one).
@@ -261,7 +267,8 @@ impl KubeClient {
         body: &Value,
     ) -> Result<ApiResponse, DatastoreError> {
         let bytes = serde_json::to_vec(body).map_err(|e| DatastoreError::Other(e.to_string()))?;
-        self.request(method, path, Some((content_type, bytes))).await
+        self.request(method, path, Some((content_type, bytes)))
+            .await
     }
 }
 
@@ -272,7 +279,9 @@ mod tests {
     #[test]
     fn server_addresses() {
         assert_eq!(
-            parse_server("https://10.0.0.1:6443/api/v1/").unwrap().to_string(),
+            parse_server("https://10.0.0.1:6443/api/v1/")
+                .unwrap()
+                .to_string(),
             "https://10.0.0.1:6443/"
         );
         assert_eq!(

@@ -78,7 +78,9 @@ pub fn crd_ref(key: &Key, group: &Group) -> Option<CrdRef> {
         Key::IpamConfig => r("ipamconfigs", "IPAMConfig", "default".into()),
         Key::Resource { kind, name, .. } => match kind {
             Kind::IpPool => r("ippools", "IPPool", name.clone()),
-            Kind::ClusterInformation => r("clusterinformations", "ClusterInformation", name.clone()),
+            Kind::ClusterInformation => {
+                r("clusterinformations", "ClusterInformation", name.clone())
+            }
             Kind::IpReservation => r("ipreservations", "IPReservation", name.clone()),
             Kind::WorkloadEndpoint | Kind::Profile | Kind::Node => None,
         },
@@ -120,9 +122,15 @@ pub fn to_cr(
                 .collect();
             v3_meta["labels"] = Value::Object(labels.clone());
             meta.insert("labels".into(), Value::Object(labels));
-            let deleted = value.get("deleted").and_then(Value::as_bool).unwrap_or(false);
+            let deleted = value
+                .get("deleted")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
             let mut s = Map::new();
-            s.insert("state".into(), value.get("state").cloned().unwrap_or(json!("")));
+            s.insert(
+                "state".into(),
+                value.get("state").cloned().unwrap_or(json!("")),
+            );
             s.insert("node".into(), Value::String(host.clone()));
             if !affinity_type.is_empty() {
                 s.insert("type".into(), Value::String(affinity_type.clone()));
@@ -193,20 +201,32 @@ fn block_spec(value: &Value) -> Value {
     );
     s.insert(
         "unallocated".into(),
-        v.get("unallocated").cloned().filter(|u| !u.is_null()).unwrap_or(json!([])),
+        v.get("unallocated")
+            .cloned()
+            .filter(|u| !u.is_null())
+            .unwrap_or(json!([])),
     );
     s.insert(
         "attributes".into(),
-        v.get("attributes").cloned().filter(|a| !a.is_null()).unwrap_or(json!([])),
+        v.get("attributes")
+            .cloned()
+            .filter(|a| !a.is_null())
+            .unwrap_or(json!([])),
     );
     s.insert(
         "sequenceNumber".into(),
         v.get("sequenceNumber").cloned().unwrap_or(json!(0)),
     );
-    if let Some(m) = v.get("sequenceNumberForAllocation").filter(|m| !m.is_null()) {
+    if let Some(m) = v
+        .get("sequenceNumberForAllocation")
+        .filter(|m| !m.is_null())
+    {
         s.insert("sequenceNumberForAllocation".into(), m.clone());
     }
-    s.insert("deleted".into(), v.get("deleted").cloned().unwrap_or(json!(false)));
+    s.insert(
+        "deleted".into(),
+        v.get("deleted").cloned().unwrap_or(json!(false)),
+    );
     s.insert("strictAffinity".into(), Value::Bool(false));
     Value::Object(s)
 }
@@ -216,12 +236,19 @@ fn ipam_config_spec(value: &Value) -> Value {
     let v = obj(value);
     let flag = |k: &str| v.get(k).and_then(Value::as_bool).unwrap_or(false);
     let mut s = Map::new();
-    s.insert("strictAffinity".into(), Value::Bool(flag("strict_affinity")));
+    s.insert(
+        "strictAffinity".into(),
+        Value::Bool(flag("strict_affinity")),
+    );
     s.insert(
         "autoAllocateBlocks".into(),
         Value::Bool(flag("auto_allocate_blocks")),
     );
-    for k in ["maxBlocksPerHost", "kubeVirtVMAddressPersistence", "ipCooldownSeconds"] {
+    for k in [
+        "maxBlocksPerHost",
+        "kubeVirtVMAddressPersistence",
+        "ipCooldownSeconds",
+    ] {
         if let Some(x) = v.get(k).filter(|x| !x.is_null()) {
             s.insert(k.into(), x.clone());
         }
@@ -293,7 +320,11 @@ pub fn from_cr(key: &Key, cr: &Value) -> Result<FromCr, DatastoreError> {
             if flag("autoAllocateBlocks") {
                 v.insert("auto_allocate_blocks".into(), Value::Bool(true));
             }
-            for k in ["maxBlocksPerHost", "kubeVirtVMAddressPersistence", "ipCooldownSeconds"] {
+            for k in [
+                "maxBlocksPerHost",
+                "kubeVirtVMAddressPersistence",
+                "ipCooldownSeconds",
+            ] {
                 if let Some(x) = spec.get(k).filter(|x| !x.is_null()) {
                     v.insert(k.into(), x.clone());
                 }
@@ -401,8 +432,19 @@ mod tests {
         let key = Key::host_affinity("node1", cidr);
         let g = Group::default();
         let r = crd_ref(&key, &g).unwrap();
-        assert_eq!((r.plural, r.name.as_str()), ("blockaffinities", "node1-10-244-166-128-26"));
-        let cr = to_cr(&key, &json!({"state":"confirmed","deleted":false}), &r, &g, None, None).unwrap();
+        assert_eq!(
+            (r.plural, r.name.as_str()),
+            ("blockaffinities", "node1-10-244-166-128-26")
+        );
+        let cr = to_cr(
+            &key,
+            &json!({"state":"confirmed","deleted":false}),
+            &r,
+            &g,
+            None,
+            None,
+        )
+        .unwrap();
         assert_eq!(
             cr["spec"],
             json!({"state":"confirmed","node":"node1","type":"host","cidr":"10.244.166.128/26","deleted":"false"})
@@ -413,8 +455,12 @@ mod tests {
                 "projectcalico.org/hostname-hash":"7DS2CCNJGGLTHBDQLLFO6SX24SY2YDDEG3W2VN556FA2W4DLLV5A",
                 "projectcalico.org/ip-version":"4"})
         );
-        let ann = cr["metadata"]["annotations"][METADATA_ANNOTATION].as_str().unwrap();
-        assert!(ann.starts_with("{\"creationTimestamp\":null,\"labels\":{\"projectcalico.org/affinity-type\":\"host\""));
+        let ann = cr["metadata"]["annotations"][METADATA_ANNOTATION]
+            .as_str()
+            .unwrap();
+        assert!(ann.starts_with(
+            "{\"creationTimestamp\":null,\"labels\":{\"projectcalico.org/affinity-type\":\"host\""
+        ));
         let back = from_cr(&key, &cr).unwrap();
         assert_eq!(back.value, json!({"state":"confirmed","deleted":false}));
         let mut soft = cr.clone();
@@ -430,7 +476,15 @@ mod tests {
         let g = Group::default();
         let r = crd_ref(&key, &g).unwrap();
         assert_eq!(r.name, "k8s-pod-network.abc");
-        let cr = to_cr(&key, &json!({"block":{"10.0.0.0/26":1}}), &r, &g, None, None).unwrap();
+        let cr = to_cr(
+            &key,
+            &json!({"block":{"10.0.0.0/26":1}}),
+            &r,
+            &g,
+            None,
+            None,
+        )
+        .unwrap();
         assert_eq!(
             cr["spec"],
             json!({"handleID":"k8s-pod-network.ABC","block":{"10.0.0.0/26":1},"deleted":false})

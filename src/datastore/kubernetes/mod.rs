@@ -169,7 +169,11 @@ impl KubeDatastore {
                     .send_json(Method::POST, &self.group.collection(cr.plural), JSON, &obj)
                     .await?
             }
-            Some(_) => self.client.send_json(Method::PUT, &path, JSON, &obj).await?,
+            Some(_) => {
+                self.client
+                    .send_json(Method::PUT, &path, JSON, &obj)
+                    .await?
+            }
         };
         if !resp.ok() {
             return Err(api_error(key, &resp));
@@ -311,7 +315,9 @@ impl KubeDatastore {
     /// The endpoint of a pod, as a v3 WorkloadEndpoint value.
     fn endpoint_pair(&self, key: &Key, pod: &Pod) -> Result<Option<KvPair>, DatastoreError> {
         let spec = pod.spec.as_ref();
-        let scheduled = spec.and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty());
+        let scheduled = spec
+            .and_then(|s| s.node_name.as_deref())
+            .is_some_and(|n| !n.is_empty());
         if !scheduled || spec.and_then(|s| s.host_network).unwrap_or(false) {
             return Ok(None);
         }
@@ -363,10 +369,11 @@ impl KubeDatastore {
     async fn get_endpoint(&self, key: &Key) -> Result<KvPair, DatastoreError> {
         let (ns, pod) = Self::pod_of(key)?;
         let p = self.get_pod(key, &ns, &pod).await?;
-        self.endpoint_pair(key, &p)?.ok_or_else(|| DatastoreError::NotFound {
-            key: key.describe(),
-            cause: "pod is not scheduled or uses host networking".into(),
-        })
+        self.endpoint_pair(key, &p)?
+            .ok_or_else(|| DatastoreError::NotFound {
+                key: key.describe(),
+                cause: "pod is not scheduled or uses host networking".into(),
+            })
     }
 
     async fn patch_pod(
@@ -393,16 +400,26 @@ impl KubeDatastore {
         let ips: Vec<String> = value
             .pointer("/spec/ipNetworks")
             .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
             .unwrap_or_default();
         let cid = value
             .pointer("/spec/containerID")
             .and_then(Value::as_str)
             .unwrap_or_default();
-        self.patch_pod(key, &ns, &pod, &pods::add_patch(&ips, cid)).await
+        self.patch_pod(key, &ns, &pod, &pods::add_patch(&ips, cid))
+            .await
     }
 
-    async fn delete_endpoint(&self, key: &Key, revision: Option<&str>) -> Result<(), DatastoreError> {
+    async fn delete_endpoint(
+        &self,
+        key: &Key,
+        revision: Option<&str>,
+    ) -> Result<(), DatastoreError> {
         let (ns, pod) = Self::pod_of(key)?;
         let uid = self
             .recall(&pod_path(&ns, &pod))
@@ -447,7 +464,10 @@ impl KubeDatastore {
         };
         match prefix {
             "kns" => {
-                let resp = self.client.get(&format!("/api/v1/namespaces/{rest}")).await?;
+                let resp = self
+                    .client
+                    .get(&format!("/api/v1/namespaces/{rest}"))
+                    .await?;
                 if !resp.ok() {
                     return Err(api_error(key, &resp));
                 }
@@ -559,7 +579,8 @@ impl Datastore for KubeDatastore {
             }
             ListKind::Blocks { version } => {
                 self.list_keyed("ipamblocks", "", |item| {
-                    let cidr: crate::net::IpNet = item.pointer("/spec/cidr")?.as_str()?.parse().ok()?;
+                    let cidr: crate::net::IpNet =
+                        item.pointer("/spec/cidr")?.as_str()?.parse().ok()?;
                     version
                         .is_none_or(|v| cidr.version() == v)
                         .then_some(Key::Block { cidr })

@@ -57,8 +57,16 @@ fn base32_nopad(data: &[u8]) -> String {
 }
 
 /// The three labels every BlockAffinity carries (host lookups select on them).
-pub fn affinity_labels(host: &str, affinity_type: &str, cidr: &IpNet) -> [(&'static str, String); 3] {
-    let version = if cidr.to_string().contains(':') { "6" } else { "4" };
+pub fn affinity_labels(
+    host: &str,
+    affinity_type: &str,
+    cidr: &IpNet,
+) -> [(&'static str, String); 3] {
+    let version = if cidr.to_string().contains(':') {
+        "6"
+    } else {
+        "4"
+    };
     [
         (LABEL_AFFINITY_TYPE, affinity_type.to_string()),
         (LABEL_HOSTNAME_HASH, hostname_hash(host)),

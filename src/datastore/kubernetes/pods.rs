@@ -35,7 +35,9 @@ pub fn is_finished(pod: &Pod) -> bool {
     let ann = annotations(pod);
     if pod.metadata.deletion_timestamp.is_some()
         && (ann.get(ANNOTATION_POD_IP).is_some_and(String::is_empty)
-            || ann.get(ANNOTATION_AWS_POD_IPS).is_some_and(String::is_empty))
+            || ann
+                .get(ANNOTATION_AWS_POD_IPS)
+                .is_some_and(String::is_empty))
     {
         return true;
     }
@@ -86,11 +88,14 @@ pub fn pod_ips(pod: &Pod) -> Result<Vec<IpNet>, String> {
 
 /// `cni.projectcalico.org/allowedSourcePrefixes`: a JSON list of CIDRs, masked.
 pub fn source_prefixes(ann: &BTreeMap<String, String>) -> Result<Vec<String>, String> {
-    let Some(raw) = ann.get(ANNOTATION_SOURCE_PREFIXES).filter(|a| !a.is_empty()) else {
+    let Some(raw) = ann
+        .get(ANNOTATION_SOURCE_PREFIXES)
+        .filter(|a| !a.is_empty())
+    else {
         return Ok(Vec::new());
     };
-    let list: Vec<String> = serde_json::from_str(raw)
-        .map_err(|e| format!("failed to parse '{raw}' as JSON: {e}"))?;
+    let list: Vec<String> =
+        serde_json::from_str(raw).map_err(|e| format!("failed to parse '{raw}' as JSON: {e}"))?;
     list.iter()
         .map(|p| {
             p.parse::<IpNet>()
@@ -200,7 +205,10 @@ pub fn pod_to_endpoint(pod: &Pod) -> Result<WorkloadEndpoint, String> {
     };
     let mut endpoint_ports = Vec::new();
     ports(&spec.containers, &mut endpoint_ports);
-    ports(spec.init_containers.as_deref().unwrap_or(&[]), &mut endpoint_ports);
+    ports(
+        spec.init_containers.as_deref().unwrap_or(&[]),
+        &mut endpoint_ports,
+    );
 
     let mut w = WorkloadEndpoint::new("WorkloadEndpoint", &wep_name, Some(&ns), Default::default());
     w.api_version = "projectcalico.org/v3".into();
@@ -218,7 +226,10 @@ pub fn pod_to_endpoint(pod: &Pod) -> Result<WorkloadEndpoint, String> {
     s.orchestrator = "k8s".into();
     s.node = node;
     s.pod = name.clone();
-    s.container_id = ann.get(ANNOTATION_CONTAINER_ID).cloned().unwrap_or_default();
+    s.container_id = ann
+        .get(ANNOTATION_CONTAINER_ID)
+        .cloned()
+        .unwrap_or_default();
     s.endpoint = "eth0".into();
     s.interface_name = interface_name(&ns, &name);
     s.profiles = profiles;

@@ -1,0 +1,417 @@
+//! The Kubernetes pod features of `calico` ADD (k8s.go `CmdAddK8s`): with `policy.type:
+//! k8s` the pod and its namespace are read once (together, on one connection) and give the
+//! endpoint its labels, ports, profiles, generateName and service account; annotations
+//! (namespace first, the pod's overriding) choose IP pools and families, fix addresses
+//! (`ipAddrs`, through Calico IPAM; `ipAddrsNoIpam`, without it), add floating IPs, a MAC
+//! and allowed source prefixes. Error texts are upstream's.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use serde_json::Value;
+
+use crate::config::NetConf;
+use crate::datastore::backend::{Backend, DATASTORE_TIMEOUT};
+use crate::datastore::kubernetes::client::KubeClient;
+use crate::datastore::kubernetes::pods;
+use crate::datastore::model::WorkloadEndpoint;
+use crate::datastore::settings::DatastoreSettings;
+use crate::error::{Error, Result};
+
+const ANN_IPV4_POOLS: &str = "cni.projectcalico.org/ipv4pools";
+const ANN_IPV6_POOLS: &str = "cni.projectcalico.org/ipv6pools";
+const ANN_IP_FAMILIES: &str = "cni.projectcalico.org/ipFamilies";
+const ANN_IP_ADDRS: &str = "cni.projectcalico.org/ipAddrs";
+const ANN_IP_ADDRS_NO_IPAM: &str = "cni.projectcalico.org/ipAddrsNoIpam";
+const ANN_HW_ADDR: &str = "cni.projectcalico.org/hwAddr";
+
+/// The API client for the plugin's own reads: the datastore's when it is the Kubernetes
+/// datastore reached the same way (one connection for everything), else a new one from the
+/// NetConf (`kubernetes.kubeconfig`, `policy.k8s_*`).
+pub async fn client_for(conf: &NetConf, ds: &Backend) -> Result<Arc<KubeClient>> {
+    let wanted = DatastoreSettings::plugin_kube(conf);
+    if let Some(c) = ds.kube_client() {
+        if c.settings() == &wanted || wanted.is_empty() {
+            return Ok(c.clone());
+        }
+    }
+    Ok(Arc::new(KubeClient::new(&wanted, DATASTORE_TIMEOUT).await?))
+}
+
+/// What the pod and its namespace say.
+#[derive(Clone, Debug, Default)]
+pub struct PodInfo {
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+    pub namespace_annotations: BTreeMap<String, String>,
+    pub namespace_labels: BTreeMap<String, String>,
+    pub ports: Vec<Value>,
+    pub profiles: Vec<String>,
+    pub generate_name: String,
+    pub service_account: String,
+    /// The endpoint the pod is on the Kubernetes datastore (scheduled, not host-networked).
+    pub endpoint: Option<WorkloadEndpoint>,
+}
+
+async fn get_json<T: serde::de::DeserializeOwned>(client: &KubeClient, path: &str) -> Result<T> {
+    let resp = client.get(path).await?;
+    if !resp.ok() {
+        return Err(Error::msg(resp.status_object().message));
+    }
+    serde_json::from_slice(&resp.body)
+        .map_err(|e| Error::msg(format!("invalid object from the API server at {path}: {e}")))
+}
+
+/// Reads the namespace and the pod (both requests in flight together).
+pub async fn read(client: &KubeClient, namespace: &str, pod: &str) -> Result<PodInfo> {
+    let ns_path = format!("/api/v1/namespaces/{namespace}");
+    let pod_path = format!("/api/v1/namespaces/{namespace}/pods/{pod}");
+    let (ns, p) = tokio::join!(
+        get_json::<Namespace>(client, &ns_path),
+        get_json::<Pod>(client, &pod_path),
+    );
+    let ns = ns?;
+    let p = p?;
+    let wep = pods::pod_to_endpoint(&p).map_err(Error::msg)?;
+    let spec = p.spec.as_ref();
+    let on_node = spec.and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty())
+        && !spec.and_then(|s| s.host_network).unwrap_or(false);
+    Ok(PodInfo {
+        endpoint: on_node.then(|| wep.clone()),
+        labels: wep.metadata.labels.clone().unwrap_or_default(),
+        annotations: p.metadata.annotations.clone().unwrap_or_default(),
+        namespace_annotations: ns.metadata.annotations.clone().unwrap_or_default(),
+        namespace_labels: ns.metadata.labels.clone().unwrap_or_default(),
+        ports: wep.spec.ports,
+        profiles: wep.spec.profiles,
+        generate_name: wep.metadata.generate_name,
+        service_account: wep.spec.service_account_name,
+    })
+}
+
+impl PodInfo {
+    fn pod_or_namespace(&self, key: &str) -> String {
+        match self.annotations.get(key).filter(|v| !v.is_empty()) {
+            Some(v) => v.clone(),
+            None => self
+                .namespace_annotations
+                .get(key)
+                .cloned()
+                .unwrap_or_default(),
+        }
+    }
+
+    /// The IPAM stdin with the pool and family annotations applied (calico-ipam only), or
+    /// None when there are none.
+    pub fn ipam_stdin(&self, stdin: &[u8]) -> Result<Option<Vec<u8>>> {
+        let v4 = self.pod_or_namespace(ANN_IPV4_POOLS);
+        let v6 = self.pod_or_namespace(ANN_IPV6_POOLS);
+        let families = self.pod_or_namespace(ANN_IP_FAMILIES);
+        if v4.is_empty() && v6.is_empty() && families.is_empty() {
+            return Ok(None);
+        }
+        let mut data: Value =
+            serde_json::from_slice(stdin).map_err(|e| Error::msg(e.to_string()))?;
+        let Some(ipam) = data.get_mut("ipam").and_then(Value::as_object_mut) else {
+            return Err(Error::msg("data on stdin was of unexpected type"));
+        };
+        let list = |raw: &str| -> Result<Vec<String>> {
+            serde_json::from_str(raw).map_err(|e| Error::msg(go_json_error(raw, &e)))
+        };
+        if !v4.is_empty() {
+            ipam.insert("ipv4_pools".into(), serde_json::json!(list(&v4)?));
+        }
+        if !v6.is_empty() {
+            ipam.insert("ipv6_pools".into(), serde_json::json!(list(&v6)?));
+        }
+        if !families.is_empty() {
+            let (mut a4, mut a6) = ("false", "false");
+            for f in list(&families)? {
+                match f.as_str() {
+                    "IPv4" => a4 = "true",
+                    "IPv6" => a6 = "true",
+                    _ => return Err(Error::msg(format!("error parsing ipFamilies: {families}"))),
+                }
+            }
+            ipam.insert("assign_ipv4".into(), Value::String(a4.into()));
+            ipam.insert("assign_ipv6".into(), Value::String(a6.into()));
+        }
+        serde_json::to_vec(&data)
+            .map(Some)
+            .map_err(|e| Error::msg(e.to_string()))
+    }
+
+    /// Where the addresses come from.
+    pub fn address_source(&self, conf: &NetConf) -> Result<AddressSource> {
+        let ip_addrs = self
+            .annotations
+            .get(ANN_IP_ADDRS)
+            .cloned()
+            .unwrap_or_default();
+        let no_ipam = self
+            .annotations
+            .get(ANN_IP_ADDRS_NO_IPAM)
+            .cloned()
+            .unwrap_or_default();
+        let ipam_type = &conf.ipam.ipam_type;
+        match (ip_addrs.is_empty(), no_ipam.is_empty()) {
+            (true, true) => Ok(AddressSource::Ipam),
+            (false, false) => Err(Error::msg(
+                "can't have both annotations: 'ipAddrs' and 'ipAddrsNoIpam' in use at the same time",
+            )),
+            (true, false) => {
+                if ipam_type != "calico-ipam" {
+                    return Err(Error::msg(format!(
+                        "ipAddrsNoIpam is not compatible with configured IPAM: {ipam_type}"
+                    )));
+                }
+                if !conf.feature_control.ip_addrs_no_ipam {
+                    return Err(Error::msg("requested feature is not enabled: ip_addrs_no_ipam"));
+                }
+                Ok(AddressSource::NoIpam(addresses(&no_ipam, ANN_IP_ADDRS_NO_IPAM)?))
+            }
+            (false, true) => {
+                if ipam_type != "calico-ipam" {
+                    return Err(Error::msg(format!(
+                        "ipAddrs is not compatible with configured IPAM: {ipam_type}"
+                    )));
+                }
+                Ok(AddressSource::IpAddrs(addresses(&ip_addrs, ANN_IP_ADDRS)?))
+            }
+        }
+    }
+
+    /// `floatingIPs`: the external addresses, when the feature is on.
+    pub fn floating_ips(&self, conf: &NetConf) -> Result<Vec<String>> {
+        let Some(raw) = self
+            .annotations
+            .get(pods::ANNOTATION_FLOATING_IPS)
+            .filter(|r| !r.is_empty())
+        else {
+            return Ok(Vec::new());
+        };
+        if !conf.feature_control.floating_ips {
+            return Err(Error::msg("requested feature is not enabled: floating_ips"));
+        }
+        serde_json::from_str(raw).map_err(|e| {
+            Error::msg(format!(
+                "failed to parse '{raw}' as JSON: {}",
+                go_json_text(&e)
+            ))
+        })
+    }
+
+    /// `allowedSourcePrefixes`.
+    pub fn source_prefixes(&self) -> Result<Vec<String>> {
+        pods::source_prefixes(&self.annotations).map_err(Error::msg)
+    }
+
+    /// `hwAddr`: the MAC for the pod's interface.
+    pub fn hw_addr(&self) -> Result<Option<[u8; 6]>> {
+        let Some(raw) = self.annotations.get(ANN_HW_ADDR).filter(|r| !r.is_empty()) else {
+            return Ok(None);
+        };
+        parse_mac(raw).map(Some).ok_or_else(|| {
+            Error::msg(format!(
+                "failed to parse MAC address from annotation: address {raw}: invalid MAC address"
+            ))
+        })
+    }
+}
+
+fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let parts: Vec<&str> = s.split([':', '-']).collect();
+    if parts.len() != 6 {
+        return None;
+    }
+    let mut mac = [0u8; 6];
+    for (i, p) in parts.iter().enumerate() {
+        if p.len() != 2 {
+            return None;
+        }
+        mac[i] = u8::from_str_radix(p, 16).ok()?;
+    }
+    Some(mac)
+}
+
+/// Where a pod's addresses come from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AddressSource {
+    Ipam,
+    /// Through Calico IPAM, one AssignIP per address.
+    IpAddrs(Vec<IpAddr>),
+    /// Used as given, with no IPAM record.
+    NoIpam(Vec<IpAddr>),
+}
+
+/// Go's `json.Unmarshal` error text for the common cases.
+fn go_json_text(e: &serde_json::Error) -> String {
+    match e.classify() {
+        serde_json::error::Category::Data => {
+            "json: cannot unmarshal into Go value of type []string".into()
+        }
+        _ => "invalid character in JSON".into(),
+    }
+}
+
+fn go_json_error(raw: &str, e: &serde_json::Error) -> String {
+    format!("failed to parse '{raw}' as JSON: {}", go_json_text(e))
+}
+
+/// `validateAndExtractIPs`: a JSON list of at most one IPv4 and one IPv6 address.
+fn addresses(raw: &str, annotation: &str) -> Result<Vec<IpAddr>> {
+    let list: Vec<String> = serde_json::from_str(raw).map_err(|e| {
+        Error::msg(format!(
+            "failed to parse IPs {raw} for annotation \"{annotation}\": {}",
+            go_json_error(raw, &e)
+        ))
+    })?;
+    if list.is_empty() {
+        return Err(Error::msg(format!(
+            "annotation \"{annotation}\" specified but empty"
+        )));
+    }
+    let (mut v4, mut v6) = (false, false);
+    let mut out = Vec::new();
+    for s in &list {
+        let ip: IpAddr = s
+            .parse()
+            .map_err(|_| Error::msg(format!("invalid IP format: {s}")))?;
+        let seen = if ip.is_ipv4() { &mut v4 } else { &mut v6 };
+        if *seen {
+            return Err(Error::msg(format!(
+                "cannot have more than one IPv{} address for \"{annotation}\" annotation",
+                if ip.is_ipv4() { 4 } else { 6 }
+            )));
+        }
+        *seen = true;
+        out.push(ip);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(pod: &[(&str, &str)], ns: &[(&str, &str)]) -> PodInfo {
+        let m = |kv: &[(&str, &str)]| {
+            kv.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        PodInfo {
+            annotations: m(pod),
+            namespace_annotations: m(ns),
+            ..Default::default()
+        }
+    }
+
+    fn conf(extra: &str) -> NetConf {
+        NetConf::parse(
+            format!(r#"{{"name":"n","ipam":{{"type":"calico-ipam"}}{extra}}}"#).as_bytes(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn pools_pod_over_namespace() {
+        let i = info(
+            &[(ANN_IPV4_POOLS, r#"["pod-pool"]"#)],
+            &[
+                (ANN_IPV4_POOLS, r#"["ns-pool"]"#),
+                (ANN_IP_FAMILIES, r#"["IPv6"]"#),
+            ],
+        );
+        let out = i
+            .ipam_stdin(br#"{"name":"n","ipam":{"type":"calico-ipam"}}"#)
+            .unwrap()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["ipam"]["ipv4_pools"], serde_json::json!(["pod-pool"]));
+        assert_eq!(v["ipam"]["assign_ipv4"], "false");
+        assert_eq!(v["ipam"]["assign_ipv6"], "true");
+        let bad = info(&[(ANN_IP_FAMILIES, r#"["IPv5"]"#)], &[]);
+        assert_eq!(
+            bad.ipam_stdin(br#"{"ipam":{}}"#).unwrap_err().to_string(),
+            r#"error parsing ipFamilies: ["IPv5"]"#
+        );
+        assert!(info(&[], &[]).ipam_stdin(b"{}").unwrap().is_none());
+    }
+
+    #[test]
+    fn address_annotations() {
+        let c = conf("");
+        assert_eq!(
+            info(&[], &[]).address_source(&c).unwrap(),
+            AddressSource::Ipam
+        );
+        let both = info(
+            &[
+                (ANN_IP_ADDRS, r#"["10.0.0.1"]"#),
+                (ANN_IP_ADDRS_NO_IPAM, r#"["10.0.0.2"]"#),
+            ],
+            &[],
+        );
+        assert_eq!(
+            both.address_source(&c).unwrap_err().to_string(),
+            "can't have both annotations: 'ipAddrs' and 'ipAddrsNoIpam' in use at the same time"
+        );
+        let no_ipam = info(&[(ANN_IP_ADDRS_NO_IPAM, r#"["10.0.0.2"]"#)], &[]);
+        assert_eq!(
+            no_ipam.address_source(&c).unwrap_err().to_string(),
+            "requested feature is not enabled: ip_addrs_no_ipam"
+        );
+        let c2 = conf(r#","feature_control":{"ip_addrs_no_ipam":true}"#);
+        assert_eq!(
+            no_ipam.address_source(&c2).unwrap(),
+            AddressSource::NoIpam(vec!["10.0.0.2".parse().unwrap()])
+        );
+        let two = info(&[(ANN_IP_ADDRS, r#"["10.0.0.1","10.0.0.3"]"#)], &[]);
+        assert_eq!(
+            two.address_source(&c).unwrap_err().to_string(),
+            "cannot have more than one IPv4 address for \"cni.projectcalico.org/ipAddrs\" annotation"
+        );
+        let empty = info(&[(ANN_IP_ADDRS, "[]")], &[]);
+        assert_eq!(
+            empty.address_source(&c).unwrap_err().to_string(),
+            "annotation \"cni.projectcalico.org/ipAddrs\" specified but empty"
+        );
+        let hl = conf("");
+        let mut hl = hl;
+        hl.ipam.ipam_type = "host-local".into();
+        assert_eq!(
+            info(&[(ANN_IP_ADDRS, r#"["10.0.0.1"]"#)], &[])
+                .address_source(&hl)
+                .unwrap_err()
+                .to_string(),
+            "ipAddrs is not compatible with configured IPAM: host-local"
+        );
+    }
+
+    #[test]
+    fn floating_and_mac() {
+        let i = info(
+            &[
+                (pods::ANNOTATION_FLOATING_IPS, r#"["1.1.1.1"]"#),
+                (ANN_HW_ADDR, "c2:b0:57:49:47:f1"),
+            ],
+            &[],
+        );
+        assert_eq!(
+            i.floating_ips(&conf("")).unwrap_err().to_string(),
+            "requested feature is not enabled: floating_ips"
+        );
+        assert_eq!(
+            i.floating_ips(&conf(r#","feature_control":{"floating_ips":true}"#))
+                .unwrap(),
+            vec!["1.1.1.1"]
+        );
+        assert_eq!(
+            i.hw_addr().unwrap(),
+            Some([0xc2, 0xb0, 0x57, 0x49, 0x47, 0xf1])
+        );
+    }
+}
