@@ -228,7 +228,7 @@ pub fn list_prefix(what: &ListKind) -> String {
 }
 
 /// Recovers the typed key of a listed path.
-fn key_from_path(what: &ListKind, path: &str) -> Option<Key> {
+pub(crate) fn key_from_path(what: &ListKind, path: &str) -> Option<Key> {
     match what {
         ListKind::Resources { kind, .. } => {
             let rest = path.strip_prefix(&format!("{RESOURCES}{}/", kind.plural()))?;
@@ -270,7 +270,7 @@ fn key_from_path(what: &ListKind, path: &str) -> Option<Key> {
     }
 }
 
-fn decode_value(key: &Key, raw: &[u8]) -> Result<Value, DatastoreError> {
+pub(crate) fn decode_value(key: &Key, raw: &[u8]) -> Result<Value, DatastoreError> {
     if raw.is_empty() && matches!(key, Key::BlockAffinity { .. }) {
         return Ok(Value::Object(Default::default()));
     }
@@ -293,7 +293,7 @@ fn to_pair(key: Key, kv: &KeyValue) -> Result<KvPair, DatastoreError> {
     })
 }
 
-fn encode_value(key: &Key, value: &Value) -> Result<Vec<u8>, DatastoreError> {
+pub(crate) fn encode_value(key: &Key, value: &Value) -> Result<Vec<u8>, DatastoreError> {
     let bytes = match key {
         Key::Resource { kind, .. } => {
             let v = prepare_resource_for_storage(*kind, value);
