@@ -222,6 +222,12 @@ async fn add_k8s(
     extras.floating_ips = pod.floating_ips(conf)?;
     extras.container_mac = pod.hw_addr()?;
     let source = pod.address_source(conf)?;
+    let mut args = args.clone();
+    if conf.ipam.ipam_type == "host-local" && ipam_exec::uses_pod_cidr(&args.stdin_data) {
+        let (v4, v6) = k8s_pod::node_pod_cidrs(call).await?;
+        args.stdin_data = ipam_exec::host_local_add_stdin(&args.stdin_data, &v4, &v6)?;
+    }
+    let args = &args;
     validate_and_ensure_profile(call, &wep, profile).await?;
 
     let result = match source {

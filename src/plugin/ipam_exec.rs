@@ -140,6 +140,42 @@ pub async fn exec_del<D: Datastore>(ds: &D, plugin: &str, args: &CmdArgs) -> Res
 /// (any case) → `0.0.0.0/0`, `usePodCidrIPv6` → `::/0`, in `ipam.subnet` and in every
 /// `ipam.ranges[][].subnet`; everything else kept.
 pub fn host_local_del_stdin(stdin: &[u8]) -> Result<Vec<u8>> {
+    rewrite_pod_cidr_subnets(stdin, |v6| {
+        Ok(if v6 { "::/0" } else { "0.0.0.0/0" }.to_string())
+    })
+}
+
+/// Whether host-local's config asks for the node's pod CIDR (`usePodCidr`, `usePodCidrIPv6`).
+pub fn uses_pod_cidr(stdin: &[u8]) -> bool {
+    let mut found = false;
+    let _ = rewrite_pod_cidr_subnets(stdin, |_| {
+        found = true;
+        Ok(String::new())
+    });
+    found
+}
+
+/// host-local ADD (`ReplaceHostLocalIPAMPodCIDRs`): `usePodCidr` → the node's IPv4 pod CIDR,
+/// `usePodCidrIPv6` → its IPv6 one.
+pub fn host_local_add_stdin(stdin: &[u8], v4: &str, v6: &str) -> Result<Vec<u8>> {
+    rewrite_pod_cidr_subnets(stdin, |want_v6| match (want_v6, v4, v6) {
+        (false, "", _) => Err(Error::msg(
+            "usePodCidr found but there is no IPv4 CIDR configured",
+        )),
+        (true, _, "") => Err(Error::msg(
+            "usePodCidrIPv6 found but there is no IPv6 CIDR configured",
+        )),
+        (false, v4, _) => Ok(v4.to_string()),
+        (true, _, v6) => Ok(v6.to_string()),
+    })
+}
+
+/// Replaces each `usePodCidr` (`subst(false)`) / `usePodCidrIPv6` (`subst(true)`) subnet, in
+/// `ipam.subnet` and every `ipam.ranges[][].subnet`, with upstream's parse errors.
+fn rewrite_pod_cidr_subnets(
+    stdin: &[u8],
+    mut subst: impl FnMut(bool) -> Result<String>,
+) -> Result<Vec<u8>> {
     let mut conf: serde_json::Value = serde_json::from_slice(stdin)
         .map_err(|e| Error::msg(format!("failed to parse network config: {e}")))?;
     let Some(ipam) = conf.get_mut("ipam") else {
@@ -153,20 +189,21 @@ pub fn host_local_del_stdin(stdin: &[u8]) -> Result<Vec<u8>> {
             "failed to parse host-local IPAM data; was expecting a dict, not: {shown}"
         )));
     };
-    fn replace(obj: &mut serde_json::Map<String, serde_json::Value>) {
+    let mut replace = |obj: &mut serde_json::Map<String, serde_json::Value>| -> Result<()> {
         let Some(serde_json::Value::String(subnet)) = obj.get("subnet") else {
-            return;
+            return Ok(());
         };
-        let dummy = if subnet.eq_ignore_ascii_case("usePodCidr") {
-            "0.0.0.0/0"
+        let v6 = if subnet.eq_ignore_ascii_case("usePodCidr") {
+            false
         } else if subnet.eq_ignore_ascii_case("usePodCidrIPv6") {
-            "::/0"
+            true
         } else {
-            return;
+            return Ok(());
         };
-        obj.insert("subnet".into(), serde_json::Value::from(dummy));
-    }
-    replace(ipam);
+        obj.insert("subnet".into(), serde_json::Value::from(subst(v6)?));
+        Ok(())
+    };
+    replace(ipam)?;
     match ipam.get_mut("ranges") {
         None | Some(serde_json::Value::Null) => {}
         Some(serde_json::Value::Array(sets)) => {
@@ -184,7 +221,7 @@ pub fn host_local_del_stdin(stdin: &[u8]) -> Result<Vec<u8>> {
                             "failed to parse host-local IPAM data; was expecting a dict, not: {shown}"
                         )));
                     };
-                    replace(r);
+                    replace(r)?;
                 }
             }
         }

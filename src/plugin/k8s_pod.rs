@@ -40,6 +40,42 @@ pub async fn client_for(conf: &NetConf, ds: &Backend) -> Result<Arc<KubeClient>>
     Ok(Arc::new(KubeClient::new(&wanted, DATASTORE_TIMEOUT).await?))
 }
 
+/// The node's pod CIDRs by family (k8s.go `getPodCidrs`, `getIPsByFamily`), for host-local's
+/// `usePodCidr`; the node is `kubernetes.node_name`, else this node.
+pub async fn node_pod_cidrs(call: &crate::plugin::Call) -> Result<(String, String)> {
+    let conf = &call.conf;
+    let node = if conf.kubernetes.node_name.is_empty() {
+        call.ids.node.clone()
+    } else {
+        conf.kubernetes.node_name.clone()
+    };
+    let client = client_for(conf, &call.ds).await?;
+    let n: k8s_openapi::api::core::v1::Node =
+        get_json(&client, &format!("/api/v1/nodes/{node}")).await?;
+    let cidrs = n
+        .spec
+        .and_then(|s| s.pod_cidrs)
+        .unwrap_or_default();
+    if cidrs.is_empty() {
+        return Err(Error::msg(format!("no podCidr for node {node}")));
+    }
+    let (mut v4, mut v6) = (String::new(), String::new());
+    for c in &cidrs {
+        let net: crate::net::IpNet = c
+            .parse()
+            .map_err(|_| Error::msg(format!("invalid CIDR address: {c}")))?;
+        if net.version() == 4 {
+            v4 = c.clone();
+        } else {
+            v6 = c.clone();
+        }
+    }
+    if cidrs.len() > 1 && (v4.is_empty() || v6.is_empty()) {
+        return Err(Error::msg("ClusterCIDR contains two ranges of the same type"));
+    }
+    Ok((v4, v6))
+}
+
 /// What the pod and its namespace say.
 #[derive(Clone, Debug, Default)]
 pub struct PodInfo {

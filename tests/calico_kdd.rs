@@ -1,0 +1,273 @@
+//! `calico` and `calico-ipam` on the Kubernetes datastore, end to end: the real binary, run
+//! as kubelet runs it inside a test host netns, against the test API server through a real
+//! kubeconfig (TLS with a per-run CA, bearer token, HTTP/2).
+
+mod common;
+
+use std::time::Duration;
+
+use common::cni::Invocation;
+use common::kdd::{KddWorld, CRD, NODE};
+use common::netns::require_root;
+use serde_json::{json, Value};
+
+fn ip_of(result: &Value) -> String {
+    let a = result["ips"][0]["address"].as_str().unwrap();
+    a.split('/').next().unwrap().to_string()
+}
+
+#[test]
+fn kdd_pod_add_and_del() {
+    require_root();
+    let w = KddWorld::new();
+    w.seed_pod("default", "nginx", json!({"metadata":{"generateName":"nginx-"}}));
+    let pod = common::netns::Netns::new("pod");
+    let conf = w.conf(json!({}));
+    let inv = Invocation::new("ADD", "a1b2c3d4e5f6", pod.path()).k8s("default", "nginx");
+    w.api.clear_requests();
+    let before = w.api.handshakes();
+    let out = w.calico(&inv, &conf);
+    out.assert_ok();
+    let r = out.json();
+    let ip = ip_of(&r);
+    assert!(ip.starts_with("10.65."), "{r}");
+    assert_eq!(r["interfaces"][0], json!({"name": "calic440f455693"}));
+
+    // One TLS connection for the whole call, over HTTP/2.
+    assert_eq!(w.api.handshakes() - before, 1);
+    let reqs = w.api.requests();
+    assert!(reqs.iter().all(|q| q.version == "HTTP/2.0"), "{reqs:?}");
+    let listing: Vec<String> = reqs
+        .iter()
+        .map(|q| format!("{} {}{}{}", q.method, q.path, if q.query.is_empty() { "" } else { "?" }, q.query))
+        .collect();
+    eprintln!("ADD requests ({}):\n{}", listing.len(), listing.join("\n"));
+
+    // The pod's status was patched with the addresses and the container ID.
+    let patch = reqs
+        .iter()
+        .find(|q| q.method == "PATCH")
+        .expect("a pod status patch");
+    assert_eq!(patch.path, "/api/v1/namespaces/default/pods/nginx/status");
+    assert_eq!(patch.content_type, "application/strategic-merge-patch+json");
+    let body: Value = serde_json::from_str(&patch.body).unwrap();
+    assert_eq!(
+        body,
+        json!({"metadata":{"annotations":{"cni.projectcalico.org/podIP":format!("{ip}/32"),
+            "cni.projectcalico.org/podIPs":format!("{ip}/32"),
+            "cni.projectcalico.org/containerID":"a1b2c3d4e5f6"}}})
+    );
+    let p = w.pod_object("default", "nginx");
+    assert_eq!(
+        p["metadata"]["annotations"]["cni.projectcalico.org/podIP"],
+        format!("{ip}/32")
+    );
+
+    // The IPAM objects as Calico writes them in the v1 CRDs.
+    let handles = w.crs("ipamhandles");
+    assert_eq!(handles.len(), 1);
+    let h = &handles[0];
+    assert_eq!(h["metadata"]["name"], "k8s-pod-network.a1b2c3d4e5f6");
+    assert_eq!(h["spec"]["handleID"], "k8s-pod-network.a1b2c3d4e5f6");
+    assert_eq!(h["spec"]["deleted"], false);
+    let block_cidr = h["spec"]["block"].as_object().unwrap().keys().next().unwrap().clone();
+    let blocks = w.crs("ipamblocks");
+    assert_eq!(blocks.len(), 1);
+    let b = &blocks[0];
+    assert_eq!(b["metadata"]["name"], block_cidr.replace(['.', '/'], "-"));
+    assert_eq!(
+        b["metadata"]["annotations"]["projectcalico.org/metadata"],
+        "{\"creationTimestamp\":null}"
+    );
+    let spec = &b["spec"];
+    assert_eq!(spec["cidr"], block_cidr);
+    assert_eq!(spec["affinity"], format!("host:{NODE}"));
+    assert!(spec["affinityClaimTime"].as_str().unwrap().ends_with('Z'));
+    assert_eq!(spec["strictAffinity"], false);
+    assert_eq!(spec["deleted"], false);
+    assert!(spec.get("affinity_claim_time").is_none());
+    assert_eq!(spec["attributes"][0]["handle_id"], "k8s-pod-network.a1b2c3d4e5f6");
+    assert_eq!(spec["attributes"][0]["secondary"]["pod"], "nginx");
+    let affs = w.crs("blockaffinities");
+    assert_eq!(affs.len(), 1);
+    let a = &affs[0];
+    assert_eq!(
+        a["metadata"]["name"],
+        format!("{NODE}-{}", block_cidr.replace(['.', '/'], "-"))
+    );
+    assert_eq!(
+        a["spec"],
+        json!({"state":"confirmed","node":NODE,"type":"host","cidr":block_cidr,"deleted":"false"})
+    );
+    assert_eq!(
+        a["metadata"]["labels"]["projectcalico.org/hostname-hash"],
+        "7DS2CCNJGGLTHBDQLLFO6SX24SY2YDDEG3W2VN556FA2W4DLLV5A"
+    );
+    let cfg = w.crs("ipamconfigs");
+    assert_eq!(cfg.len(), 1);
+    assert_eq!(cfg[0]["spec"]["autoAllocateBlocks"], true);
+    assert_eq!(cfg[0]["spec"]["strictAffinity"], false);
+    // No Profile is written on the Kubernetes datastore.
+    assert!(!reqs.iter().any(|q| q.path.contains("profiles")));
+
+    // The dataplane is the same as on etcd.
+    let routes = w.host_sh("ip route show");
+    assert!(routes.contains(&format!("{ip} dev calic440f455693 scope link")), "{routes}");
+
+    // A second ADD of the same pod re-networks it and keeps its one endpoint.
+    // DEL: the addresses are patched out with the pod's revision and uid as preconditions.
+    w.api.clear_requests();
+    let del = inv.as_del();
+    w.calico(&del, &conf).assert_ok();
+    let reqs = w.api.requests();
+    let listing: Vec<String> = reqs.iter().map(|q| format!("{} {}", q.method, q.path)).collect();
+    eprintln!("DEL requests ({}):\n{}", listing.len(), listing.join("\n"));
+    let patch = reqs.iter().find(|q| q.method == "PATCH").expect("patch-out");
+    let body: Value = serde_json::from_str(&patch.body).unwrap();
+    assert_eq!(body["metadata"]["annotations"]["cni.projectcalico.org/podIP"], "");
+    assert_eq!(body["metadata"]["uid"], p["metadata"]["uid"]);
+    assert!(body["metadata"]["resourceVersion"].is_string());
+    w.assert_clean();
+    // The container ID annotation is kept; the affine block stays.
+    let p = w.pod_object("default", "nginx");
+    assert_eq!(p["metadata"]["annotations"]["cni.projectcalico.org/containerID"], "a1b2c3d4e5f6");
+    assert_eq!(w.crs("blockaffinities").len(), 1);
+    // DEL again: still success.
+    w.calico(&del, &conf).assert_ok();
+}
+
+#[test]
+fn kdd_del_keeps_a_newer_sandboxs_addresses() {
+    require_root();
+    let w = KddWorld::new();
+    w.seed_pod("default", "web", json!({}));
+    let conf = w.conf(json!({}));
+    let pod = common::netns::Netns::new("pod");
+    let old = Invocation::new("ADD", "old111111111", pod.path()).k8s("default", "web");
+    w.calico(&old, &conf).assert_ok();
+    let pod2 = common::netns::Netns::new("pod");
+    let new = Invocation::new("ADD", "new222222222", pod2.path()).k8s("default", "web");
+    let r = w.calico(&new, &conf);
+    r.assert_ok();
+    let ip = ip_of(&r.json());
+    // The stale sandbox's DEL must not clear the pod's (new) address.
+    w.calico(&old.as_del(), &conf).assert_ok();
+    let p = w.pod_object("default", "web");
+    assert_eq!(
+        p["metadata"]["annotations"]["cni.projectcalico.org/podIP"],
+        format!("{ip}/32")
+    );
+    w.calico(&new.as_del(), &conf).assert_ok();
+    w.assert_clean();
+}
+
+#[test]
+fn kdd_pod_annotations() {
+    require_root();
+    let w = KddWorld::new();
+    w.seed_pool("other", json!({"cidr":"10.66.0.0/16","ipipMode":"Never","vxlanMode":"Never","blockSize":26,"nodeSelector":"all()"}));
+    w.seed_pod(
+        "default",
+        "fixed",
+        json!({"metadata":{"annotations":{"cni.projectcalico.org/ipAddrs":"[\"10.66.0.7\"]",
+            "cni.projectcalico.org/hwAddr":"c2:b0:57:49:47:f1"}}}),
+    );
+    w.seed_pod(
+        "default",
+        "pooled",
+        json!({"metadata":{"annotations":{"cni.projectcalico.org/ipv4pools":"[\"other\"]"}}}),
+    );
+    w.seed_pod(
+        "default",
+        "both",
+        json!({"metadata":{"annotations":{"cni.projectcalico.org/ipAddrs":"[\"10.66.0.8\"]",
+            "cni.projectcalico.org/ipAddrsNoIpam":"[\"10.66.0.9\"]"}}}),
+    );
+    let conf = w.conf(json!({}));
+    let p1 = common::netns::Netns::new("pod");
+    let fixed = Invocation::new("ADD", "fixed0000001", p1.path()).k8s("default", "fixed");
+    let r = w.calico(&fixed, &conf);
+    r.assert_ok();
+    assert_eq!(ip_of(&r.json()), "10.66.0.7");
+    assert_eq!(r.json()["interfaces"][1]["mac"], "c2:b0:57:49:47:f1");
+    let p2 = common::netns::Netns::new("pod");
+    let pooled = Invocation::new("ADD", "pooled000001", p2.path()).k8s("default", "pooled");
+    let r = w.calico(&pooled, &conf);
+    r.assert_ok();
+    assert!(ip_of(&r.json()).starts_with("10.66."), "{}", r.json());
+    let p3 = common::netns::Netns::new("pod");
+    let both = Invocation::new("ADD", "both00000001", p3.path()).k8s("default", "both");
+    let e = w.calico(&both, &conf).assert_err();
+    assert_eq!(
+        e["msg"],
+        "can't have both annotations: 'ipAddrs' and 'ipAddrsNoIpam' in use at the same time"
+    );
+    w.calico(&fixed.as_del(), &conf).assert_ok();
+    w.calico(&pooled.as_del(), &conf).assert_ok();
+    w.calico(&both.as_del(), &conf).assert_ok();
+    w.assert_clean();
+}
+
+#[test]
+fn kdd_bad_credentials_and_a_stalled_api_server_fail_cleanly() {
+    require_root();
+    let w = KddWorld::new();
+    w.seed_pod("default", "p", json!({}));
+    let pod = common::netns::Netns::new("pod");
+    let inv = Invocation::new("ADD", "cid000000001", pod.path()).k8s("default", "p");
+    // A wrong token: 401, a clear error, nothing made.
+    let bad = w.api.kubeconfig_with("wrong-token", false);
+    let conf = w.conf(json!({"kubernetes":{"kubeconfig": bad.display().to_string()}}));
+    let out = w.calico(&inv, &conf);
+    let e = out.assert_err();
+    assert!(e["msg"].as_str().unwrap().contains("Unauthorized"), "{e}");
+    assert!(out.elapsed < Duration::from_secs(10));
+    w.assert_clean();
+    // A stalled server: the call gives up within its bound.
+    let conf = w.conf(json!({}));
+    w.api.set_stall(true);
+    let out = w.calico(&inv, &conf);
+    out.assert_err();
+    assert!(out.elapsed < Duration::from_secs(20), "{:?}", out.elapsed);
+    w.api.set_stall(false);
+    w.assert_clean();
+}
+
+#[test]
+fn etcd_with_policy_k8s_reads_the_pod() {
+    require_root();
+    // The etcd datastore, with the pod's labels, ports and profiles from the API server.
+    let w = common::world::World::new();
+    let api = common::kube_api::KubeApi::start_in_netns(w.host.path());
+    api.put(
+        "/api/v1/namespaces/prod",
+        json!({"apiVersion":"v1","kind":"Namespace","metadata":{"name":"prod"}}),
+    );
+    api.put(
+        "/api/v1/namespaces/prod/pods/web",
+        json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":"web","namespace":"prod","labels":{"app":"web"},"generateName":"web-"},
+            "spec":{"nodeName":"node1","serviceAccountName":"sa1","containers":[{"name":"c","ports":[{"name":"http","containerPort":80}]}]}}),
+    );
+    let conf = w.conf(json!({"policy":{"type":"k8s"},"kubernetes":{"kubeconfig":api.kubeconfig().display().to_string()}}));
+    let pod = w.pod();
+    let inv = Invocation::new("ADD", "cafe00000001", pod.path()).k8s("prod", "web");
+    w.calico(&inv, &conf).assert_ok();
+    let wep = w.get(&format!("{}prod/node1-k8s-web-eth0", common::world::WEP_PREFIX));
+    assert_eq!(wep["metadata"]["generateName"], "web-");
+    assert_eq!(
+        wep["metadata"]["labels"],
+        json!({"app":"web","projectcalico.org/namespace":"prod","projectcalico.org/orchestrator":"k8s",
+            "projectcalico.org/serviceaccount":"sa1"})
+    );
+    assert_eq!(wep["spec"]["profiles"], json!(["kns.prod", "ksa.prod.sa1"]));
+    assert_eq!(wep["spec"]["serviceAccountName"], "sa1");
+    assert_eq!(
+        wep["spec"]["ports"],
+        json!([{"name":"http","protocol":"tcp","port":80,"hostPort":0,"hostIP":""}])
+    );
+    // No Profile is created with policy type k8s.
+    assert!(w.keys("/calico/resources/v3/projectcalico.org/profiles/").is_empty());
+    w.calico(&inv.as_del(), &conf).assert_ok();
+    w.assert_clean();
+    let _ = CRD;
+}

@@ -1,0 +1,169 @@
+#![allow(dead_code)]
+//! One end-to-end scenario on the Kubernetes datastore: a test "host" netns with the test
+//! API server listening on its loopback (so the plugin, run inside the host netns as kubelet
+//! would run it, reaches it at 127.0.0.1), seeded as a cluster with Calico installed would
+//! be (ClusterInformation ready, the core Node, an IPPool, namespace `default`), and a
+//! kubeconfig for the plugin.
+
+use serde_json::{json, Value};
+
+use super::cni::{run_plugin, Bin, Invocation, Outcome, TempDir};
+use super::kube_api::KubeApi;
+use super::netns::HostNetns;
+
+pub const NODE: &str = "node1";
+pub const POOL_CIDR: &str = "10.65.0.0/16";
+pub const CRD: &str = "/apis/crd.projectcalico.org/v1";
+
+pub struct KddWorld {
+    pub api: KubeApi,
+    pub host: HostNetns,
+    pub bin: Bin,
+    pub scratch: TempDir,
+}
+
+impl KddWorld {
+    pub fn new() -> KddWorld {
+        let host = HostNetns::new();
+        let api = KubeApi::start_in_netns(host.path());
+        let w = KddWorld {
+            api,
+            host,
+            bin: Bin::new(),
+            scratch: TempDir::new("kdd-scratch"),
+        };
+        w.api.put(
+            &format!("{CRD}/clusterinformations/default"),
+            json!({"apiVersion":"crd.projectcalico.org/v1","kind":"ClusterInformation",
+                "metadata":{"name":"default"},
+                "spec":{"clusterGUID":"abc","clusterType":"k8s,kdd","calicoVersion":"v3.32.1","datastoreReady":true}}),
+        );
+        w.api.put(
+            &format!("/api/v1/nodes/{NODE}"),
+            json!({"apiVersion":"v1","kind":"Node","metadata":{"name":NODE,"labels":{"kubernetes.io/hostname":NODE}},
+                "spec":{"podCIDR":"10.244.1.0/24","podCIDRs":["10.244.1.0/24","fd00:244:1::/64"]}}),
+        );
+        w.seed_pool("default-ipv4-ippool", json!({"cidr":POOL_CIDR,"ipipMode":"Never","vxlanMode":"Never","natOutgoing":true,"blockSize":26,"nodeSelector":"all()"}));
+        w.seed_namespace("default", json!({}), json!({}));
+        w
+    }
+
+    pub fn seed_pool(&self, name: &str, spec: Value) {
+        self.api.put(
+            &format!("{CRD}/ippools/{name}"),
+            json!({"apiVersion":"crd.projectcalico.org/v1","kind":"IPPool","metadata":{"name":name},"spec":spec}),
+        );
+    }
+
+    pub fn seed_namespace(&self, name: &str, labels: Value, annotations: Value) {
+        self.api.put(
+            &format!("/api/v1/namespaces/{name}"),
+            json!({"apiVersion":"v1","kind":"Namespace","metadata":{"name":name,"labels":labels,"annotations":annotations}}),
+        );
+    }
+
+    /// A pod scheduled on this node; `extra` is merged into its metadata/spec.
+    pub fn seed_pod(&self, ns: &str, name: &str, extra: Value) -> Value {
+        let mut pod = json!({"apiVersion":"v1","kind":"Pod",
+            "metadata":{"name":name,"namespace":ns,"labels":{"app":name}},
+            "spec":{"nodeName":NODE,"serviceAccountName":"default","containers":[{"name":"c","image":"busybox",
+                "ports":[{"name":"http","containerPort":8080,"protocol":"TCP"}]}]},
+            "status":{"phase":"Pending"}});
+        merge(&mut pod, extra);
+        self.api.put(&format!("/api/v1/namespaces/{ns}/pods/{name}"), pod)
+    }
+
+    pub fn pod_object(&self, ns: &str, name: &str) -> Value {
+        self.api
+            .get(&format!("/api/v1/namespaces/{ns}/pods/{name}"))
+            .expect("pod exists")
+    }
+
+    /// The NetConf for the Kubernetes datastore with policy type k8s, `extra` merged in.
+    pub fn conf(&self, extra: Value) -> String {
+        let mut base = json!({
+            "cniVersion": "1.0.0",
+            "name": "k8s-pod-network",
+            "type": "calico",
+            "datastore_type": "kubernetes",
+            "nodename": NODE,
+            "nodename_file_optional": true,
+            "log_level": "debug",
+            "log_file_path": self.scratch.path().join("cni.log").display().to_string(),
+            "ipam_lock_file": self.scratch.path().join("ipam.lock").display().to_string(),
+            "ipam": {"type": "calico-ipam"},
+            "policy": {"type": "k8s"},
+            "kubernetes": {"kubeconfig": self.api.kubeconfig().display().to_string()},
+        });
+        merge(&mut base, extra);
+        base.to_string()
+    }
+
+    pub fn calico(&self, inv: &Invocation, conf: &str) -> Outcome {
+        run_plugin(
+            &self.bin.plugin("calico"),
+            &self.bin.path(),
+            Some(self.host.name()),
+            inv,
+            conf,
+        )
+    }
+
+    pub fn ipam(&self, inv: &Invocation, conf: &str) -> Outcome {
+        run_plugin(
+            &self.bin.plugin("calico-ipam"),
+            &self.bin.path(),
+            Some(self.host.name()),
+            inv,
+            conf,
+        )
+    }
+
+    pub fn host_sh(&self, cmd: &str) -> String {
+        let out = self.host.exec("sh", &["-c", cmd]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn crs(&self, plural: &str) -> Vec<Value> {
+        self.api.list(&format!("{CRD}/{plural}"))
+    }
+
+    /// Nothing of any pod is left: no handle, no allocation, no pod address annotation, no
+    /// cali veth or pool route in the host netns.
+    pub fn assert_clean(&self) {
+        let handles = self.crs("ipamhandles");
+        assert!(handles.is_empty(), "handles left: {handles:?}");
+        for b in self.crs("ipamblocks") {
+            assert!(
+                b["spec"]["allocations"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().all(Value::is_null)),
+                "allocations left: {b}"
+            );
+        }
+        for p in self.api.list("/api/v1/namespaces/default/pods") {
+            let ip = &p["metadata"]["annotations"]["cni.projectcalico.org/podIP"];
+            assert!(ip.is_null() || ip == "", "pod still has an address: {p}");
+        }
+        let links = self.host_sh("ip -o link show");
+        assert!(!links.contains("cali"), "veth left: {links}");
+        let routes = self.host_sh("ip route show");
+        assert!(!routes.contains("10.65."), "route left: {routes}");
+    }
+}
+
+pub fn merge(base: &mut Value, extra: Value) {
+    if let (Value::Object(b), Value::Object(e)) = (base, extra) {
+        for (k, v) in e {
+            match (b.get_mut(&k), v) {
+                (Some(bv @ Value::Object(_)), v @ Value::Object(_)) => merge(bv, v),
+                (_, Value::Null) => {
+                    b.remove(&k);
+                }
+                (_, v) => {
+                    b.insert(k, v);
+                }
+            }
+        }
+    }
+}
