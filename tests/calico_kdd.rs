@@ -271,3 +271,29 @@ fn etcd_with_policy_k8s_reads_the_pod() {
     w.assert_clean();
     let _ = CRD;
 }
+
+#[test]
+fn kdd_request_budget_of_an_add_into_an_affine_block() {
+    require_root();
+    let w = KddWorld::new();
+    w.seed_pod("default", "first", json!({}));
+    w.seed_pod("default", "second", json!({}));
+    let conf = w.conf(json!({}));
+    let p1 = common::netns::Netns::new("pod");
+    let first = Invocation::new("ADD", "first0000001", p1.path()).k8s("default", "first");
+    w.calico(&first, &conf).assert_ok();
+    let p2 = common::netns::Netns::new("pod");
+    let second = Invocation::new("ADD", "second000001", p2.path()).k8s("default", "second");
+    w.api.clear_requests();
+    let before = w.api.handshakes();
+    w.calico(&second, &conf).assert_ok();
+    let reqs = w.api.requests();
+    let listing: Vec<String> = reqs.iter().map(|q| format!("{} {}", q.method, q.path)).collect();
+    eprintln!("ADD into an affine block ({}):\n{}", listing.len(), listing.join("\n"));
+    // Upstream makes 16 requests, one after another; the target is at most 11.
+    assert!(reqs.len() <= 11, "{} requests:\n{}", reqs.len(), listing.join("\n"));
+    assert_eq!(w.api.handshakes() - before, 1);
+    w.calico(&second.as_del(), &conf).assert_ok();
+    w.calico(&first.as_del(), &conf).assert_ok();
+    w.assert_clean();
+}

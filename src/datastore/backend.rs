@@ -17,6 +17,8 @@ use super::{srv, Datastore, DatastoreError, Key, KvPair, ListKind, Revision};
 /// Per-request (and connect) timeout: a dead datastore fails a call instead of hanging it.
 pub const DATASTORE_TIMEOUT: Duration = Duration::from_secs(5);
 
+// One per process, never moved around: the size difference does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Backend {
     Etcd(EtcdDatastore),
     Kubernetes(KubeDatastore),
@@ -84,6 +86,10 @@ async fn etcd_endpoints(s: &DatastoreSettings) -> Result<Vec<String>, DatastoreE
 }
 
 impl Datastore for Backend {
+    fn nodes_always_exist(&self) -> bool {
+        self.is_kubernetes()
+    }
+
     async fn get(&self, key: &Key) -> Result<KvPair, DatastoreError> {
         match self {
             Backend::Etcd(d) => d.get(key).await,

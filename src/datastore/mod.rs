@@ -238,6 +238,12 @@ pub trait Datastore {
     ) -> Result<Revision, DatastoreError>;
     /// Delete, compare-and-swap when a revision is given.
     async fn delete(&self, key: &Key, revision: Option<&str>) -> Result<(), DatastoreError>;
+
+    /// Whether this host's Node object always exists (Kubernetes: the kubelet registered
+    /// it), so IPAM may skip reading it when no pool's node selector needs its labels.
+    fn nodes_always_exist(&self) -> bool {
+        false
+    }
 }
 
 /// Serialises a model value for writing.

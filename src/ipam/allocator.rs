@@ -141,6 +141,9 @@ impl Assignments {
 pub struct Ipam<'a, D: Datastore> {
     ds: &'a D,
     host: String,
+    /// This host's affinities as AutoAssign listed them: the first look at an affine block
+    /// uses the listed affinity instead of reading it again (a retry reads it afresh).
+    listed_affinities: std::sync::Mutex<HashMap<IpNet, crate::datastore::KvPair>>,
 }
 
 struct BlockInfo {
@@ -156,6 +159,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         Ipam {
             ds,
             host: host.to_string(),
+            listed_affinities: Default::default(),
         }
     }
 
@@ -280,19 +284,47 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             affinity_type: "host".into(),
             version: None,
         };
+        // A backend whose nodes always exist (Kubernetes: the kubelet's Node) reads the Node
+        // only when a pool's node selector needs its labels.
+        let node_up_front = !self.ds.nodes_always_exist();
         let (config, reserved, labels, pools, affs) = tokio::join!(
             self.stored_config(),
             self.reservations(),
-            self.node_labels(),
+            async {
+                if node_up_front {
+                    self.node_labels().await.map(Some)
+                } else {
+                    Ok(None)
+                }
+            },
             self.pools(),
             self.ds.list(&all_affinities)
         );
+        let reserved = reserved?;
+        let labels = labels?;
+        let pools = pools?;
+        let affs = affs?;
+        let labels = match labels {
+            Some(l) => l,
+            None if pools.iter().any(|p| selector_needs_labels(&p.spec.node_selector)) => {
+                self.node_labels().await?
+            }
+            None => BTreeMap::new(),
+        };
+        if let Ok(mut listed) = self.listed_affinities.lock() {
+            listed.clear();
+            for kv in &affs {
+                if let Key::BlockAffinity { cidr, .. } = &kv.key {
+                    listed.insert(*cidr, kv.clone());
+                }
+            }
+        }
         // Errors in upstream's order: reservations, Node, pools, affinities, config.
         let view = HostView {
-            reserved: reserved?,
-            labels: labels?,
-            pools: pools?,
-            affine: affs?
+            reserved,
+            labels,
+            pools,
+            affine: affs
                 .into_iter()
                 .filter_map(|kv| match kv.key {
                     Key::BlockAffinity { cidr, .. } => Some(cidr),
@@ -571,9 +603,22 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                 continue;
             }
             for _ in 0..DATASTORE_RETRIES {
-                // The affinity and its block in one round trip.
+                // The affinity (as listed, the first time) and its block in one round trip.
                 let key = Key::host_affinity(&self.host, cidr);
-                let (aff, block) = tokio::join!(self.ds.get(&key), self.get_block(cidr));
+                let listed = self
+                    .listed_affinities
+                    .lock()
+                    .ok()
+                    .and_then(|mut l| l.remove(&cidr));
+                let (aff, block) = tokio::join!(
+                    async {
+                        match listed {
+                            Some(kv) => Ok(kv),
+                            None => self.ds.get(&key).await,
+                        }
+                    },
+                    self.get_block(cidr)
+                );
                 let aff = match aff {
                     Ok(kv) => kv,
                     Err(e) => {
@@ -1343,6 +1388,12 @@ impl<'a, D: Datastore> Ipam<'a, D> {
 
 /// What AutoAssign reads once per call: config, reservations, this node's labels, all
 /// pools and this host's affine blocks.
+/// Whether a node selector looks at labels at all (`""` and `all()` do not).
+fn selector_needs_labels(selector: &str) -> bool {
+    let s = selector.trim();
+    !(s.is_empty() || s == "all()")
+}
+
 struct HostView {
     reserved: Vec<IpNet>,
     labels: BTreeMap<String, String>,

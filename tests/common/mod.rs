@@ -2,5 +2,6 @@
 pub mod cni;
 pub mod conformance;
 pub mod etcd;
+pub mod kube_api;
 pub mod netns;
 pub mod world;

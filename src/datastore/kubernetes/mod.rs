@@ -501,6 +501,10 @@ impl KubeDatastore {
 }
 
 impl Datastore for KubeDatastore {
+    fn nodes_always_exist(&self) -> bool {
+        true
+    }
+
     async fn get(&self, key: &Key) -> Result<KvPair, DatastoreError> {
         if let Some(cr) = crd_ref(key, &self.group) {
             return self.get_cr(key, &cr).await;
