@@ -806,3 +806,31 @@ fn kube_rs_uses_the_kubeconfig() {
         assert_eq!(code(insecure.get("p1").await.unwrap_err()), 401);
     });
 }
+
+/// `start_in_netns`: the server listens on that netns's loopback, not the host's.
+#[test]
+fn a_server_started_in_a_netns_listens_on_its_loopback() {
+    let ns = common::netns::Netns::new("kube-api");
+    let api = KubeApi::start_in_netns(ns.path());
+    let ca = api.ca_path().display().to_string();
+    let auth = format!("Authorization: Bearer {}", api.token());
+    let url = format!("{}{POOLS}", api.url());
+    let args = [
+        "-sS",
+        "--max-time",
+        "5",
+        "--cacert",
+        &ca,
+        "-H",
+        &auth,
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        &url,
+    ];
+    let inside = ns.exec("curl", &args);
+    assert_eq!(String::from_utf8_lossy(&inside.stdout), "200", "{inside:?}");
+    let outside = curl_with(&api, POOLS, &[], 2);
+    assert_eq!(outside.exit, 7, "connection refused on the host's loopback");
+}
