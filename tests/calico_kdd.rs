@@ -297,3 +297,49 @@ fn kdd_request_budget_of_an_add_into_an_affine_block() {
     w.calico(&first.as_del(), &conf).assert_ok();
     w.assert_clean();
 }
+
+/// `calico -t` in the host netns: (exit code, stdout).
+fn run_t(w: &KddWorld, conf: &str) -> (i32, String, Duration) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let start = std::time::Instant::now();
+    let out = Command::new("ip")
+        .args(["netns", "exec", w.host.name()])
+        .arg(w.bin.plugin("calico"))
+        .arg("-t")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin.take().unwrap().write_all(conf.as_bytes())?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        start.elapsed(),
+    )
+}
+
+#[test]
+fn kdd_connection_test_flag() {
+    require_root();
+    let w = KddWorld::new();
+    let conf = w.conf(json!({}));
+    w.api.clear_requests();
+    let (code, out, _) = run_t(&w, &conf);
+    assert_eq!((code, out.as_str()), (0, ""));
+    // The datastore's ClusterInformation, then the API server's version.
+    let paths: Vec<String> = w.api.requests().into_iter().map(|q| q.path).collect();
+    assert!(paths.contains(&format!("{CRD}/clusterinformations/default")), "{paths:?}");
+    assert!(paths.contains(&"/version".to_string()), "{paths:?}");
+    // A wrong token fails; a stalled server fails within the 2 s bounds.
+    let bad = w.api.kubeconfig_with("nope", false);
+    let (code, out, _) = run_t(&w, &w.conf(json!({"kubernetes":{"kubeconfig": bad.display().to_string()}})));
+    assert_eq!(code, 1, "{out}");
+    w.api.set_stall(true);
+    let (code, _, took) = run_t(&w, &conf);
+    assert_eq!(code, 1);
+    assert!(took < Duration::from_secs(10), "{took:?}");
+}

@@ -15,6 +15,7 @@ use tracing::info;
 use crate::client;
 use crate::config::NetConf;
 use crate::datastore::backend::Backend;
+use crate::datastore::kubernetes::client::{KubeClient, KubeSettings};
 use crate::datastore::model::ClusterInformation;
 use crate::datastore::resources::get_resource;
 use crate::datastore::Kind;
@@ -129,11 +130,34 @@ pub fn test_connection(stdin: &[u8]) -> Result<()> {
     let conf = NetConf::parse(stdin)?;
     client::block_on(async {
         let ds = client::connect(&conf).await?;
-        tokio::time::timeout(
-            std::time::Duration::from_secs(2),
-            check_datastore_ready(&ds),
-        )
-        .await
-        .map_err(|_| Error::msg("error getting ClusterInformation: context deadline exceeded"))?
+        tokio::time::timeout(TEST_CONNECTION_TIMEOUT, check_datastore_ready(&ds))
+            .await
+            .map_err(|_| {
+                Error::msg("error getting ClusterInformation: context deadline exceeded")
+            })??;
+        // With a kubeconfig, the API server must answer too (its version).
+        if !conf.kubernetes.kubeconfig.is_empty() {
+            let settings = KubeSettings {
+                kubeconfig: conf.kubernetes.kubeconfig.clone(),
+                ..Default::default()
+            };
+            let client = KubeClient::new(&settings, TEST_CONNECTION_TIMEOUT)
+                .await
+                .map_err(|e| Error::msg(format!("error building K8s client config: {e}")))?;
+            let resp = client
+                .get("/version")
+                .await
+                .map_err(|e| Error::msg(format!("unable to connect to K8s server: {e}")))?;
+            if !resp.ok() {
+                return Err(Error::msg(format!(
+                    "unable to connect to K8s server: {}",
+                    resp.status_object().message
+                )));
+            }
+        }
+        Ok(())
     })?
 }
+
+/// `calico -t`'s bound on each check, as upstream.
+const TEST_CONNECTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
