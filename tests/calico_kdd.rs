@@ -343,3 +343,19 @@ fn kdd_connection_test_flag() {
     assert_eq!(code, 1);
     assert!(took < Duration::from_secs(10), "{took:?}");
 }
+
+#[test]
+fn kdd_needs_policy_type_k8s() {
+    require_root();
+    // Profiles are derived from namespaces on the Kubernetes datastore and cannot be
+    // written: without policy type k8s the ADD fails, with upstream's text, before IPAM.
+    let w = KddWorld::new();
+    w.seed_pod("default", "p", json!({}));
+    let pod = common::netns::Netns::new("pod");
+    let conf = w.conf(json!({"policy": null}));
+    let inv = Invocation::new("ADD", "nopolicy0001", pod.path()).k8s("default", "p");
+    let e = w.calico(&inv, &conf).assert_err();
+    assert_eq!(e["msg"], "Invalid name k8s-pod-network");
+    w.assert_clean();
+    assert!(w.crs("ipamhandles").is_empty());
+}

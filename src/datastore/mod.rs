@@ -195,7 +195,7 @@ pub enum DatastoreError {
     Decode { key: String, error: String },
     #[error("{0}")]
     Config(String),
-    #[error("datastore error: {0}")]
+    #[error("{0}")]
     Other(String),
 }
 
