@@ -20,7 +20,11 @@ fn ip_of(result: &Value) -> String {
 fn kdd_pod_add_and_del() {
     require_root();
     let w = KddWorld::new();
-    w.seed_pod("default", "nginx", json!({"metadata":{"generateName":"nginx-"}}));
+    w.seed_pod(
+        "default",
+        "nginx",
+        json!({"metadata":{"generateName":"nginx-"}}),
+    );
     let pod = common::netns::Netns::new("pod");
     let conf = w.conf(json!({}));
     let inv = Invocation::new("ADD", "a1b2c3d4e5f6", pod.path()).k8s("default", "nginx");
@@ -39,7 +43,15 @@ fn kdd_pod_add_and_del() {
     assert!(reqs.iter().all(|q| q.version == "HTTP/2.0"), "{reqs:?}");
     let listing: Vec<String> = reqs
         .iter()
-        .map(|q| format!("{} {}{}{}", q.method, q.path, if q.query.is_empty() { "" } else { "?" }, q.query))
+        .map(|q| {
+            format!(
+                "{} {}{}{}",
+                q.method,
+                q.path,
+                if q.query.is_empty() { "" } else { "?" },
+                q.query
+            )
+        })
         .collect();
     eprintln!("ADD requests ({}):\n{}", listing.len(), listing.join("\n"));
 
@@ -70,7 +82,13 @@ fn kdd_pod_add_and_del() {
     assert_eq!(h["metadata"]["name"], "k8s-pod-network.a1b2c3d4e5f6");
     assert_eq!(h["spec"]["handleID"], "k8s-pod-network.a1b2c3d4e5f6");
     assert_eq!(h["spec"]["deleted"], false);
-    let block_cidr = h["spec"]["block"].as_object().unwrap().keys().next().unwrap().clone();
+    let block_cidr = h["spec"]["block"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .next()
+        .unwrap()
+        .clone();
     let blocks = w.crs("ipamblocks");
     assert_eq!(blocks.len(), 1);
     let b = &blocks[0];
@@ -86,7 +104,10 @@ fn kdd_pod_add_and_del() {
     assert_eq!(spec["strictAffinity"], false);
     assert_eq!(spec["deleted"], false);
     assert!(spec.get("affinity_claim_time").is_none());
-    assert_eq!(spec["attributes"][0]["handle_id"], "k8s-pod-network.a1b2c3d4e5f6");
+    assert_eq!(
+        spec["attributes"][0]["handle_id"],
+        "k8s-pod-network.a1b2c3d4e5f6"
+    );
     assert_eq!(spec["attributes"][0]["secondary"]["pod"], "nginx");
     let affs = w.crs("blockaffinities");
     assert_eq!(affs.len(), 1);
@@ -112,7 +133,10 @@ fn kdd_pod_add_and_del() {
 
     // The dataplane is the same as on etcd.
     let routes = w.host_sh("ip route show");
-    assert!(routes.contains(&format!("{ip} dev calic440f455693 scope link")), "{routes}");
+    assert!(
+        routes.contains(&format!("{ip} dev calic440f455693 scope link")),
+        "{routes}"
+    );
 
     // A second ADD of the same pod re-networks it and keeps its one endpoint.
     // DEL: the addresses are patched out with the pod's revision and uid as preconditions.
@@ -120,17 +144,29 @@ fn kdd_pod_add_and_del() {
     let del = inv.as_del();
     w.calico(&del, &conf).assert_ok();
     let reqs = w.api.requests();
-    let listing: Vec<String> = reqs.iter().map(|q| format!("{} {}", q.method, q.path)).collect();
+    let listing: Vec<String> = reqs
+        .iter()
+        .map(|q| format!("{} {}", q.method, q.path))
+        .collect();
     eprintln!("DEL requests ({}):\n{}", listing.len(), listing.join("\n"));
-    let patch = reqs.iter().find(|q| q.method == "PATCH").expect("patch-out");
+    let patch = reqs
+        .iter()
+        .find(|q| q.method == "PATCH")
+        .expect("patch-out");
     let body: Value = serde_json::from_str(&patch.body).unwrap();
-    assert_eq!(body["metadata"]["annotations"]["cni.projectcalico.org/podIP"], "");
+    assert_eq!(
+        body["metadata"]["annotations"]["cni.projectcalico.org/podIP"],
+        ""
+    );
     assert_eq!(body["metadata"]["uid"], p["metadata"]["uid"]);
     assert!(body["metadata"]["resourceVersion"].is_string());
     w.assert_clean();
     // The container ID annotation is kept; the affine block stays.
     let p = w.pod_object("default", "nginx");
-    assert_eq!(p["metadata"]["annotations"]["cni.projectcalico.org/containerID"], "a1b2c3d4e5f6");
+    assert_eq!(
+        p["metadata"]["annotations"]["cni.projectcalico.org/containerID"],
+        "a1b2c3d4e5f6"
+    );
     assert_eq!(w.crs("blockaffinities").len(), 1);
     // DEL again: still success.
     w.calico(&del, &conf).assert_ok();
@@ -252,7 +288,10 @@ fn etcd_with_policy_k8s_reads_the_pod() {
     let pod = w.pod();
     let inv = Invocation::new("ADD", "cafe00000001", pod.path()).k8s("prod", "web");
     w.calico(&inv, &conf).assert_ok();
-    let wep = w.get(&format!("{}prod/node1-k8s-web-eth0", common::world::WEP_PREFIX));
+    let wep = w.get(&format!(
+        "{}prod/node1-k8s-web-eth0",
+        common::world::WEP_PREFIX
+    ));
     assert_eq!(wep["metadata"]["generateName"], "web-");
     assert_eq!(
         wep["metadata"]["labels"],
@@ -266,7 +305,9 @@ fn etcd_with_policy_k8s_reads_the_pod() {
         json!([{"name":"http","protocol":"tcp","port":80,"hostPort":0,"hostIP":""}])
     );
     // No Profile is created with policy type k8s.
-    assert!(w.keys("/calico/resources/v3/projectcalico.org/profiles/").is_empty());
+    assert!(w
+        .keys("/calico/resources/v3/projectcalico.org/profiles/")
+        .is_empty());
     w.calico(&inv.as_del(), &conf).assert_ok();
     w.assert_clean();
     let _ = CRD;
@@ -288,10 +329,22 @@ fn kdd_request_budget_of_an_add_into_an_affine_block() {
     let before = w.api.handshakes();
     w.calico(&second, &conf).assert_ok();
     let reqs = w.api.requests();
-    let listing: Vec<String> = reqs.iter().map(|q| format!("{} {}", q.method, q.path)).collect();
-    eprintln!("ADD into an affine block ({}):\n{}", listing.len(), listing.join("\n"));
+    let listing: Vec<String> = reqs
+        .iter()
+        .map(|q| format!("{} {}", q.method, q.path))
+        .collect();
+    eprintln!(
+        "ADD into an affine block ({}):\n{}",
+        listing.len(),
+        listing.join("\n")
+    );
     // Upstream makes 16 requests, one after another; the target is at most 11.
-    assert!(reqs.len() <= 11, "{} requests:\n{}", reqs.len(), listing.join("\n"));
+    assert!(
+        reqs.len() <= 11,
+        "{} requests:\n{}",
+        reqs.len(),
+        listing.join("\n")
+    );
     assert_eq!(w.api.handshakes() - before, 1);
     w.calico(&second.as_del(), &conf).assert_ok();
     w.calico(&first.as_del(), &conf).assert_ok();
@@ -332,11 +385,17 @@ fn kdd_connection_test_flag() {
     assert_eq!((code, out.as_str()), (0, ""));
     // The datastore's ClusterInformation, then the API server's version.
     let paths: Vec<String> = w.api.requests().into_iter().map(|q| q.path).collect();
-    assert!(paths.contains(&format!("{CRD}/clusterinformations/default")), "{paths:?}");
+    assert!(
+        paths.contains(&format!("{CRD}/clusterinformations/default")),
+        "{paths:?}"
+    );
     assert!(paths.contains(&"/version".to_string()), "{paths:?}");
     // A wrong token fails; a stalled server fails within the 2 s bounds.
     let bad = w.api.kubeconfig_with("nope", false);
-    let (code, out, _) = run_t(&w, &w.conf(json!({"kubernetes":{"kubeconfig": bad.display().to_string()}})));
+    let (code, out, _) = run_t(
+        &w,
+        &w.conf(json!({"kubernetes":{"kubeconfig": bad.display().to_string()}})),
+    );
     assert_eq!(code, 1, "{out}");
     w.api.set_stall(true);
     let (code, _, took) = run_t(&w, &conf);

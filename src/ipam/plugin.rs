@@ -177,7 +177,10 @@ pub async fn release_any<D: Datastore>(ds: &D, args: &CmdArgs, ips: &[IpAddr]) -
     let _lock = IpamLock::acquire(call.conf.ipam_lock_file());
     let unallocated = with_timeout(ipam.release_ips(ips, None)).await??;
     if !unallocated.is_empty() {
-        warn!(?unallocated, "Asked to release address but it doesn't exist.");
+        warn!(
+            ?unallocated,
+            "Asked to release address but it doesn't exist."
+        );
     }
     Ok(())
 }

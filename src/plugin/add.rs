@@ -239,7 +239,13 @@ async fn add_k8s(
                 }
             }
             let labels = namespace_labels(call, &pod).await?;
-            ipam_add(call, &ipam_args, labels, "IPAM plugin returned missing IP config").await?
+            ipam_add(
+                call,
+                &ipam_args,
+                labels,
+                "IPAM plugin returned missing IP config",
+            )
+            .await?
         }
         AddressSource::IpAddrs(ips) => {
             release_old_addresses(call, args, &old_addresses).await?;
@@ -292,7 +298,10 @@ async fn release_old_addresses(call: &Call, args: &CmdArgs, old: &[String]) -> R
     if ips.is_empty() {
         return Ok(());
     }
-    info!(?ips, "releasing the endpoint's previous addresses before ipAddrs");
+    info!(
+        ?ips,
+        "releasing the endpoint's previous addresses before ipAddrs"
+    );
     crate::ipam::plugin::release_any(&call.ds, args, &ips)
         .await
         .map_err(|e| Error::msg(format!("failed to release ipAddrs: {e}")))

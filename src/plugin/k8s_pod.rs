@@ -52,10 +52,7 @@ pub async fn node_pod_cidrs(call: &crate::plugin::Call) -> Result<(String, Strin
     let client = client_for(conf, &call.ds).await?;
     let n: k8s_openapi::api::core::v1::Node =
         get_json(&client, &format!("/api/v1/nodes/{node}")).await?;
-    let cidrs = n
-        .spec
-        .and_then(|s| s.pod_cidrs)
-        .unwrap_or_default();
+    let cidrs = n.spec.and_then(|s| s.pod_cidrs).unwrap_or_default();
     if cidrs.is_empty() {
         return Err(Error::msg(format!("no podCidr for node {node}")));
     }
@@ -71,7 +68,9 @@ pub async fn node_pod_cidrs(call: &crate::plugin::Call) -> Result<(String, Strin
         }
     }
     if cidrs.len() > 1 && (v4.is_empty() || v6.is_empty()) {
-        return Err(Error::msg("ClusterCIDR contains two ranges of the same type"));
+        return Err(Error::msg(
+            "ClusterCIDR contains two ranges of the same type",
+        ));
     }
     Ok((v4, v6))
 }
@@ -112,7 +111,9 @@ pub async fn read(client: &KubeClient, namespace: &str, pod: &str) -> Result<Pod
     let p = p?;
     let wep = pods::pod_to_endpoint(&p).map_err(Error::msg)?;
     let spec = p.spec.as_ref();
-    let on_node = spec.and_then(|s| s.node_name.as_deref()).is_some_and(|n| !n.is_empty())
+    let on_node = spec
+        .and_then(|s| s.node_name.as_deref())
+        .is_some_and(|n| !n.is_empty())
         && !spec.and_then(|s| s.host_network).unwrap_or(false);
     Ok(PodInfo {
         endpoint: on_node.then(|| wep.clone()),

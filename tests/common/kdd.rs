@@ -70,7 +70,8 @@ impl KddWorld {
                 "ports":[{"name":"http","containerPort":8080,"protocol":"TCP"}]}]},
             "status":{"phase":"Pending"}});
         merge(&mut pod, extra);
-        self.api.put(&format!("/api/v1/namespaces/{ns}/pods/{name}"), pod)
+        self.api
+            .put(&format!("/api/v1/namespaces/{ns}/pods/{name}"), pod)
     }
 
     pub fn pod_object(&self, ns: &str, name: &str) -> Value {
