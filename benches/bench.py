@@ -10,6 +10,9 @@ import json, os, resource, shutil, socket, statistics, subprocess, sys, tempfile
 
 BIN = os.path.realpath(sys.argv[1] if len(sys.argv) > 1 else "target/release/calico")
 RUNS = int(sys.argv[2]) if len(sys.argv) > 2 else 30
+# The test API server's binary (tests/kube_api_server.rs `serve_for_bench`), for the
+# Kubernetes-datastore rows; skipped when unset.
+KUBE_API_BIN = os.environ.get("BENCH_KUBE_API_BIN", "")
 WARMUP = 3
 TAG = f"bench{os.getpid()}"
 HOST = f"{TAG}-host"
@@ -61,6 +64,37 @@ def bench_plugin(name, plugin, conf, cni_path, k8s):
             adds.append(a)
             dels.append(d)
     return adds, dels
+
+
+def bench_kdd(work, bindir, ptp):
+    """ADD/DEL on the Kubernetes datastore against the test API server, interleaved with a
+    second ptp+host-local run."""
+    kdir = f"{work}/kube"
+    os.makedirs(kdir)
+    env = dict(os.environ, BENCH_KUBE_API_NETNS=f"/run/netns/{HOST}", BENCH_KUBE_API_DIR=kdir,
+               BENCH_PODS=str(WARMUP + RUNS + 1))
+    server = subprocess.Popen([KUBE_API_BIN, "--ignored", "--exact", "serve_for_bench", "--nocapture"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(400):
+            if os.path.exists(f"{kdir}/ready"):
+                break
+            time.sleep(0.05)
+        else:
+            raise SystemExit("the test API server did not start")
+        conf = json.dumps({"cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "calico",
+                           "datastore_type": "kubernetes", "kubernetes": {"kubeconfig": f"{kdir}/kubeconfig"},
+                           "policy": {"type": "k8s"}, "nodename": "bench-node", "nodename_file_optional": True,
+                           "mtu": 1440, "log_level": "warn", "log_file_path": f"{work}/cni-kdd.log",
+                           "ipam_lock_file": f"{work}/ipam-kdd.lock", "ipam": {"type": "calico-ipam"}})
+        ref_add, ref_del = bench_plugin("ptp2", f"{bindir}/ptp", ptp, bindir, False)
+        k_add, k_del = bench_plugin("kdd", f"{bindir}/calico", conf, bindir, True)
+    finally:
+        open(f"{kdir}/stop", "w").close()
+        server.wait(timeout=30)
+    requests = len(json.load(open(f"{kdir}/requests.json")))
+    handshakes = int(open(f"{kdir}/handshakes").read())
+    return k_add, k_del, ref_add, ref_del, 2 * (WARMUP + RUNS), requests, handshakes
 
 
 def main():
@@ -116,6 +150,7 @@ def main():
         # Interleave the two so both see the same machine state.
         ref_add, ref_del = bench_plugin("ptp", f"{bindir}/ptp", ptp, bindir, False)
         our_add, our_del = bench_plugin("calico", f"{bindir}/calico", ours, bindir, True)
+        kdd = bench_kdd(work, bindir, ptp) if KUBE_API_BIN else None
 
         # VERSION start-up: exec + answer, no stdin read.
         ver = []
@@ -164,6 +199,18 @@ def main():
         print(f"DEL ratio ours/ptp+host-local (median): {statistics.median(our_del) / statistics.median(ref_del):.2f}x")
         print(f"VERSION median: {statistics.median(ver):.2f} ms   (target <= 2 ms)")
         print(f"peak RSS: ADD {rss[0] / 1024:.1f} MB, DEL {rss[1] / 1024:.1f} MB   (target <= 16 MB)")
+        if kdd:
+            (k_add, k_del, r_add, r_del, calls, requests, handshakes) = kdd
+            print("\nKubernetes datastore (test API server in the host netns; same run):\n")
+            print("| operation (ms) | median | p90 | min | max |\n|---|---|---|---|---|")
+            print(line("calico+calico-ipam ADD (kubernetes, policy k8s)", k_add))
+            print(line("ptp+host-local ADD", r_add))
+            print(line("calico+calico-ipam DEL (kubernetes, policy k8s)", k_del))
+            print(line("ptp+host-local DEL", r_del))
+            print(f"\nKDD ADD ratio (median): {statistics.median(k_add) / statistics.median(r_add):.2f}x; "
+                  f"DEL ratio: {statistics.median(k_del) / statistics.median(r_del):.2f}x")
+            print(f"API requests: {requests} in {calls} calls ({requests / calls:.1f} per call); "
+                  f"TLS handshakes: {handshakes} ({handshakes / calls:.2f} per call)")
     finally:
         if etcd:
             etcd.terminate()

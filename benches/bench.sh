@@ -2,5 +2,7 @@
 # make bench: bench.py (ADD/DEL vs ptp+host-local, VERSION, RSS) and ipam_bench.py
 # (allocations/s, empty vs 90 %-full pool). Usage: benches/bench.sh path/to/calico [runs]
 set -euo pipefail
-python3 "$(dirname "$0")/bench.py" "$@"
+# The test API server for the Kubernetes-datastore rows (a test binary; see serve_for_bench).
+kube_api=$(cargo test --release --test kube_api_server --no-run 2>&1 | grep -o 'target/release/deps/kube_api_server-[0-9a-f]*' | head -1)
+BENCH_KUBE_API_BIN="$(realpath "$kube_api")" python3 "$(dirname "$0")/bench.py" "$@"
 python3 "$(dirname "$0")/ipam_bench.py" "$1"

@@ -834,3 +834,63 @@ fn a_server_started_in_a_netns_listens_on_its_loopback() {
     let outside = curl_with(&api, POOLS, &[], 2);
     assert_eq!(outside.exit, 7, "connection refused on the host's loopback");
 }
+
+/// Not a test: `make bench` runs this to serve the Kubernetes-datastore benchmark. Starts the
+/// server in the netns `BENCH_KUBE_API_NETNS`, seeds a cluster (ClusterInformation ready,
+/// Node `bench-node`, a /16 pool, namespace `default`, pods `pod-0`..`pod-<BENCH_PODS>`),
+/// writes its kubeconfig to `$BENCH_KUBE_API_DIR/kubeconfig`, then serves until the file
+/// `$BENCH_KUBE_API_DIR/stop` appears, and writes the request log to `requests.json`.
+#[test]
+#[ignore = "benchmark helper, run by benches/bench.py"]
+fn serve_for_bench() {
+    let netns = std::env::var("BENCH_KUBE_API_NETNS").expect("BENCH_KUBE_API_NETNS");
+    let dir =
+        std::path::PathBuf::from(std::env::var("BENCH_KUBE_API_DIR").expect("BENCH_KUBE_API_DIR"));
+    let pods: usize = std::env::var("BENCH_PODS")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(100);
+    let api = KubeApi::start_in_netns(&netns);
+    let crd = "/apis/crd.projectcalico.org/v1";
+    api.put(
+        &format!("{crd}/clusterinformations/default"),
+        json!({"apiVersion":"crd.projectcalico.org/v1","kind":"ClusterInformation","metadata":{"name":"default"},
+            "spec":{"datastoreReady":true}}),
+    );
+    api.put(
+        "/api/v1/nodes/bench-node",
+        json!({"apiVersion":"v1","kind":"Node","metadata":{"name":"bench-node"},"spec":{}}),
+    );
+    api.put(
+        &format!("{crd}/ippools/default-ipv4-ippool"),
+        json!({"apiVersion":"crd.projectcalico.org/v1","kind":"IPPool","metadata":{"name":"default-ipv4-ippool"},
+            "spec":{"cidr":"10.244.0.0/16","blockSize":26,"nodeSelector":"all()"}}),
+    );
+    api.put(
+        "/api/v1/namespaces/default",
+        json!({"apiVersion":"v1","kind":"Namespace","metadata":{"name":"default"}}),
+    );
+    for i in 0..pods {
+        api.put(
+            &format!("/api/v1/namespaces/default/pods/pod-{i}"),
+            json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":format!("pod-{i}"),"namespace":"default"},
+                "spec":{"nodeName":"bench-node","containers":[{"name":"c","image":"x"}]}}),
+        );
+    }
+    std::fs::copy(api.kubeconfig(), dir.join("kubeconfig")).expect("write the kubeconfig");
+    std::fs::write(dir.join("ready"), "").expect("write ready");
+    while !dir.join("stop").exists() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log: Vec<Value> = api
+        .requests()
+        .iter()
+        .map(|r| json!({"method": r.method, "path": r.path, "connection": r.connection}))
+        .collect();
+    std::fs::write(
+        dir.join("requests.json"),
+        serde_json::to_string(&log).unwrap_or_default(),
+    )
+    .expect("write the request log");
+    std::fs::write(dir.join("handshakes"), api.handshakes().to_string()).expect("write handshakes");
+}
