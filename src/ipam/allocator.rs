@@ -86,6 +86,35 @@ impl From<DatastoreError> for ClaimError {
     }
 }
 
+/// What re-reading an object says about a write that failed with anything but a conflict
+/// (a lost answer: a timeout or a dropped connection after the server applied it).
+enum Landed {
+    Yes,
+    No,
+    /// The re-read failed too: the write may or may not have been applied.
+    Unknown(DatastoreError),
+}
+
+/// Why assigning from one block failed.
+enum AssignError {
+    /// Lost a compare-and-swap: re-read the block and try again.
+    Conflict,
+    /// Nothing was assigned: upstream logs it and moves on to other blocks.
+    Failed(IpamError),
+    /// The block write failed and whether it was applied is unknown: the handle is kept (DEL
+    /// releases whatever it holds) and the call fails rather than assign more elsewhere.
+    Unknown(IpamError),
+}
+
+impl From<IpamError> for AssignError {
+    fn from(e: IpamError) -> Self {
+        match e {
+            IpamError::Datastore(d) if d.is_conflict() => AssignError::Conflict,
+            other => AssignError::Failed(other),
+        }
+    }
+}
+
 /// What AutoAssign was asked for.
 #[derive(Clone, Debug, Default)]
 pub struct AutoAssignArgs {
@@ -306,7 +335,10 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         let affs = affs?;
         let labels = match labels {
             Some(l) => l,
-            None if pools.iter().any(|p| selector_needs_labels(&p.spec.node_selector)) => {
+            None if pools
+                .iter()
+                .any(|p| selector_needs_labels(&p.spec.node_selector)) =>
+            {
                 self.node_labels().await?
             }
             None => BTreeMap::new(),
@@ -980,11 +1012,12 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                 .await
             {
                 Ok(ips) => return Ok(ips),
-                Err(IpamError::Datastore(e)) if e.is_conflict() => continue,
-                Err(e) => {
+                Err(AssignError::Conflict) => continue,
+                Err(AssignError::Failed(e)) => {
                     warn!(%cidr, error = %e, "failed to assign from block");
                     return Ok(Vec::new());
                 }
+                Err(AssignError::Unknown(e)) => return Err(e),
             }
         }
         Err(IpamError::MaxRetries)
@@ -999,7 +1032,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         args: &AutoAssignArgs,
         affinity_check: bool,
         reserved: &[IpNet],
-    ) -> Result<Vec<IpNet>, IpamError> {
+    ) -> Result<Vec<IpNet>, AssignError> {
         let ips = block
             .auto_assign(
                 num,
@@ -1017,15 +1050,79 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         self.increment_handle(&args.handle_id, cidr, ips.len())
             .await?;
         if let Err(e) = self.update_block(&mut block, &rev).await {
+            // A write that failed with anything but a conflict may have been applied (a lost
+            // answer). Undoing the handle and moving on would then leave the handle holding
+            // these addresses and the ones assigned next, the caller knowing only the latter:
+            // re-read the block first.
+            if !e.is_conflict() {
+                let assigned: Vec<IpAddr> = ips.iter().map(|n| n.addr).collect();
+                match self
+                    .block_write_landed(&block, &assigned, &args.handle_id)
+                    .await
+                {
+                    Landed::Yes => {
+                        info!(%cidr, error = %e, "block write reported failure but was applied");
+                        return Ok(ips);
+                    }
+                    Landed::No => {}
+                    Landed::Unknown(re) => {
+                        warn!(%cidr, error = %e, reread = %re, "block write outcome unknown");
+                        return Err(AssignError::Unknown(e.into()));
+                    }
+                }
+            }
             if let Err(e2) = self
                 .decrement_handle(&args.handle_id, cidr, ips.len())
                 .await
             {
                 warn!(error = %e2, "failed to undo handle increment");
             }
-            return Err(e.into());
+            return Err(IpamError::from(e).into());
         }
         Ok(ips)
+    }
+
+    /// After a block write that gave `ips` to `handle_id` failed with anything but a
+    /// conflict: whether it was applied all the same. Only that write can have given these
+    /// ordinals to this handle with these allocation sequence numbers (any other write from
+    /// the same revision loses the compare-and-swap), so writes made since (another host
+    /// borrowing from the block) do not hide it.
+    async fn block_write_landed(
+        &self,
+        written: &AllocationBlock,
+        ips: &[IpAddr],
+        handle_id: &str,
+    ) -> Landed {
+        let stored = match self.get_block(written.cidr).await {
+            Ok(Some((b, _))) => b,
+            Ok(None) => return Landed::No,
+            Err(e) => return Landed::Unknown(e),
+        };
+        let seq = |b: &AllocationBlock, o: usize| {
+            b.sequence_number_for_allocation
+                .as_ref()
+                .and_then(|m| m.get(&o.to_string()).copied())
+        };
+        let ours = |ip: &IpAddr| {
+            let Some(o) = written.ordinal_of(ip) else {
+                return false;
+            };
+            let holder = stored
+                .allocations
+                .get(o)
+                .copied()
+                .flatten()
+                .and_then(|i| stored.attributes.as_ref().and_then(|a| a.get(i)))
+                .and_then(|a| a.handle_id.as_deref());
+            holder == Some(handle_id)
+                && seq(&stored, o).is_some()
+                && seq(&stored, o) == seq(written, o)
+        };
+        if !ips.is_empty() && ips.iter().all(ours) {
+            Landed::Yes
+        } else {
+            Landed::No
+        }
     }
 
     /// Borrow addresses from any existing block of the pools, in this host's walk order.
@@ -1105,7 +1202,15 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         match self.ds.create(&key, &to_value(&fresh)?).await {
             Ok(_) => return Ok(()),
             Err(e) if e.is_already_exists() => {}
-            Err(e) => debug!(handle = id, error = %e, "handle create failed; retrying as update"),
+            // The create may have been applied and only its answer lost: re-read before the
+            // read-modify-write below, which would otherwise count the addresses twice.
+            Err(e) => match self.handle_write_landed(&key, &fresh, None).await {
+                Landed::Yes => return Ok(()),
+                Landed::No => {
+                    debug!(handle = id, error = %e, "handle create failed; retrying as update")
+                }
+                Landed::Unknown(_) => return Err(e.into()),
+            },
         }
         let mut last = None;
         for _ in 0..DATASTORE_RETRIES {
@@ -1119,16 +1224,48 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             };
             *handle.block.entry(cidr.to_string()).or_insert(0) += n as i64;
             let v = to_value(&handle)?;
-            let r = match rev {
-                Some(rev) => self.ds.update(&key, &v, &rev).await,
+            let r = match &rev {
+                Some(rev) => self.ds.update(&key, &v, rev).await,
                 None => self.ds.create(&key, &v).await,
             };
             match r {
                 Ok(_) => return Ok(()),
-                Err(e) => last = Some(e),
+                Err(e) if e.is_conflict() || e.is_already_exists() => last = Some(e),
+                // As above: a lost answer must not make the retry count the addresses again.
+                Err(e) => match self
+                    .handle_write_landed(&key, &handle, rev.as_deref())
+                    .await
+                {
+                    Landed::Yes => return Ok(()),
+                    Landed::No => last = Some(e),
+                    Landed::Unknown(_) => return Err(e.into()),
+                },
             }
         }
         Err(last.map(IpamError::from).unwrap_or(IpamError::MaxRetries))
+    }
+
+    /// After a handle write failed with anything but a conflict: whether it was applied all
+    /// the same — the handle as stored counts what we wrote, at another revision than the
+    /// one we wrote over (`None`: we created it). A handle belongs to one container, so no
+    /// other writer makes the same counts meanwhile.
+    async fn handle_write_landed(
+        &self,
+        key: &Key,
+        written: &IpamHandle,
+        over: Option<&str>,
+    ) -> Landed {
+        match self.ds.get(key).await {
+            Ok(kv) => match kv.decode::<IpamHandle>() {
+                Ok(h) if h.block == written.block && Some(kv.revision.as_str()) != over => {
+                    Landed::Yes
+                }
+                Ok(_) => Landed::No,
+                Err(e) => Landed::Unknown(e),
+            },
+            Err(e) if e.is_not_found() => Landed::No,
+            Err(e) => Landed::Unknown(e),
+        }
     }
 
     async fn decrement_handle(&self, id: &str, cidr: IpNet, n: usize) -> Result<(), IpamError> {
@@ -1219,6 +1356,23 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             match self.update_block(&mut block, &rev).await {
                 Ok(_) => return Ok(IpNet::host(ip)),
                 Err(e) => {
+                    // A failure other than a conflict may be a lost answer: the address
+                    // assigned after all. Undoing the handle then would leak the address (DEL
+                    // finds no handle), so re-read the block first; when that fails too, keep
+                    // the handle so that DEL releases whatever it holds.
+                    if !e.is_conflict() {
+                        match self.block_write_landed(&block, &[ip], handle_id).await {
+                            Landed::Yes => {
+                                info!(%ip, error = %e, "block write reported failure but was applied");
+                                return Ok(IpNet::host(ip));
+                            }
+                            Landed::No => {}
+                            Landed::Unknown(re) => {
+                                warn!(%ip, error = %e, reread = %re, "block write outcome unknown");
+                                return Err(e.into());
+                            }
+                        }
+                    }
                     // Unlike upstream, undo the handle count on every failure, conflicts
                     // included, so a retried assignment never over-counts.
                     self.decrement_handle(handle_id, cidr, 1).await?;

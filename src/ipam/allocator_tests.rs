@@ -358,8 +358,6 @@ async fn unavailable_handle_create_is_retried() {
 }
 
 #[tokio::test]
-#[ignore = "allocator bug: after a lost answer on the handle create, increment_handle retries \
-            as a read-modify-write and counts the address twice (handle 2, block 1)"]
 async fn lost_answer_on_the_handle_create_does_not_over_count() {
     let ds = store();
     ds.inject(Fault::on(KeyClass::Handle, Fault::LoseAnswerOfWrite(1)));
@@ -370,9 +368,24 @@ async fn lost_answer_on_the_handle_create_does_not_over_count() {
 }
 
 #[tokio::test]
-#[ignore = "allocator bug: after a lost answer on the assigning block write (applied), the \
-            handle is decremented and the block assigned again: the handle holds two \
-            addresses in the block, the caller got one, the handle counts one"]
+async fn lost_answer_on_the_handle_update_does_not_over_count() {
+    // The handle exists: the create is refused, the read-modify-write's update is applied
+    // but its answer lost.
+    let ds = store();
+    assign(&ds, "node1", "h1", 1).await;
+    let next = ds.writes_to(KeyClass::Handle) + 2;
+    ds.inject(Fault::on(KeyClass::Handle, Fault::LoseAnswerOfWrite(next)));
+    let ips = assign(&ds, "node1", "h1", 1).await;
+    assert!(ds.pending_faults().is_empty());
+    assert_eq!(ips, [net("10.80.0.1/29")]);
+    assert_eq!(
+        ds.peek(&Key::Handle { id: "h1".into() }),
+        Some(json!({"block":{POOL:2},"deleted":false}))
+    );
+    assert_consistent(&ds);
+}
+
+#[tokio::test]
 async fn lost_answer_on_the_block_write_does_not_double_allocate() {
     let ds = store();
     ds.inject(Fault::on(KeyClass::Block, Fault::LoseAnswerOfWrite(2)));
@@ -494,9 +507,6 @@ async fn a_failed_write_during_del_heals_when_del_is_retried() {
 }
 
 #[tokio::test]
-#[ignore = "allocator bug: a lost answer on AssignIP's block write (applied) makes it undo the \
-            handle and fail; the block keeps the address for a handle that no longer exists, \
-            so DEL finds no handle and the address leaks"]
 async fn lost_answer_on_assign_ip_does_not_leak() {
     let ds = store();
     assign(&ds, "node1", "h0", 1).await;
