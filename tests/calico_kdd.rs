@@ -418,3 +418,34 @@ fn kdd_needs_policy_type_k8s() {
     w.assert_clean();
     assert!(w.crs("ipamhandles").is_empty());
 }
+
+#[test]
+fn kdd_namespace_selector_uses_the_namespaces_labels() {
+    require_root();
+    let w = KddWorld::new();
+    w.seed_pool(
+        "default-ipv4-ippool",
+        json!({"cidr":"10.65.0.0/16","blockSize":26,"nodeSelector":"all()","namespaceSelector":"!has(env)"}),
+    );
+    w.seed_pool(
+        "prod",
+        json!({"cidr":"10.67.0.0/16","blockSize":26,"nodeSelector":"all()","namespaceSelector":"env == 'prod'"}),
+    );
+    w.seed_namespace("prod", json!({"env":"prod"}), json!({}));
+    w.seed_pod("prod", "api", json!({}));
+    w.seed_pod("default", "web", json!({}));
+    let conf = w.conf(json!({}));
+    let p1 = common::netns::Netns::new("pod");
+    let api = Invocation::new("ADD", "prodapi00001", p1.path()).k8s("prod", "api");
+    let r = w.calico(&api, &conf);
+    r.assert_ok();
+    assert!(ip_of(&r.json()).starts_with("10.67."), "{}", r.json());
+    let p2 = common::netns::Netns::new("pod");
+    let web = Invocation::new("ADD", "defweb000001", p2.path()).k8s("default", "web");
+    let r = w.calico(&web, &conf);
+    r.assert_ok();
+    assert!(ip_of(&r.json()).starts_with("10.65."), "{}", r.json());
+    w.calico(&api.as_del(), &conf).assert_ok();
+    w.calico(&web.as_del(), &conf).assert_ok();
+    w.assert_clean();
+}
