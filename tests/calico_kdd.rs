@@ -351,28 +351,9 @@ fn kdd_request_budget_of_an_add_into_an_affine_block() {
     w.assert_clean();
 }
 
-/// `calico -t` in the host netns: (exit code, stdout).
+/// `calico -t` in the host netns: (exit code, stdout, time).
 fn run_t(w: &KddWorld, conf: &str) -> (i32, String, Duration) {
-    use std::io::Write;
-    use std::process::{Command, Stdio};
-    let start = std::time::Instant::now();
-    let out = Command::new("ip")
-        .args(["netns", "exec", w.host.name()])
-        .arg(w.bin.plugin("calico"))
-        .arg("-t")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            c.stdin.take().unwrap().write_all(conf.as_bytes())?;
-            c.wait_with_output()
-        })
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        start.elapsed(),
-    )
+    common::cni::run_flag(&w.bin.plugin("calico"), w.host.name(), "-t", conf)
 }
 
 #[test]

@@ -96,23 +96,9 @@ fn connection_test_flag() {
     let w = World::new();
     let conf = w.conf(json!({}));
     let run_t = |conf: &str| {
-        let out = Command::new("ip")
-            .args(["netns", "exec", w.host.name()])
-            .arg(w.bin.plugin("calico"))
-            .arg("-t")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .and_then(|mut c| {
-                use std::io::Write;
-                c.stdin.take().unwrap().write_all(conf.as_bytes())?;
-                c.wait_with_output()
-            })
-            .unwrap();
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        )
+        let (code, out, _) =
+            common::cni::run_flag(&w.bin.plugin("calico"), w.host.name(), "-t", conf);
+        (code, out)
     };
     assert_eq!(run_t(&conf), (0, String::new()));
     let (code, out) = run_t(&w.conf(json!({"etcd_endpoints": "http://127.0.0.1:2370"})));

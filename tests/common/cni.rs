@@ -268,3 +268,33 @@ pub fn run_plugin_within(
         elapsed: started.elapsed(),
     }
 }
+
+/// Runs `plugin <flag>` (e.g. `calico -t`) in `netns` with `stdin`: (exit code, stdout, time).
+pub fn run_flag(
+    plugin: &Path,
+    netns: &str,
+    flag: &str,
+    stdin: &str,
+) -> (i32, String, std::time::Duration) {
+    use std::io::Write;
+    let start = std::time::Instant::now();
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", netns])
+        .arg(plugin)
+        .arg(flag)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            if let Some(mut input) = c.stdin.take() {
+                input.write_all(stdin.as_bytes())?;
+            }
+            c.wait_with_output()
+        })
+        .expect("run the plugin");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        start.elapsed(),
+    )
+}

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use super::cni::{run_plugin, Bin, Invocation, Outcome, TempDir};
 use super::kube_api::KubeApi;
 use super::netns::HostNetns;
+use super::world::merge;
 
 pub const NODE: &str = "node1";
 pub const POOL_CIDR: &str = "10.65.0.0/16";
@@ -150,21 +151,5 @@ impl KddWorld {
         assert!(!links.contains("cali"), "veth left: {links}");
         let routes = self.host_sh("ip route show");
         assert!(!routes.contains("10.65."), "route left: {routes}");
-    }
-}
-
-pub fn merge(base: &mut Value, extra: Value) {
-    if let (Value::Object(b), Value::Object(e)) = (base, extra) {
-        for (k, v) in e {
-            match (b.get_mut(&k), v) {
-                (Some(bv @ Value::Object(_)), v @ Value::Object(_)) => merge(bv, v),
-                (_, Value::Null) => {
-                    b.remove(&k);
-                }
-                (_, v) => {
-                    b.insert(k, v);
-                }
-            }
-        }
     }
 }

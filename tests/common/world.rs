@@ -161,7 +161,8 @@ impl World {
     }
 }
 
-fn merge(base: &mut Value, extra: Value) {
+/// Merges `extra` into `base`: objects recursively, `null` removes a key.
+pub fn merge(base: &mut Value, extra: Value) {
     if let (Value::Object(b), Value::Object(e)) = (base, extra) {
         for (k, v) in e {
             match (b.get_mut(&k), v) {

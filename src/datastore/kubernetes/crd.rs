@@ -195,24 +195,16 @@ fn block_spec(value: &Value) -> Value {
     if let Some(t) = v.get("affinity_claim_time").filter(|t| !t.is_null()) {
         s.insert("affinityClaimTime".into(), t.clone());
     }
-    s.insert(
-        "allocations".into(),
-        v.get("allocations").cloned().unwrap_or(json!([])),
-    );
-    s.insert(
-        "unallocated".into(),
-        v.get("unallocated")
+    // Go writes these arrays even when empty, and the CRD requires them.
+    let array = |k: &str| {
+        v.get(k)
             .cloned()
-            .filter(|u| !u.is_null())
-            .unwrap_or(json!([])),
-    );
-    s.insert(
-        "attributes".into(),
-        v.get("attributes")
-            .cloned()
-            .filter(|a| !a.is_null())
-            .unwrap_or(json!([])),
-    );
+            .filter(|x| !x.is_null())
+            .unwrap_or(json!([]))
+    };
+    s.insert("allocations".into(), array("allocations"));
+    s.insert("unallocated".into(), array("unallocated"));
+    s.insert("attributes".into(), array("attributes"));
     s.insert(
         "sequenceNumber".into(),
         v.get("sequenceNumber").cloned().unwrap_or(json!(0)),
