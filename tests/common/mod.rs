@@ -1,7 +1,9 @@
 //! Fixtures shared by the end-to-end suites.
+pub mod cluster;
 pub mod cni;
 pub mod conformance;
 pub mod etcd;
+pub mod kdd;
 pub mod kube_api;
 pub mod netns;
 pub mod world;
