@@ -1,16 +1,24 @@
 //! The datastore conformance suite (`common::conformance`) against every backend: the
-//! in-memory store, a real etcd, and (to come) the Kubernetes backend. Each backend runs the
+//! in-memory store, a real etcd, and the Kubernetes backend (against the test API server,
+//! with the v1 CRDs and with the projectcalico.org/v3 group). Each backend runs the
 //! suite twice on one store, which proves the checks clean up after themselves and do not
 //! depend on a fresh store; then the store must hold nothing the suite wrote.
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use calico_cni::datastore::etcd::{EtcdConfig, EtcdDatastore};
+use calico_cni::datastore::kubernetes::client::{KubeClient, KubeSettings};
+use calico_cni::datastore::kubernetes::crd::Group;
+use calico_cni::datastore::kubernetes::KubeDatastore;
 use calico_cni::datastore::memory::MemoryDatastore;
+use calico_cni::datastore::{Datastore, Key};
 use common::conformance;
 use common::etcd::EtcdServer;
+use common::kube_api::KubeApi;
+use serde_json::json;
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -51,9 +59,105 @@ fn etcd_conforms() {
     );
 }
 
-// The Kubernetes backend goes here: start the test API server (`common::kube_api`), connect
-// the Kubernetes datastore to it, run `conformance::run_all` twice on it, then check that no
-// Calico object the suite wrote is left.
+/// The Kubernetes backend against the test API server, its CRDs under `group` (None: the
+/// default `crd.projectcalico.org/v1`): the suite twice, then no Calico object left.
+fn kdd_conforms_with(group: Option<&str>) {
+    let api = match group {
+        Some(g) => KubeApi::start_with_group(g),
+        None => KubeApi::start(),
+    };
+    let group = group.map(Group::new).unwrap_or_default();
+    rt().block_on(async {
+        let client = KubeClient::new(
+            &KubeSettings {
+                kubeconfig: api.kubeconfig().display().to_string(),
+                ..Default::default()
+            },
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+        let ds = KubeDatastore::new(Arc::new(client), group.clone());
+        conformance::run_all(&ds).await;
+        conformance::run_all(&ds).await;
+    });
+    // Every Calico object went through the group asked for.
+    let prefix = format!("/apis/{}/", group.api_version);
+    let elsewhere: Vec<String> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.path.starts_with("/apis/") && !r.path.starts_with(&prefix))
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert!(elsewhere.is_empty(), "outside {prefix}: {elsewhere:?}");
+    let ipam_config = if group.is_v3() {
+        "ipamconfigurations"
+    } else {
+        "ipamconfigs"
+    };
+    let mut left = Vec::new();
+    for plural in [
+        "ipamblocks",
+        "blockaffinities",
+        "ipamhandles",
+        ipam_config,
+        "ippools",
+        "clusterinformations",
+        "ipreservations",
+    ] {
+        for obj in api.list(&group.collection(plural)) {
+            left.push(format!("{plural}/{}", obj["metadata"]["name"]));
+        }
+    }
+    assert!(left.is_empty(), "the suite left {left:?}");
+}
+
+#[test]
+fn kdd_conforms() {
+    kdd_conforms_with(None);
+}
+
+#[test]
+fn kdd_conforms_with_the_v3_api_group() {
+    kdd_conforms_with(Some("projectcalico.org/v3"));
+}
+
+/// The KDD backend remembers what it last read of each object (to save a read before a soft
+/// delete). A delete without revision must still delete when another client wrote the object
+/// since; one at the remembered revision must not.
+#[test]
+fn kdd_delete_after_another_clients_write() {
+    let api = KubeApi::start();
+    rt().block_on(async {
+        let connect = || async {
+            let client = KubeClient::new(
+                &KubeSettings {
+                    kubeconfig: api.kubeconfig().display().to_string(),
+                    ..Default::default()
+                },
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+            KubeDatastore::new(Arc::new(client), Group::default())
+        };
+        let (mine, other) = (connect().await, connect().await);
+        let key = Key::Handle {
+            id: "conf-delete-after-other".into(),
+        };
+        let value = |n: i64| json!({"block": {"10.0.0.0/26": n}, "deleted": false});
+        let r1 = mine.create(&key, &value(1)).await.unwrap();
+        other.update(&key, &value(2), &r1).await.unwrap();
+        let e = mine.delete(&key, Some(&r1)).await.unwrap_err();
+        assert!(e.is_conflict(), "{e}");
+        mine.delete(&key, None).await.unwrap();
+        let e = other.get(&key).await.unwrap_err();
+        assert!(e.is_not_found(), "{e}");
+    });
+    assert!(api
+        .list(&Group::default().collection("ipamhandles"))
+        .is_empty());
+}
 
 /// A backend with one deliberate bug, to prove the suite notices each.
 mod broken {

@@ -496,11 +496,18 @@ pub async fn list_blocks_by_version<D: Datastore>(ds: &D) -> Check {
 }
 
 /// Affinities list by host, type and (optionally) version; another host whose name starts
-/// with this one's is not included.
+/// with this one's is not included. The virtual affinity has a block of its own: on
+/// Kubernetes an affinity's name is host and CIDR only (upstream's `parseKey`), so one host's
+/// host and virtual affinities to one block would be one object (a block has one affinity).
 pub async fn list_affinities_by_host_type_version<D: Datastore>(ds: &D) -> Check {
     let host = unique("host");
     let longer = format!("{host}0");
-    let (c4a, c4b, c6) = (unique_v4_block(), unique_v4_block(), unique_v6_block());
+    let (c4a, c4b, c4v, c6) = (
+        unique_v4_block(),
+        unique_v4_block(),
+        unique_v4_block(),
+        unique_v6_block(),
+    );
     let virt = |h: &str, c| Key::BlockAffinity {
         host: h.to_string(),
         cidr: c,
@@ -511,7 +518,7 @@ pub async fn list_affinities_by_host_type_version<D: Datastore>(ds: &D) -> Check
         Key::host_affinity(&host, c4b),
     ];
     let host6 = vec![Key::host_affinity(&host, c6)];
-    let virtual4 = vec![virt(&host, c4a)];
+    let virtual4 = vec![virt(&host, c4v)];
     let other = vec![Key::host_affinity(&longer, c4a)];
     let all: Vec<Key> = [&host4, &host6, &virtual4, &other]
         .into_iter()

@@ -222,28 +222,49 @@ impl KubeDatastore {
         }
         // Soft delete: the value at that revision, marked deleted, CAS-written; then the
         // DELETE by UID.
-        let current = match self.recall(&path) {
-            Some(s) if revision.is_none_or(|r| r == s.revision) => s,
-            _ => {
-                let got = self.get_cr(key, cr).await?;
-                self.recall(&path).unwrap_or(Seen {
-                    revision: got.revision,
-                    uid: String::new(),
-                    value: got.value,
-                })
+        let mut remembered = self.recall(&path);
+        let mut attempts = 0;
+        let current = loop {
+            attempts += 1;
+            let current = match remembered.take() {
+                Some(s) if revision.is_none_or(|r| r == s.revision) => s,
+                _ => {
+                    let got = self.get_cr(key, cr).await?;
+                    self.recall(&path).unwrap_or(Seen {
+                        revision: got.revision,
+                        uid: String::new(),
+                        value: got.value,
+                    })
+                }
+            };
+            if let Some(r) = revision.filter(|r| *r != current.revision) {
+                tracing::debug!(revision = r, current = %current.revision, "stale delete");
+                return Err(DatastoreError::Conflict(key.describe()));
+            }
+            match self
+                .write_cr(
+                    key,
+                    cr,
+                    &mark_deleted(key, &current.value),
+                    Some(&current.revision),
+                )
+                .await
+            {
+                Ok(_) => break current,
+                // Without a revision the delete is unconditional: a conflict only says that
+                // what we remembered (or read) is stale, as after another client's write.
+                // Read it afresh and mark that deleted (a bounded number of times).
+                Err(e) if e.is_conflict() && revision.is_none() && attempts < 5 => {
+                    self.forget(&path);
+                }
+                Err(e) => {
+                    if e.is_conflict() {
+                        self.forget(&path);
+                    }
+                    return Err(e);
+                }
             }
         };
-        if let Some(r) = revision.filter(|r| *r != current.revision) {
-            tracing::debug!(revision = r, current = %current.revision, "stale delete");
-            return Err(DatastoreError::Conflict(key.describe()));
-        }
-        self.write_cr(
-            key,
-            cr,
-            &mark_deleted(key, &current.value),
-            Some(&current.revision),
-        )
-        .await?;
         let uid = self.recall(&path).map(|s| s.uid).unwrap_or(current.uid);
         self.delete_by_uid(key, &path, &uid).await
     }
