@@ -14,7 +14,9 @@ use crate::datastore::model::{
     AFFINITY_CONFIRMED, AFFINITY_PENDING, AFFINITY_PENDING_DELETION,
 };
 use crate::datastore::resources::{get_resource, list_resources};
-use crate::datastore::{to_value, Datastore, DatastoreError, Key, Kind, ListKind, Revision};
+use crate::datastore::{
+    to_value, Datastore, DatastoreError, Key, Kind, KvPair, ListKind, Revision,
+};
 use crate::ipam::block::BlockError;
 use crate::ipam::randwalk::block_generator;
 use crate::ipam::selector;
@@ -172,7 +174,7 @@ pub struct Ipam<'a, D: Datastore> {
     host: String,
     /// This host's affinities as AutoAssign listed them: the first look at an affine block
     /// uses the listed affinity instead of reading it again (a retry reads it afresh).
-    listed_affinities: std::sync::Mutex<HashMap<IpNet, crate::datastore::KvPair>>,
+    listed_affinities: std::sync::Mutex<HashMap<IpNet, KvPair>>,
 }
 
 struct BlockInfo {
@@ -1072,7 +1074,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                 }
             }
             if let Err(e2) = self
-                .decrement_handle(&args.handle_id, cidr, ips.len())
+                .decrement_handle(&args.handle_id, cidr, ips.len(), None)
                 .await
             {
                 warn!(error = %e2, "failed to undo handle increment");
@@ -1268,10 +1270,21 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         }
     }
 
-    async fn decrement_handle(&self, id: &str, cidr: IpNet, n: usize) -> Result<(), IpamError> {
+    /// Takes `n` from the handle's count for `cidr`, deleting the handle when nothing is
+    /// left (true then). `read` is the handle as just read, used for the first attempt.
+    async fn decrement_handle(
+        &self,
+        id: &str,
+        cidr: IpNet,
+        n: usize,
+        mut read: Option<KvPair>,
+    ) -> Result<bool, IpamError> {
         let key = Key::Handle { id: id.to_string() };
         for _ in 0..DATASTORE_RETRIES {
-            let kv = self.ds.get(&key).await?;
+            let kv = match read.take() {
+                Some(kv) => kv,
+                None => self.ds.get(&key).await?,
+            };
             let mut handle: IpamHandle = kv.decode()?;
             let k = cidr.to_string();
             let left = handle.block.get(&k).copied().unwrap_or(0) - n as i64;
@@ -1285,7 +1298,8 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             } else {
                 handle.block.insert(k, left);
             }
-            let r = if handle.block.is_empty() {
+            let emptied = handle.block.is_empty();
+            let r = if emptied {
                 self.ds.delete(&key, Some(&kv.revision)).await
             } else {
                 self.ds
@@ -1294,7 +1308,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                     .map(|_| ())
             };
             match r {
-                Ok(()) => return Ok(()),
+                Ok(()) => return Ok(emptied),
                 Err(e) if e.is_conflict() => continue,
                 Err(e) => return Err(e.into()),
             }
@@ -1375,7 +1389,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                     }
                     // Unlike upstream, undo the handle count on every failure, conflicts
                     // included, so a retried assignment never over-counts.
-                    self.decrement_handle(handle_id, cidr, 1).await?;
+                    self.decrement_handle(handle_id, cidr, 1, None).await?;
                     if !e.is_conflict() {
                         return Err(e.into());
                     }
@@ -1396,6 +1410,10 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             })
             .await?;
         let handle: IpamHandle = kv.decode()?;
+        // The handle as just read serves the first decrement (a CAS write: if it moved, the
+        // decrement reads it again).
+        let mut read = Some(kv);
+        let mut deleted = false;
         for cidr_s in handle.block.keys() {
             let Ok(cidr) = cidr_s.parse::<IpNet>() else {
                 warn!(block = %cidr_s, "handle names an unparsable block");
@@ -1403,12 +1421,18 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             };
             let released = self.release_handle_in_block(handle_id, cidr).await?;
             if released > 0 {
-                match self.decrement_handle(handle_id, cidr, released).await {
-                    Ok(()) => {}
+                match self
+                    .decrement_handle(handle_id, cidr, released, read.take())
+                    .await
+                {
+                    Ok(gone) => deleted |= gone,
                     Err(IpamError::Datastore(e)) if e.is_not_found() => {}
                     Err(e) => return Err(e),
                 }
             }
+        }
+        if deleted {
+            return Ok(());
         }
         // Every address of the handle is released now. If the handle survived (its count
         // was off: a crash between writes, or a write retried after a lost answer), check
@@ -1518,7 +1542,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                     Ok(()) => {
                         unallocated.extend(outcome.unallocated.iter().copied());
                         for (handle, n) in &outcome.handles {
-                            if let Err(e) = self.decrement_handle(handle, cidr, *n).await {
+                            if let Err(e) = self.decrement_handle(handle, cidr, *n, None).await {
                                 warn!(handle, error = %e, "failed to decrement handle");
                             }
                         }
