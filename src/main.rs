@@ -1,12 +1,14 @@
 //! One binary, two plugins: run as `calico` it is the network plugin, as `calico-ipam` (a
 //! symlink) the IPAM plugin. Flags: `-v`/`--version` prints the version; `calico -t` tests the
-//! datastore connection (used by installers to gate writing the CNI config).
+//! datastore connection (used by installers to gate writing the CNI config); `calico-ipam
+//! -upgrade` migrates this node from host-local IPAM (`ipam::upgrade`).
 
 use std::io::Read;
 use std::path::Path;
 use std::process::ExitCode;
 
 use calico_cni::ipam::plugin::IpamPlugin;
+use calico_cni::ipam::upgrade;
 use calico_cni::plugin::CalicoPlugin;
 use calico_cni::skel::{self, CniError};
 
@@ -30,6 +32,7 @@ fn main() -> ExitCode {
     };
     let flag_set = if is_ipam { "calico-ipam" } else { "Calico" };
     let mut test_connection = false;
+    let mut migrate = false;
     for arg in &args[1..] {
         match arg.as_str() {
             "-v" | "--v" | "-v=true" | "--v=true" | "-version" | "--version" => {
@@ -37,9 +40,17 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             "-t" | "--t" | "-t=true" | "--t=true" if !is_ipam => test_connection = true,
-            "-upgrade" | "--upgrade" if is_ipam => {
-                eprintln!("-upgrade (host-local to calico-ipam migration) needs the Kubernetes datastore, which this build does not support yet");
-                return ExitCode::from(1);
+            "-upgrade" | "--upgrade" if is_ipam => migrate = true,
+            a if is_ipam && (a.starts_with("-upgrade=") || a.starts_with("--upgrade=")) => {
+                let value = a.split_once('=').map(|(_, v)| v).unwrap_or_default();
+                match upgrade::parse_go_bool(value) {
+                    Some(v) => migrate = v,
+                    None => {
+                        eprintln!("invalid boolean value {value:?} for -upgrade: parse error");
+                        usage(flag_set, is_ipam);
+                        return ExitCode::from(2);
+                    }
+                }
             }
             "-h" | "--h" | "-help" | "--help" => {
                 usage(flag_set, is_ipam);
@@ -55,6 +66,12 @@ fn main() -> ExitCode {
     if test_connection {
         return run_connection_test();
     }
+    if migrate {
+        // The host paths are upstream's unless a test moves them (CALICO_IPAM_UPGRADE_TEST_*).
+        let env = |k: &str| std::env::var(k).ok();
+        let opts = upgrade::Options::with_test_overrides(&env);
+        return ExitCode::from(upgrade::run(opts, &env));
+    }
     let code = if is_ipam {
         skel::run(&IpamPlugin)
     } else {
@@ -63,14 +80,15 @@ fn main() -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
 
+/// Go's `flag.PrintDefaults` layout: flags in name order, a one-letter flag's usage on its line.
 fn usage(flag_set: &str, is_ipam: bool) {
     eprintln!("Usage of {flag_set}:");
-    eprintln!("  -v\tDisplay version");
     if is_ipam {
-        eprintln!("  -upgrade\tUpgrade from host-local");
+        eprintln!("  -upgrade\n    \tUpgrade from host-local");
     } else {
         eprintln!("  -t\tTest datastore connection");
     }
+    eprintln!("  -v\tDisplay version");
 }
 
 /// `calico -t`: NetConf on stdin; exit 0 when ClusterInformation says the datastore is

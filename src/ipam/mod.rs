@@ -6,3 +6,4 @@ pub mod lock;
 pub mod plugin;
 pub mod randwalk;
 pub mod selector;
+pub mod upgrade;
