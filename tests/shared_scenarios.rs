@@ -475,6 +475,30 @@ fn host_local_ipam_delegation(c: &impl Cluster) {
 fn host_local_use_pod_cidr(c: &impl Cluster) {
     let (mut extra, _api) = c.node_api();
     let data = c.scratch().join("host-local");
+    let net = data.join(c.network());
+
+    // `subnet: usePodCidr`: the IPv4 pod CIDR.
+    extra["ipam"] = json!({"type": "host-local", "dataDir": data.display().to_string(),
+        "subnet": "usePodCidr"});
+    let conf = c.conf(extra.clone());
+    let pod = c.pod();
+    let inv = k8s_add(c, "podcidr0", pod.path(), "default", "podcidr-v4");
+    let r = c.calico(&inv, &conf).assert_ok().json();
+    assert_eq!(r["ips"].as_array().unwrap().len(), 1, "{r}");
+    let v4 = ip_of(&r);
+    assert!(v4.starts_with("10.244.1."), "{r}");
+    assert_eq!(r["ips"][0]["address"], format!("{v4}/32"));
+    assert_eq!(
+        c.endpoint_ips("default", "podcidr-v4"),
+        Some(vec![format!("{v4}/32")])
+    );
+    assert!(net.join(&v4).exists());
+    c.calico(&inv.as_del(), &conf).assert_ok();
+    assert!(!net.join(&v4).exists(), "host-local released the address");
+    c.assert_clean();
+    drop(pod);
+
+    // `ranges` with both: one address of each family.
     extra["ipam"] = json!({"type": "host-local", "dataDir": data.display().to_string(),
         "ranges": [[{"subnet": "usePodCidr"}], [{"subnet": "usePodCidrIPv6"}]]});
     let conf = c.conf(extra);
@@ -503,7 +527,6 @@ fn host_local_use_pod_cidr(c: &impl Cluster) {
         Some(ips.iter().map(|s| s.to_string()).collect())
     );
     assert!(c.handles().is_empty(), "calico IPAM untouched");
-    let net = data.join(c.network());
     assert!(net.join(v4).exists() && net.join(v6).exists());
     assert!(c.host_sh("ip route").contains(&format!("{v4} dev cali")));
     assert!(c.host_sh("ip -6 route").contains(&format!("{v6} dev cali")));
