@@ -350,6 +350,8 @@ async fn serve(
                 Err(_) => continue,
             },
         };
+        // As Go's net/http (the API server's): no Nagle delay on small response frames.
+        let _ = tcp.set_nodelay(true);
         let (acceptor, shared) = (acceptor.clone(), shared.clone());
         tokio::spawn(async move {
             let Ok(stream) = acceptor.accept(tcp).await else {
