@@ -346,6 +346,23 @@ fn kdd_request_budget_of_an_add_into_an_affine_block() {
         listing.join("\n")
     );
     assert_eq!(w.api.handshakes() - before, 1);
+
+    // Sequential round trips: with every answer held back 300 ms, five of them take 1.5 s
+    // (six would take 1.8 s).
+    w.seed_pod("default", "third", json!({}));
+    let p3 = common::netns::Netns::new("pod");
+    let third = Invocation::new("ADD", "third0000001", p3.path()).k8s("default", "third");
+    w.api.set_latency(Duration::from_millis(300));
+    let out = w.calico(&third, &conf);
+    w.api.set_latency(Duration::ZERO);
+    out.assert_ok();
+    eprintln!("ADD with 300 ms per round trip: {:?}", out.elapsed);
+    assert!(
+        out.elapsed >= Duration::from_millis(1500) && out.elapsed < Duration::from_millis(1750),
+        "{:?}",
+        out.elapsed
+    );
+    w.calico(&third.as_del(), &conf).assert_ok();
     w.calico(&second.as_del(), &conf).assert_ok();
     w.calico(&first.as_del(), &conf).assert_ok();
     w.assert_clean();

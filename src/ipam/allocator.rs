@@ -309,7 +309,14 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         &self,
         args: &AutoAssignArgs,
     ) -> Result<(Assignments, Assignments), IpamError> {
-        // Every read AutoAssign needs up front goes out together: one round trip.
+        let reads = self.read_view().await;
+        self.auto_assign_from(args, reads).await
+    }
+
+    /// Every read AutoAssign needs up front, together: one round trip. A caller that holds
+    /// the host's IPAM lock may issue it early, with its own reads, and hand the answers to
+    /// `auto_assign_from`.
+    pub async fn read_view(&self) -> ViewReads {
         let all_affinities = ListKind::Affinities {
             host: self.host.clone(),
             affinity_type: "host".into(),
@@ -331,6 +338,28 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             self.pools(),
             self.ds.list(&all_affinities)
         );
+        ViewReads {
+            config,
+            reserved,
+            labels,
+            pools,
+            affs,
+        }
+    }
+
+    /// `auto_assign` on reads already made (`read_view`).
+    pub async fn auto_assign_from(
+        &self,
+        args: &AutoAssignArgs,
+        reads: ViewReads,
+    ) -> Result<(Assignments, Assignments), IpamError> {
+        let ViewReads {
+            config,
+            reserved,
+            labels,
+            pools,
+            affs,
+        } = reads;
         let reserved = reserved?;
         let labels = labels?;
         let pools = pools?;
@@ -1566,6 +1595,23 @@ impl<'a, D: Datastore> Ipam<'a, D> {
 
 /// What AutoAssign reads once per call: config, reservations, this node's labels, all
 /// pools and this host's affine blocks.
+/// The answers of AutoAssign's up-front reads (`Ipam::read_view`), errors kept so that they
+/// surface in upstream's order when used.
+pub struct ViewReads {
+    config: Result<Option<IpamConfig>, IpamError>,
+    reserved: Result<Vec<IpNet>, IpamError>,
+    labels: Result<Option<BTreeMap<String, String>>, IpamError>,
+    pools: Result<Vec<IpPool>, IpamError>,
+    affs: Result<Vec<KvPair>, DatastoreError>,
+}
+
+impl ViewReads {
+    /// The pools read, when the read succeeded.
+    pub fn pools(&self) -> Option<&[IpPool]> {
+        self.pools.as_deref().ok()
+    }
+}
+
 /// Whether a node selector looks at labels at all (`""` and `all()` do not).
 fn selector_needs_labels(selector: &str) -> bool {
     let s = selector.trim();

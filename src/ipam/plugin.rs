@@ -11,10 +11,11 @@ use tracing::{info, warn};
 use crate::client;
 use crate::config::NetConf;
 use crate::datastore::backend::Backend;
+use crate::datastore::model::IpPool;
 use crate::datastore::Datastore;
 use crate::error::{Error, Result};
 use crate::identifiers::WepIdentifiers;
-use crate::ipam::allocator::{AutoAssignArgs, Ipam, IpamError};
+use crate::ipam::allocator::{AutoAssignArgs, Ipam, IpamError, ViewReads};
 use crate::ipam::lock::IpamLock;
 use crate::net::IpNet;
 use crate::plugin::k8s_pod;
@@ -102,8 +103,11 @@ async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     let conf = load(args)?;
     let ds = client::connect(&conf).await?;
     let call = identify(args, conf, true)?;
-    let labels = namespace_labels(&call.conf, &call.ids.namespace, &ds).await?;
-    assign(&ds, &call, requested_ip(args)?, labels).await
+    let prepared = Prepared {
+        namespace_labels: namespace_labels(&call.conf, &call.ids.namespace, &ds).await?,
+        ..Default::default()
+    };
+    assign(&ds, &call, requested_ip(args)?, prepared).await
 }
 
 /// The namespace's labels for pools' `namespaceSelector`: read from the Kubernetes API when
@@ -133,15 +137,26 @@ pub async fn namespace_labels(
     Ok(ns.metadata.labels.unwrap_or_default())
 }
 
+/// What the `calico` plugin hands the calico-ipam it runs in-process.
+#[derive(Default)]
+pub struct Prepared {
+    /// The namespace's labels (for pools' `namespaceSelector`).
+    pub namespace_labels: BTreeMap<String, String>,
+    /// AutoAssign's up-front reads, already made, under `lock`.
+    pub reads: Option<ViewReads>,
+    /// The host's IPAM lock, already held.
+    pub lock: Option<IpamLock>,
+}
+
 /// calico-ipam ADD on an open datastore (the `calico` plugin calls this in-process when
-/// `ipam.type` is this very binary, with the namespace labels it has read).
+/// `ipam.type` is this very binary, with what it has already read and locked).
 pub async fn add_with<D: Datastore>(
     ds: &D,
     args: &CmdArgs,
-    namespace_labels: BTreeMap<String, String>,
+    prepared: Prepared,
 ) -> Result<CniResult> {
     let call = prepare(args, true)?;
-    assign(ds, &call, requested_ip(args)?, namespace_labels).await
+    assign(ds, &call, requested_ip(args)?, prepared).await
 }
 
 /// calico-ipam DEL on an open datastore.
@@ -189,8 +204,14 @@ async fn assign<D: Datastore>(
     ds: &D,
     call: &Call,
     ip: Option<IpAddr>,
-    namespace_labels: BTreeMap<String, String>,
+    prepared: Prepared,
 ) -> Result<CniResult> {
+    let Prepared {
+        namespace_labels,
+        reads,
+        lock,
+    } = prepared;
+    let lock_file = call.conf.ipam_lock_file();
     let handle = call.ids.handle_id(&call.conf.name);
     let mut attrs = BTreeMap::new();
     attrs.insert("node".to_string(), call.ids.node.clone());
@@ -203,7 +224,7 @@ async fn assign<D: Datastore>(
     let ipam = Ipam::new(ds, &call.ids.node);
 
     if let Some(ip) = ip {
-        let _lock = IpamLock::acquire(call.conf.ipam_lock_file());
+        let _lock = lock.unwrap_or_else(|| IpamLock::acquire(lock_file));
         let assigned = with_timeout(ipam.assign_ip(ip, &handle, &attrs)).await??;
         info!(%assigned, "assigned the requested address");
         // As AutoAssign's: one route per address (the address itself, /32 or /128).
@@ -221,8 +242,9 @@ async fn assign<D: Datastore>(
         });
     }
 
-    let ipv4_pools = resolve_pools(&ipam, &call.conf.ipam.ipv4_pools, 4).await?;
-    let ipv6_pools = resolve_pools(&ipam, &call.conf.ipam.ipv6_pools, 6).await?;
+    let listed = reads.as_ref().and_then(ViewReads::pools);
+    let ipv4_pools = resolve_pools(&ipam, &call.conf.ipam.ipv4_pools, 4, listed).await?;
+    let ipv6_pools = resolve_pools(&ipam, &call.conf.ipam.ipv6_pools, 6, listed).await?;
     let req = AutoAssignArgs {
         num4: usize::from(call.conf.assign_ipv4()),
         num6: usize::from(call.conf.assign_ipv6()),
@@ -233,8 +255,11 @@ async fn assign<D: Datastore>(
         max_blocks_per_host: 0,
         namespace_labels,
     };
-    let _lock = IpamLock::acquire(call.conf.ipam_lock_file());
-    let (v4, v6) = with_timeout(ipam.auto_assign(&req)).await??;
+    let _lock = lock.unwrap_or_else(|| IpamLock::acquire(lock_file));
+    let (v4, v6) = match reads {
+        Some(reads) => with_timeout(ipam.auto_assign_from(&req, reads)).await??,
+        None => with_timeout(ipam.auto_assign(&req)).await??,
+    };
     // A family that fell short fails the call; give back what the other family got.
     for short in [&v4, &v6] {
         if let Some(why) = short.shortfall() {
@@ -302,11 +327,19 @@ async fn resolve_pools<D: Datastore>(
     ipam: &Ipam<'_, D>,
     entries: &[String],
     version: u8,
+    listed: Option<&[IpPool]>,
 ) -> Result<Vec<IpNet>> {
     if entries.is_empty() {
         return Ok(Vec::new());
     }
-    let pools = ipam.pools().await?;
+    let read;
+    let pools = match listed {
+        Some(p) => p,
+        None => {
+            read = ipam.pools().await?;
+            &read[..]
+        }
+    };
     let mut out = Vec::new();
     for entry in entries {
         let cidr = match entry.parse::<IpNet>() {

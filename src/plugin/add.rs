@@ -19,6 +19,9 @@ use crate::dataplane::{self, NetworkingRequest};
 use crate::datastore::model::{IpNat, Profile, WorkloadEndpoint};
 use crate::datastore::validate;
 use crate::error::{Error, Result};
+use crate::ipam::allocator::{Ipam, ViewReads};
+use crate::ipam::lock::IpamLock;
+use crate::ipam::plugin::Prepared;
 use crate::net::IpNet;
 use crate::plugin::endpoint;
 use crate::plugin::endpoint_status;
@@ -44,7 +47,14 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     let want_profile = conf.policy.policy_type.is_empty();
     let policy_k8s = call.ids.is_k8s() && conf.policy.policy_type == "k8s";
     let endpoint_from_pod = policy_k8s && call.ds.is_kubernetes();
-    let (ready, existing, profile_exists, pod) = tokio::join!(
+    // With calico-ipam in-process, the host's IPAM lock is taken now and AutoAssign's reads
+    // join this round trip (they are the same reads, under the same lock, as after the
+    // gate). Not with readiness gates, which may wait: the lock would be held meanwhile.
+    let early_ipam = call.ids.is_k8s()
+        && conf.readiness_gates.is_empty()
+        && ipam_exec::is_own_ipam(&conf.ipam.ipam_type, &args.path);
+    let lock = early_ipam.then(|| IpamLock::acquire(conf.ipam_lock_file()));
+    let (ready, existing, profile_exists, pod, reads) = tokio::join!(
         check_datastore_ready(&call.ds),
         async {
             if endpoint_from_pod {
@@ -68,8 +78,15 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
             k8s_pod::read(&client, &call.ids.namespace, &call.ids.pod)
                 .await
                 .map(Some)
+        },
+        async {
+            match early_ipam {
+                true => Some(Ipam::new(&call.ds, &call.ids.node).read_view().await),
+                false => None,
+            }
         }
     );
+    let early = EarlyIpam { lock, reads };
     ready?;
     readiness::wait_for_gates(&conf.readiness_gates).await?;
     let pod: Option<PodInfo> = pod?;
@@ -90,7 +107,7 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     };
 
     let mut result = if call.ids.is_k8s() {
-        add_k8s(args, &call, existing, profile, mtu, pod).await?
+        add_k8s(args, &call, existing, profile, mtu, pod, early).await?
     } else {
         add_cni(args, &call, existing, profile, mtu).await?
     };
@@ -180,7 +197,7 @@ async fn add_cni(
     let result = ipam_add(
         call,
         args,
-        BTreeMap::new(),
+        Prepared::default(),
         "IPAM plugin returned no IP addresses in result",
     )
     .await?;
@@ -195,6 +212,7 @@ async fn add_k8s(
     profile: Option<Profile>,
     mtu: u32,
     pod: Option<PodInfo>,
+    early: EarlyIpam,
 ) -> Result<CniResult> {
     let conf = &call.conf;
     let ids = &call.ids;
@@ -238,30 +256,39 @@ async fn add_k8s(
                     ipam_args.stdin_data = stdin;
                 }
             }
-            let labels = namespace_labels(call, &pod).await?;
+            let prepared = Prepared {
+                namespace_labels: namespace_labels(call, &pod).await?,
+                reads: early.reads,
+                lock: early.lock,
+            };
             ipam_add(
                 call,
                 &ipam_args,
-                labels,
+                prepared,
                 "IPAM plugin returned missing IP config",
             )
             .await?
         }
         AddressSource::IpAddrs(ips) => {
+            // Each address is assigned by its own calico-ipam call, which takes the lock.
+            drop(early);
             release_old_addresses(call, args, &old_addresses).await?;
             assign_each(call, args, &ips, namespace_labels(call, &pod).await?).await?
         }
-        AddressSource::NoIpam(ips) => CniResult {
-            ips: ips
-                .iter()
-                .map(|ip| IpConfig {
-                    address: IpNet::host(*ip),
-                    gateway: None,
-                    interface: None,
-                })
-                .collect(),
-            ..Default::default()
-        },
+        AddressSource::NoIpam(ips) => {
+            drop(early);
+            CniResult {
+                ips: ips
+                    .iter()
+                    .map(|ip| IpConfig {
+                        address: IpNet::host(*ip),
+                        gateway: None,
+                        interface: None,
+                    })
+                    .collect(),
+                ..Default::default()
+            }
+        }
     };
     // A calico-ipam result without routes is a KubeVirt migration target: no host routes.
     extras.skip_host_routes = conf.ipam.ipam_type == "calico-ipam" && result.routes.is_empty();
@@ -320,7 +347,11 @@ async fn assign_each(
     for ip in ips {
         let mut one = args.clone();
         one.args = format!("{};IP={ip}", args.args);
-        let got = ipam_exec::exec_add(&call.ds, &call.conf.ipam.ipam_type, &one, labels.clone())
+        let prepared = Prepared {
+            namespace_labels: labels.clone(),
+            ..Default::default()
+        };
+        let got = ipam_exec::exec_add(&call.ds, &call.conf.ipam.ipam_type, &one, prepared)
             .await
             .and_then(|r| {
                 if r.ips.is_empty() {
@@ -342,6 +373,12 @@ async fn assign_each(
         }
     }
     Ok(result)
+}
+
+/// The host's IPAM lock and AutoAssign's reads, taken in the first round trip.
+struct EarlyIpam {
+    lock: Option<IpamLock>,
+    reads: Option<ViewReads>,
 }
 
 /// What the annotations add to the interface and the endpoint.
@@ -387,11 +424,11 @@ fn k8s_endpoint(call: &Call, existing: Option<WorkloadEndpoint>, name: &str) -> 
 async fn ipam_add(
     call: &Call,
     args: &CmdArgs,
-    namespace_labels: BTreeMap<String, String>,
+    prepared: Prepared,
     empty: &str,
 ) -> Result<CniResult> {
     let ipam_type = &call.conf.ipam.ipam_type;
-    let result = ipam_exec::exec_add(&call.ds, ipam_type, args, namespace_labels).await?;
+    let result = ipam_exec::exec_add(&call.ds, ipam_type, args, prepared).await?;
     info!(ips = ?result.ips.iter().map(|i| i.address.to_string()).collect::<Vec<_>>(), "Got result from IPAM plugin");
     if result.ips.is_empty() {
         ipam_exec::release(&call.ds, ipam_type, args).await;

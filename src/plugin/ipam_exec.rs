@@ -9,7 +9,6 @@
 //! subnets become `0.0.0.0/0`/`::/0` (host-local releases by container ID; it only needs a
 //! valid CIDR).
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -20,6 +19,7 @@ use tracing::{debug, warn};
 use crate::config::NetConf;
 use crate::datastore::Datastore;
 use crate::error::{Error, Result};
+use crate::ipam::plugin::Prepared;
 use crate::skel::{CmdArgs, CniError, CniResult};
 
 /// Locates `plugin` in the colon-separated CNI_PATH.
@@ -85,8 +85,9 @@ fn exec(plugin: &str, command: &str, args: &CmdArgs, stdin: &[u8]) -> Result<Vec
     }
 }
 
-/// Whether `plugin` in CNI_PATH is this executable under its IPAM name.
-fn is_own_ipam(plugin: &str, cni_path: &str) -> bool {
+/// Whether `plugin` in CNI_PATH is this executable under its IPAM name (then it runs
+/// in-process).
+pub fn is_own_ipam(plugin: &str, cni_path: &str) -> bool {
     if plugin != "calico-ipam" {
         return false;
     }
@@ -108,17 +109,18 @@ fn ipam_args(args: &CmdArgs) -> CmdArgs {
 }
 
 /// IPAM ADD: the plugin's result, converted to the 1.0 model. In-process calico-ipam gets
-/// the namespace labels the caller has read (a separate calico-ipam reads them itself).
+/// what the caller has already read and locked (a separate calico-ipam does it itself).
 pub async fn exec_add<D: Datastore>(
     ds: &D,
     plugin: &str,
     args: &CmdArgs,
-    namespace_labels: BTreeMap<String, String>,
+    prepared: Prepared,
 ) -> Result<CniResult> {
     if is_own_ipam(plugin, &args.path) {
         debug!("running calico-ipam ADD in-process");
-        return crate::ipam::plugin::add_with(ds, &ipam_args(args), namespace_labels).await;
+        return crate::ipam::plugin::add_with(ds, &ipam_args(args), prepared).await;
     }
+    drop(prepared);
     let out = exec(plugin, "ADD", args, &args.stdin_data)?;
     Ok(CniResult::parse(&out)?)
 }

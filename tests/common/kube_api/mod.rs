@@ -65,6 +65,8 @@ struct Shared {
     /// The ALPN protocol of each connection ("" when none), in handshake order.
     protocols: Mutex<Vec<String>>,
     stall: AtomicBool,
+    /// Milliseconds every answer is held back (a network round trip to a remote server).
+    latency_ms: AtomicUsize,
     /// (requests left to fail, status code).
     fail: Mutex<(usize, u16)>,
 }
@@ -131,6 +133,7 @@ impl KubeApi {
             seq: AtomicUsize::new(0),
             protocols: Mutex::new(vec![]),
             stall: AtomicBool::new(false),
+            latency_ms: AtomicUsize::new(0),
             fail: Mutex::new((0, 0)),
         });
         let (stop, stopped) = tokio::sync::oneshot::channel();
@@ -250,6 +253,14 @@ current-context: test
     /// connections stay open until the server is dropped.
     pub fn set_stall(&self, on: bool) {
         self.shared.stall.store(on, Ordering::SeqCst);
+    }
+
+    /// Holds every answer back by `latency` (requests in flight together wait together), so
+    /// a client's sequential round trips show in its elapsed time.
+    pub fn set_latency(&self, latency: Duration) {
+        self.shared
+            .latency_ms
+            .store(latency.as_millis() as usize, Ordering::SeqCst);
     }
 
     /// The next `n` authenticated requests fail with `code` and a Status body.
@@ -409,6 +420,10 @@ async fn answer(
     ));
     if shared.stall.load(Ordering::SeqCst) {
         std::future::pending::<()>().await;
+    }
+    let latency = shared.latency_ms.load(Ordering::SeqCst);
+    if latency > 0 {
+        tokio::time::sleep(Duration::from_millis(latency as u64)).await;
     }
 
     // The bearer scheme is case-insensitive; the token is not.
