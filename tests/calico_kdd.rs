@@ -447,3 +447,87 @@ fn kdd_namespace_selector_uses_the_namespaces_labels() {
     w.calico(&web.as_del(), &conf).assert_ok();
     w.assert_clean();
 }
+
+#[test]
+fn etcd_with_policy_k8s_annotation_features() {
+    require_root();
+    // floatingIPs, allowedSourcePrefixes and ipAddrsNoIpam land in the stored endpoint (etcd),
+    // each refused with upstream's text when its feature flag is off or its value is bad.
+    let w = common::world::World::new();
+    let api = common::kube_api::KubeApi::start_in_netns(w.host.path());
+    api.put(
+        "/api/v1/namespaces/default",
+        json!({"apiVersion":"v1","kind":"Namespace","metadata":{"name":"default"}}),
+    );
+    let pod = |name: &str, annotations: Value| {
+        api.put(
+            &format!("/api/v1/namespaces/default/pods/{name}"),
+            json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":name,"namespace":"default","annotations":annotations},
+                "spec":{"nodeName":"node1","containers":[{"name":"c"}]}}),
+        );
+    };
+    pod(
+        "float",
+        json!({"cni.projectcalico.org/floatingIPs":"[\"192.0.2.9\"]",
+            "cni.projectcalico.org/allowedSourcePrefixes":"[\"10.80.1.2/16\"]"}),
+    );
+    pod(
+        "noipam",
+        json!({"cni.projectcalico.org/ipAddrsNoIpam":"[\"10.99.0.5\"]"}),
+    );
+    pod(
+        "badprefix",
+        json!({"cni.projectcalico.org/allowedSourcePrefixes":"[\"nope\"]"}),
+    );
+    let kc = api.kubeconfig().display().to_string();
+    let off = w.conf(json!({"policy":{"type":"k8s"},"kubernetes":{"kubeconfig":kc}}));
+    let on = w.conf(
+        json!({"policy":{"type":"k8s"},"kubernetes":{"kubeconfig":kc},
+        "feature_control":{"floating_ips":true,"ip_addrs_no_ipam":true}}),
+    );
+
+    let p1 = w.pod();
+    let float = Invocation::new("ADD", "float0000001", p1.path()).k8s("default", "float");
+    let e = w.calico(&float, &off).assert_err();
+    assert_eq!(e["msg"], "requested feature is not enabled: floating_ips");
+    w.assert_clean();
+    let r = w.calico(&float, &on);
+    r.assert_ok();
+    let ip = ip_of(&r.json());
+    let wep = w.get(&format!(
+        "{}default/node1-k8s-float-eth0",
+        common::world::WEP_PREFIX
+    ));
+    assert_eq!(
+        wep["spec"]["ipNATs"],
+        json!([{"internalIP": ip, "externalIP": "192.0.2.9"}])
+    );
+    assert_eq!(
+        wep["spec"]["allowSpoofedSourcePrefixes"],
+        json!(["10.80.0.0/16"])
+    );
+    w.calico(&float.as_del(), &on).assert_ok();
+
+    let p2 = w.pod();
+    let noipam = Invocation::new("ADD", "noipam000001", p2.path()).k8s("default", "noipam");
+    let e = w.calico(&noipam, &off).assert_err();
+    assert_eq!(
+        e["msg"],
+        "requested feature is not enabled: ip_addrs_no_ipam"
+    );
+    let r = w.calico(&noipam, &on);
+    r.assert_ok();
+    assert_eq!(ip_of(&r.json()), "10.99.0.5");
+    // No IPAM record for it.
+    assert!(w.keys("/calico/ipam/v2/handle/").is_empty());
+    w.calico(&noipam.as_del(), &on).assert_ok();
+
+    let p3 = w.pod();
+    let bad = Invocation::new("ADD", "badpfx000001", p3.path()).k8s("default", "badprefix");
+    let e = w.calico(&bad, &on).assert_err();
+    assert_eq!(
+        e["msg"],
+        "failed to parse 'nope' as a CIDR: invalid CIDR address: nope"
+    );
+    w.assert_clean();
+}
