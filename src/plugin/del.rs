@@ -5,7 +5,7 @@
 use tracing::{info, warn};
 
 use crate::dataplane;
-use crate::datastore::model::WorkloadEndpointSpec;
+use crate::datastore::model::{WorkloadEndpoint, WorkloadEndpointSpec};
 use crate::datastore::resources::{delete_resource, get_resource};
 use crate::datastore::{DatastoreError, Kind};
 use crate::error::{Error, Result};
@@ -18,7 +18,6 @@ const K8S_DELETE_ATTEMPTS: usize = 6;
 
 pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
     let call = prelude(args).await?;
-    check_datastore_ready(&call.ds).await?;
     let ids = &call.ids;
     // A name that cannot be built (a segment starting or ending with `-`) cannot have been
     // written by an ADD, so there is no endpoint to delete; the addresses and the interface
@@ -31,11 +30,21 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
         }
     };
     let ipam_type = &call.conf.ipam.ipam_type;
+    // The ready gate and (k8s) the endpoint's first read are independent reads: one round
+    // trip. Nothing is written before the gate has passed.
+    let k8s_name = name.as_deref().filter(|_| ids.is_k8s());
+    let (ready, first_read) = tokio::join!(check_datastore_ready(&call.ds), async {
+        match k8s_name {
+            Some(n) => Some(read_endpoint(&call.ds, &ids.namespace, n).await),
+            None => None,
+        }
+    });
+    ready?;
 
     if ids.is_k8s() {
         call.conf.check_dataplane()?;
-        if let Some(name) = &name {
-            delete_k8s_endpoint(&call.ds, &ids.namespace, name, &ids.container_id).await?;
+        if let (Some(name), Some(first)) = (k8s_name, first_read) {
+            delete_k8s_endpoint(&call.ds, &ids.namespace, name, &ids.container_id, first).await?;
         }
         dataplane::clean_up_namespace(&args.netns, &args.ifname)?;
         ipam_exec::exec_del(&call.ds, ipam_type, args).await?;
@@ -65,6 +74,16 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
     ipam_result
 }
 
+type EndpointRead = std::result::Result<WorkloadEndpoint, DatastoreError>;
+
+async fn read_endpoint<D: crate::datastore::Datastore>(
+    ds: &D,
+    namespace: &str,
+    name: &str,
+) -> EndpointRead {
+    get_resource::<D, WorkloadEndpointSpec>(ds, Kind::WorkloadEndpoint, Some(namespace), name).await
+}
+
 /// Deletes the pod's endpoint unless it now belongs to a newer sandbox (another container
 /// ID), compare-and-swapping on the revision read.
 async fn delete_k8s_endpoint<D: crate::datastore::Datastore>(
@@ -72,17 +91,16 @@ async fn delete_k8s_endpoint<D: crate::datastore::Datastore>(
     namespace: &str,
     name: &str,
     container_id: &str,
+    first_read: EndpointRead,
 ) -> Result<()> {
     let mut last: Option<DatastoreError> = None;
+    let mut first_read = Some(first_read);
     for _ in 0..K8S_DELETE_ATTEMPTS {
-        let wep = match get_resource::<D, WorkloadEndpointSpec>(
-            ds,
-            Kind::WorkloadEndpoint,
-            Some(namespace),
-            name,
-        )
-        .await
-        {
+        let read = match first_read.take() {
+            Some(r) => r,
+            None => read_endpoint(ds, namespace, name).await,
+        };
+        let wep = match read {
             Ok(w) => w,
             Err(e) if e.is_not_found() => {
                 info!(name, "Endpoint object does not exist, no need to clean up.");
