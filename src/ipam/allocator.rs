@@ -1438,6 +1438,11 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                 id: handle_id.to_string(),
             })
             .await?;
+        self.release_read_handle(handle_id, kv).await
+    }
+
+    /// `release_by_handle` on the handle as just read (`kv`).
+    pub async fn release_read_handle(&self, handle_id: &str, kv: KvPair) -> Result<(), IpamError> {
         let handle: IpamHandle = kv.decode()?;
         // The handle as just read serves the first decrement (a CAS write: if it moved, the
         // decrement reads it again).

@@ -12,7 +12,7 @@ use crate::client;
 use crate::config::NetConf;
 use crate::datastore::backend::Backend;
 use crate::datastore::model::IpPool;
-use crate::datastore::Datastore;
+use crate::datastore::{Datastore, Key};
 use crate::error::{Error, Result};
 use crate::identifiers::WepIdentifiers;
 use crate::ipam::allocator::{AutoAssignArgs, Ipam, IpamError, ViewReads};
@@ -301,9 +301,18 @@ async fn release<D: Datastore>(ds: &D, call: &Call) -> Result<()> {
     let ipam = Ipam::new(ds, &ids.node);
     let _lock = IpamLock::acquire(conf.ipam_lock_file());
     with_timeout(async {
-        for handle in [ids.handle_id(&conf.name), ids.legacy_handle_id()] {
+        // Both handles are read together (one round trip), then released in upstream's
+        // order: `<network>.<containerID>`, then the legacy one.
+        let handles = [ids.handle_id(&conf.name), ids.legacy_handle_id()];
+        let keys = handles.clone().map(|id| Key::Handle { id });
+        let (first, legacy) = tokio::join!(ds.get(&keys[0]), ds.get(&keys[1]));
+        for (handle, read) in handles.iter().zip([first, legacy]) {
             info!(handle, "releasing addresses");
-            match ipam.release_by_handle(&handle).await {
+            let released = match read {
+                Ok(kv) => ipam.release_read_handle(handle, kv).await,
+                Err(e) => Err(IpamError::Datastore(e)),
+            };
+            match released {
                 Ok(()) => {}
                 Err(IpamError::Datastore(e)) if e.is_not_found() => {
                     info!(handle, "no addresses held by this handle");
