@@ -9,7 +9,6 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use calico_cni::datastore::etcd::{EtcdConfig, EtcdDatastore};
 use calico_cni::datastore::kubernetes::client::{KubeClient, KubeSettings};
 use calico_cni::datastore::kubernetes::crd::Group;
 use calico_cni::datastore::kubernetes::KubeDatastore;
@@ -42,13 +41,7 @@ fn memory_store_conforms() {
 fn etcd_conforms() {
     let etcd = EtcdServer::start();
     rt().block_on(async {
-        let ds = EtcdDatastore::connect(&EtcdConfig {
-            endpoints: vec![etcd.endpoint()],
-            timeout: Duration::from_secs(5),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+        let ds = common::etcd::connect(&etcd.endpoint(), Duration::from_secs(5)).await;
         conformance::run_all(&ds).await;
         conformance::run_all(&ds).await;
     });

@@ -22,13 +22,7 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 async fn connect(endpoint: &str) -> EtcdDatastore {
-    EtcdDatastore::connect(&EtcdConfig {
-        endpoints: vec![endpoint.to_string()],
-        timeout: Duration::from_secs(2),
-        ..Default::default()
-    })
-    .await
-    .unwrap()
+    common::etcd::connect(endpoint, Duration::from_secs(2)).await
 }
 
 #[test]
@@ -36,13 +30,7 @@ fn create_update_delete_semantics() {
     let etcd = EtcdServer::start();
     let rt = rt();
     rt.block_on(async {
-        let ds = EtcdDatastore::connect(&EtcdConfig {
-            endpoints: vec![etcd.endpoint()],
-            timeout: Duration::from_secs(2),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+        let ds = connect(&etcd.endpoint()).await;
         let key = Key::Handle {
             id: "net1.ABC".into(),
         };

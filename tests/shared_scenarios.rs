@@ -147,11 +147,12 @@ fn add_and_del_with_calico_ipam(c: &impl Cluster) {
     assert_eq!(blocks.len(), 1);
     assert_eq!(blocks[0]["cidr"], format!("{ip}/26"));
     assert_eq!(blocks[0]["affinity"], format!("host:{NODE}"));
-    assert_eq!(blocks[0]["attributes"][0]["secondary"]["pod"], "nginx");
-    assert_eq!(
-        blocks[0]["attributes"][0]["secondary"]["namespace"],
-        "default"
-    );
+    let owner = &blocks[0]["attributes"][0]["secondary"];
+    assert_eq!(owner["node"], NODE, "{owner}");
+    assert_eq!(owner["pod"], "nginx", "{owner}");
+    assert_eq!(owner["namespace"], "default", "{owner}");
+    let stamp = owner["timestamp"].as_str().unwrap_or_default();
+    assert!(stamp.ends_with(" +0000 UTC"), "Go's time.String(): {owner}");
     assert_eq!(c.affinities(), vec![(NODE.to_string(), format!("{ip}/26"))]);
 
     // Dataplane: host side.
@@ -305,6 +306,10 @@ fn second_add_renetworks_and_keeps_one_endpoint(c: &impl Cluster) {
         c.endpoint_ips("ns1", "web"),
         Some(vec![format!("{ip2}/32")])
     );
+    assert_eq!(
+        c.endpoint_container_id("ns1", "web").as_deref(),
+        Some("cid-y")
+    );
     assert_eq!(c.handles(), vec![c.handle("cid-x"), c.handle("cid-y")]);
     let links = c.host_sh("ip -o link show");
     assert_eq!(links.matches("cali").count(), 1, "one host veth: {links}");
@@ -318,6 +323,10 @@ fn second_add_renetworks_and_keeps_one_endpoint(c: &impl Cluster) {
     assert_eq!(
         c.endpoint_ips("ns1", "web"),
         Some(vec![format!("{ip2}/32")])
+    );
+    assert_eq!(
+        c.endpoint_container_id("ns1", "web").as_deref(),
+        Some("cid-y")
     );
     assert_eq!(c.handles(), vec![c.handle("cid-y")]);
     assert_eq!(c.allocated(), vec![alloc(&ip2, &c.handle("cid-y"))]);

@@ -79,6 +79,10 @@ pub trait Cluster {
     /// ipNetworks on etcd, the pod's `cni.projectcalico.org/podIPs` annotation on the
     /// Kubernetes datastore. `None` when there is no endpoint / no address.
     fn endpoint_ips(&self, ns: &str, pod: &str) -> Option<Vec<String>>;
+    /// The container (sandbox) ID recorded with pod `ns/pod`'s endpoint: the
+    /// WorkloadEndpoint's containerID on etcd, the pod's `cni.projectcalico.org/containerID`
+    /// annotation on the Kubernetes datastore (which, as upstream, outlives DEL).
+    fn endpoint_container_id(&self, ns: &str, pod: &str) -> Option<String>;
     /// Nothing of any pod is left, in the datastore or in the host netns.
     fn assert_clean(&self);
 
@@ -224,42 +228,58 @@ impl Cluster for World {
         h
     }
     fn affinities(&self) -> Vec<(String, String)> {
-        // /calico/ipam/v2/host/<node>/ipv4/block/<a.b.c.d-26>
         let mut a: Vec<(String, String)> = self
             .keys("/calico/ipam/v2/host/")
             .iter()
-            .map(|k| {
-                let parts: Vec<&str> = k.split('/').collect();
-                let (addr, len) = parts[8].rsplit_once('-').expect("cidr in key");
-                (parts[5].to_string(), format!("{addr}/{len}"))
-            })
+            .map(|k| affinity_of_key(k))
             .collect();
         a.sort();
         a
     }
     fn endpoint_ips(&self, ns: &str, pod: &str) -> Option<Vec<String>> {
-        let weps: Vec<Value> = self
-            .etcd
-            .get_prefix(&format!("{WEP_PREFIX}{ns}/"))
-            .into_iter()
-            .map(|(_, v)| serde_json::from_str(&v).unwrap())
-            .filter(|w: &Value| w["spec"]["pod"] == pod)
-            .collect();
-        assert!(
-            weps.len() <= 1,
-            "several endpoints for {ns}/{pod}: {weps:?}"
-        );
-        let ips = weps.first()?["spec"]["ipNetworks"].as_array()?.clone();
+        let ips = wep_of(self, ns, pod)?["spec"]["ipNetworks"]
+            .as_array()?
+            .clone();
         Some(
             ips.iter()
                 .map(|v| v.as_str().unwrap().to_string())
                 .collect(),
         )
     }
+    fn endpoint_container_id(&self, ns: &str, pod: &str) -> Option<String> {
+        Some(
+            wep_of(self, ns, pod)?["spec"]["containerID"]
+                .as_str()?
+                .to_string(),
+        )
+    }
     fn assert_clean(&self) {
         World::assert_clean(self);
         assert_host_dataplane_clean(self);
     }
+}
+
+/// (node, block CIDR) of an etcd affinity key, `/calico/ipam/v2/host/<node>/ipv4/block/<a.b.c.d-26>`.
+pub fn affinity_of_key(key: &str) -> (String, String) {
+    let parts: Vec<&str> = key.split('/').collect();
+    let (addr, len) = parts[8].rsplit_once('-').expect("cidr in key");
+    (parts[5].to_string(), format!("{addr}/{len}"))
+}
+
+/// The one WorkloadEndpoint of pod `ns/pod`, if any.
+fn wep_of(w: &World, ns: &str, pod: &str) -> Option<Value> {
+    let mut weps: Vec<Value> = w
+        .etcd
+        .get_prefix(&format!("{WEP_PREFIX}{ns}/"))
+        .into_iter()
+        .map(|(_, v)| serde_json::from_str(&v).unwrap())
+        .filter(|w: &Value| w["spec"]["pod"] == pod)
+        .collect();
+    assert!(
+        weps.len() <= 1,
+        "several endpoints for {ns}/{pod}: {weps:?}"
+    );
+    weps.pop()
 }
 
 // ------------------------------------------------------------------------ Kubernetes
@@ -361,6 +381,13 @@ impl Cluster for KddWorld {
             .get(&format!("/api/v1/namespaces/{ns}/pods/{pod}"))?;
         let ips = p["metadata"]["annotations"]["cni.projectcalico.org/podIPs"].as_str()?;
         (!ips.is_empty()).then(|| ips.split(',').map(str::to_string).collect())
+    }
+    fn endpoint_container_id(&self, ns: &str, pod: &str) -> Option<String> {
+        let p = self
+            .api
+            .get(&format!("/api/v1/namespaces/{ns}/pods/{pod}"))?;
+        let id = &p["metadata"]["annotations"]["cni.projectcalico.org/containerID"];
+        Some(id.as_str()?.to_string())
     }
     fn assert_clean(&self) {
         KddWorld::assert_clean(self);

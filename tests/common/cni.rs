@@ -62,6 +62,12 @@ impl Bin {
     pub fn plugin(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
+
+    /// Runs plugin `name` (`calico`, `calico-ipam`) from this CNI_PATH inside the netns
+    /// `host`, as kubelet would run it there.
+    pub fn run(&self, name: &str, host: &str, inv: &Invocation, conf: &str) -> Outcome {
+        run_plugin(&self.plugin(name), &self.path(), Some(host), inv, conf)
+    }
 }
 
 /// One plugin invocation's environment.

@@ -10,6 +10,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use calico_cni::datastore::etcd::{EtcdConfig, EtcdDatastore};
+
 const ETCD: &str = "/usr/bin/etcd";
 const ETCDCTL: &str = "/usr/bin/etcdctl";
 const START_TIMEOUT: Duration = Duration::from_secs(20);
@@ -22,6 +24,17 @@ pub struct TlsFiles {
     pub ca: String,
     pub cert: String,
     pub key: String,
+}
+
+/// Our etcd backend on `endpoint`, each call bounded by `timeout`.
+pub async fn connect(endpoint: &str, timeout: Duration) -> EtcdDatastore {
+    EtcdDatastore::connect(&EtcdConfig {
+        endpoints: vec![endpoint.to_string()],
+        timeout,
+        ..Default::default()
+    })
+    .await
+    .unwrap()
 }
 
 /// A running etcd.

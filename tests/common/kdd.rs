@@ -7,13 +7,12 @@
 
 use serde_json::{json, Value};
 
-use super::cni::{run_plugin, Bin, Invocation, Outcome, TempDir};
+use super::cni::{Bin, Invocation, Outcome, TempDir};
 use super::kube_api::KubeApi;
 use super::netns::HostNetns;
-use super::world::merge;
+use super::world::{merge, netconf};
+pub use super::world::{NODE, POOL_CIDR};
 
-pub const NODE: &str = "node1";
-pub const POOL_CIDR: &str = "10.65.0.0/16";
 pub const CRD: &str = "/apis/crd.projectcalico.org/v1";
 
 pub struct KddWorld {
@@ -83,42 +82,24 @@ impl KddWorld {
 
     /// The NetConf for the Kubernetes datastore with policy type k8s, `extra` merged in.
     pub fn conf(&self, extra: Value) -> String {
-        let mut base = json!({
-            "cniVersion": "1.0.0",
-            "name": "k8s-pod-network",
-            "type": "calico",
-            "datastore_type": "kubernetes",
-            "nodename": NODE,
-            "nodename_file_optional": true,
-            "log_level": "debug",
-            "log_file_path": self.scratch.path().join("cni.log").display().to_string(),
-            "ipam_lock_file": self.scratch.path().join("ipam.lock").display().to_string(),
-            "ipam": {"type": "calico-ipam"},
-            "policy": {"type": "k8s"},
-            "kubernetes": {"kubeconfig": self.api.kubeconfig().display().to_string()},
-        });
-        merge(&mut base, extra);
-        base.to_string()
+        netconf(
+            "k8s-pod-network",
+            self.scratch.path(),
+            json!({
+                "datastore_type": "kubernetes",
+                "policy": {"type": "k8s"},
+                "kubernetes": {"kubeconfig": self.api.kubeconfig().display().to_string()},
+            }),
+            extra,
+        )
     }
 
     pub fn calico(&self, inv: &Invocation, conf: &str) -> Outcome {
-        run_plugin(
-            &self.bin.plugin("calico"),
-            &self.bin.path(),
-            Some(self.host.name()),
-            inv,
-            conf,
-        )
+        self.bin.run("calico", self.host.name(), inv, conf)
     }
 
     pub fn ipam(&self, inv: &Invocation, conf: &str) -> Outcome {
-        run_plugin(
-            &self.bin.plugin("calico-ipam"),
-            &self.bin.path(),
-            Some(self.host.name()),
-            inv,
-            conf,
-        )
+        self.bin.run("calico-ipam", self.host.name(), inv, conf)
     }
 
     pub fn host_sh(&self, cmd: &str) -> String {

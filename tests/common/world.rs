@@ -3,9 +3,11 @@
 //! calico/node would leave it (ClusterInformation ready, this Node, an IPPool), a CNI_PATH
 //! with our binary, and helpers to run `calico`/`calico-ipam` as kubelet would.
 
+use std::path::Path;
+
 use serde_json::{json, Value};
 
-use super::cni::{run_plugin, Bin, Invocation, Outcome, TempDir};
+use super::cni::{Bin, Invocation, Outcome, TempDir};
 use super::etcd::EtcdServer;
 use super::netns::{HostNetns, Netns};
 
@@ -80,40 +82,20 @@ impl World {
     /// The base NetConf for this world, with `extra` merged in at the top level (and into
     /// `ipam` when `extra.ipam` is an object).
     pub fn conf(&self, extra: Value) -> String {
-        let mut base = json!({
-            "cniVersion": "1.0.0",
-            "name": "net1",
-            "type": "calico",
-            "etcd_endpoints": self.etcd.endpoint(),
-            "nodename": NODE,
-            "nodename_file_optional": true,
-            "log_level": "debug",
-            "log_file_path": self.scratch.path().join("cni.log").display().to_string(),
-            "ipam_lock_file": self.scratch.path().join("ipam.lock").display().to_string(),
-            "ipam": {"type": "calico-ipam"},
-        });
-        merge(&mut base, extra);
-        base.to_string()
+        netconf(
+            "net1",
+            self.scratch.path(),
+            json!({"etcd_endpoints": self.etcd.endpoint()}),
+            extra,
+        )
     }
 
     pub fn calico(&self, inv: &Invocation, conf: &str) -> Outcome {
-        run_plugin(
-            &self.bin.plugin("calico"),
-            &self.bin.path(),
-            Some(self.host.name()),
-            inv,
-            conf,
-        )
+        self.bin.run("calico", self.host.name(), inv, conf)
     }
 
     pub fn ipam(&self, inv: &Invocation, conf: &str) -> Outcome {
-        run_plugin(
-            &self.bin.plugin("calico-ipam"),
-            &self.bin.path(),
-            Some(self.host.name()),
-            inv,
-            conf,
-        )
+        self.bin.run("calico-ipam", self.host.name(), inv, conf)
     }
 
     /// A fresh pod network namespace.
@@ -159,6 +141,25 @@ impl World {
     pub fn get(&self, key: &str) -> Value {
         self.etcd.get_json(key)
     }
+}
+
+/// A NetConf for network `name` on node `node1` with calico-ipam, logging and the IPAM lock
+/// in `scratch`, then the `datastore` fields and last `extra` merged in (see [`merge`]).
+pub fn netconf(name: &str, scratch: &Path, datastore: Value, extra: Value) -> String {
+    let mut base = json!({
+        "cniVersion": "1.0.0",
+        "name": name,
+        "type": "calico",
+        "nodename": NODE,
+        "nodename_file_optional": true,
+        "log_level": "debug",
+        "log_file_path": scratch.join("cni.log").display().to_string(),
+        "ipam_lock_file": scratch.join("ipam.lock").display().to_string(),
+        "ipam": {"type": "calico-ipam"},
+    });
+    merge(&mut base, datastore);
+    merge(&mut base, extra);
+    base.to_string()
 }
 
 /// Merges `extra` into `base`: objects recursively, `null` removes a key.
