@@ -15,7 +15,8 @@ use super::transport::OneConnection;
 use crate::datastore::DatastoreError;
 
 /// How to reach the API server: a kubeconfig file, and client-go's overrides on top of it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Its `Debug` never shows the token.
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct KubeSettings {
     pub kubeconfig: String,
     /// Overrides the kubeconfig's server (`https://host:port`).
@@ -26,6 +27,28 @@ pub struct KubeSettings {
     pub key_file: String,
     pub insecure_skip_tls_verify: bool,
     pub context: String,
+}
+
+impl std::fmt::Debug for KubeSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeSettings")
+            .field("kubeconfig", &self.kubeconfig)
+            .field("server", &self.server)
+            .field(
+                "token",
+                &if self.token.is_empty() {
+                    ""
+                } else {
+                    "<redacted>"
+                },
+            )
+            .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
+            .field("insecure_skip_tls_verify", &self.insecure_skip_tls_verify)
+            .field("context", &self.context)
+            .finish()
+    }
 }
 
 impl KubeSettings {
@@ -275,6 +298,15 @@ impl KubeClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_never_shows_the_token() {
+        let s = KubeSettings {
+            token: "s3cr3t".into(),
+            ..Default::default()
+        };
+        assert!(!format!("{s:?}").contains("s3cr3t"));
+    }
 
     #[test]
     fn server_addresses() {
