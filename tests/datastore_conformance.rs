@@ -13,11 +13,11 @@ use calico_cni::datastore::kubernetes::client::{KubeClient, KubeSettings};
 use calico_cni::datastore::kubernetes::crd::Group;
 use calico_cni::datastore::kubernetes::KubeDatastore;
 use calico_cni::datastore::memory::MemoryDatastore;
-use calico_cni::datastore::{Datastore, Key};
+use calico_cni::datastore::{Datastore, Key, ListKind};
 use common::conformance;
 use common::etcd::EtcdServer;
 use common::kube_api::KubeApi;
-use serde_json::json;
+use serde_json::{json, Value};
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
@@ -259,4 +259,77 @@ fn the_suite_notices_a_broken_backend() {
             "{bug:?} went unnoticed by {check}: failed {failed:?}"
         );
     }
+}
+
+/// The Kubernetes backend's soft delete, as upstream's: a PUT with `deleted` set at the
+/// caller's revision, then a DELETE with the object's UID as precondition; and an object left
+/// soft-deleted by a client that died between the two is NotFound to a Get, which finishes
+/// the delete, and is not listed among a host's affinities.
+#[test]
+fn kdd_soft_delete_and_a_leftover_one() {
+    let api = KubeApi::start();
+    let group = Group::default();
+    rt().block_on(async {
+        let client = KubeClient::new(
+            &KubeSettings {
+                kubeconfig: api.kubeconfig().display().to_string(),
+                ..Default::default()
+            },
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+        let ds = KubeDatastore::new(Arc::new(client), group.clone());
+        let handle = Key::Handle {
+            id: "k8s-pod-network.Soft".into(),
+        };
+        let rev = ds
+            .create(
+                &handle,
+                &json!({"block": {"10.0.0.0/26": 1}, "deleted": false}),
+            )
+            .await
+            .unwrap();
+        api.clear_requests();
+        ds.delete(&handle, Some(&rev)).await.unwrap();
+        let reqs = api.requests();
+        let path = group.object("ipamhandles", "k8s-pod-network.soft");
+        assert_eq!(
+            reqs.iter()
+                .map(|r| format!("{} {}", r.method, r.path))
+                .collect::<Vec<_>>(),
+            vec![format!("PUT {path}"), format!("DELETE {path}")]
+        );
+        let put: Value = serde_json::from_str(&reqs[0].body).unwrap();
+        assert_eq!(put["spec"]["deleted"], true);
+        assert_eq!(put["metadata"]["resourceVersion"], rev.as_str());
+        let del: Value = serde_json::from_str(&reqs[1].body).unwrap();
+        assert!(del["preconditions"]["uid"]
+            .as_str()
+            .is_some_and(|u| !u.is_empty()));
+        assert!(api.get(&path).is_none());
+
+        // A leftover: an affinity another client marked deleted and never removed.
+        let cidr: calico_cni::net::IpNet = "10.1.0.0/26".parse().unwrap();
+        let aff = Key::host_affinity("node-x", cidr);
+        ds.create(&aff, &json!({"state": "confirmed", "deleted": false}))
+            .await
+            .unwrap();
+        let aff_path = group.object("blockaffinities", "node-x-10-1-0-0-26");
+        let mut left = api.get(&aff_path).unwrap();
+        left["spec"]["deleted"] = json!("true");
+        api.put(&aff_path, left);
+        let listed = ds
+            .list(&ListKind::Affinities {
+                host: "node-x".into(),
+                affinity_type: "host".into(),
+                version: Some(4),
+            })
+            .await
+            .unwrap();
+        assert!(listed.is_empty(), "{listed:?}");
+        let e = ds.get(&aff).await.unwrap_err();
+        assert!(e.is_not_found(), "{e}");
+        assert!(api.get(&aff_path).is_none(), "the Get finished the delete");
+    });
 }
