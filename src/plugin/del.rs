@@ -30,6 +30,18 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
         }
     };
     let ipam_type = &call.conf.ipam.ipam_type;
+    // The kernel's part, removing the pod's interface (one RTM_DELLINK whose teardown takes
+    // ~15 ms), runs on its own thread while the datastore is read and written; every path
+    // waits for it before returning. With k8s, the addresses are still released only once the
+    // interface is gone (a new pod cannot get one while the old host route exists). It starts
+    // before the ready gate: a DEL refused by the gate has still removed the interface of a
+    // sandbox that is going away, and its retry finds nothing to remove.
+    let dataplane = call.conf.check_dataplane();
+    let teardown = dataplane.is_ok().then(|| {
+        let (netns, ifname) = (args.netns.clone(), args.ifname.clone());
+        tokio::task::spawn_blocking(move || dataplane::clean_up_namespace(&netns, &ifname))
+    });
+    let mut teardown = Teardown(teardown);
     // The ready gate and (k8s) the endpoint's first read are independent reads: one round
     // trip. Nothing is written before the gate has passed.
     let k8s_name = name.as_deref().filter(|_| ids.is_k8s());
@@ -39,14 +51,24 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
             None => None,
         }
     });
-    ready?;
+    if let Err(e) = ready {
+        teardown.finish().await.ok();
+        return Err(e);
+    }
 
     if ids.is_k8s() {
-        call.conf.check_dataplane()?;
-        if let (Some(name), Some(first)) = (k8s_name, first_read) {
-            delete_k8s_endpoint(&call.ds, &ids.namespace, name, &ids.container_id, first).await?;
+        if let Err(e) = dataplane {
+            return Err(e.into());
         }
-        dataplane::clean_up_namespace(&args.netns, &args.ifname)?;
+        if let (Some(name), Some(first)) = (k8s_name, first_read) {
+            let deleted =
+                delete_k8s_endpoint(&call.ds, &ids.namespace, name, &ids.container_id, first).await;
+            if let Err(e) = deleted {
+                teardown.finish().await.ok();
+                return Err(e);
+            }
+        }
+        teardown.finish().await?;
         ipam_exec::exec_del(&call.ds, ipam_type, args).await?;
         return Ok(());
     }
@@ -66,12 +88,35 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
             Err(e) if e.is_not_found() => {
                 info!(name, "Endpoint object does not exist, no need to clean up.")
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => {
+                teardown.finish().await.ok();
+                return Err(e.into());
+            }
         }
     }
-    call.conf.check_dataplane()?;
-    dataplane::clean_up_namespace(&args.netns, &args.ifname)?;
+    dataplane?;
+    teardown.finish().await?;
     ipam_result
+}
+
+/// The pod interface's removal, running on a blocking thread.
+struct Teardown(
+    Option<tokio::task::JoinHandle<std::result::Result<(), crate::dataplane::DataplaneError>>>,
+);
+
+impl Teardown {
+    /// Waits for the removal (once) and gives its outcome.
+    async fn finish(&mut self) -> Result<()> {
+        match self.0.take() {
+            None => Ok(()),
+            Some(handle) => match handle.await {
+                Ok(r) => Ok(r?),
+                Err(e) => Err(Error::msg(format!(
+                    "removing the pod interface failed: {e}"
+                ))),
+            },
+        }
+    }
 }
 
 type EndpointRead = std::result::Result<WorkloadEndpoint, DatastoreError>;
