@@ -277,14 +277,16 @@ impl KubeDatastore {
         }
         let resp = self.client.get(&path).await?;
         if !resp.ok() {
-            return Err(api_error(
-                &Key::Resource {
-                    kind: Kind::IpPool,
-                    namespace: None,
-                    name: plural.to_string(),
+            // A list names no key: the collection stands in for it.
+            let status = resp.status_object();
+            return Err(match resp.status {
+                404 => DatastoreError::NotFound {
+                    key: format!("{}({plural})", self.group.api_version),
+                    cause: status.message,
                 },
-                &resp,
-            ));
+                401 | 403 => DatastoreError::Unauthorized(status.message),
+                _ => DatastoreError::Other(status.message),
+            });
         }
         let list = resp.json()?;
         Ok(list
