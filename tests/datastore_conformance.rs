@@ -54,6 +54,18 @@ fn etcd_conforms() {
 
 /// The Kubernetes backend against the test API server, its CRDs under `group` (None: the
 /// default `crd.projectcalico.org/v1`): the suite twice, then no Calico object left.
+/// The Kubernetes backend on the test server, through its kubeconfig.
+async fn kdd_store(api: &KubeApi, group: Group) -> KubeDatastore {
+    let settings = KubeSettings {
+        kubeconfig: api.kubeconfig().display().to_string(),
+        ..Default::default()
+    };
+    let client = KubeClient::new(&settings, Duration::from_secs(5))
+        .await
+        .expect("a client for the test API server");
+    KubeDatastore::new(Arc::new(client), group)
+}
+
 fn kdd_conforms_with(group: Option<&str>) {
     let api = match group {
         Some(g) => KubeApi::start_with_group(g),
@@ -61,16 +73,7 @@ fn kdd_conforms_with(group: Option<&str>) {
     };
     let group = group.map(Group::new).unwrap_or_default();
     rt().block_on(async {
-        let client = KubeClient::new(
-            &KubeSettings {
-                kubeconfig: api.kubeconfig().display().to_string(),
-                ..Default::default()
-            },
-            Duration::from_secs(5),
-        )
-        .await
-        .unwrap();
-        let ds = KubeDatastore::new(Arc::new(client), group.clone());
+        let ds = kdd_store(&api, group.clone()).await;
         conformance::run_all(&ds).await;
         conformance::run_all(&ds).await;
     });
@@ -122,19 +125,10 @@ fn kdd_conforms_with_the_v3_api_group() {
 fn kdd_delete_after_another_clients_write() {
     let api = KubeApi::start();
     rt().block_on(async {
-        let connect = || async {
-            let client = KubeClient::new(
-                &KubeSettings {
-                    kubeconfig: api.kubeconfig().display().to_string(),
-                    ..Default::default()
-                },
-                Duration::from_secs(5),
-            )
-            .await
-            .unwrap();
-            KubeDatastore::new(Arc::new(client), Group::default())
-        };
-        let (mine, other) = (connect().await, connect().await);
+        let (mine, other) = (
+            kdd_store(&api, Group::default()).await,
+            kdd_store(&api, Group::default()).await,
+        );
         let key = Key::Handle {
             id: "conf-delete-after-other".into(),
         };
@@ -270,16 +264,7 @@ fn kdd_soft_delete_and_a_leftover_one() {
     let api = KubeApi::start();
     let group = Group::default();
     rt().block_on(async {
-        let client = KubeClient::new(
-            &KubeSettings {
-                kubeconfig: api.kubeconfig().display().to_string(),
-                ..Default::default()
-            },
-            Duration::from_secs(5),
-        )
-        .await
-        .unwrap();
-        let ds = KubeDatastore::new(Arc::new(client), group.clone());
+        let ds = kdd_store(&api, group.clone()).await;
         let handle = Key::Handle {
             id: "k8s-pod-network.Soft".into(),
         };

@@ -149,6 +149,11 @@ impl State {
         if self.objects.contains_key(&path) {
             return Err(DatastoreError::AlreadyExists(key.describe()));
         }
+        Ok(self.store(path, bytes))
+    }
+
+    /// Writes `bytes` at `path` at a new revision, which it returns.
+    fn store(&mut self, path: String, bytes: Vec<u8>) -> Revision {
         let mod_revision = self.bump();
         self.objects.insert(
             path,
@@ -157,7 +162,7 @@ impl State {
                 mod_revision,
             },
         );
-        Ok(mod_revision.to_string())
+        mod_revision.to_string()
     }
 
     /// The compare step of a CAS: `NotFound` when absent, `Conflict` when moved.
@@ -179,15 +184,7 @@ impl State {
     ) -> Result<Revision, DatastoreError> {
         let path = key_path(key);
         self.compare(key, &path, Some(rev))?;
-        let mod_revision = self.bump();
-        self.objects.insert(
-            path,
-            Entry {
-                bytes,
-                mod_revision,
-            },
-        );
-        Ok(mod_revision.to_string())
+        Ok(self.store(path, bytes))
     }
 
     fn apply_delete(&mut self, key: &Key, rev: Option<i64>) -> Result<Revision, DatastoreError> {
