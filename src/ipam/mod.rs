@@ -2,8 +2,10 @@
 
 pub mod allocator;
 pub mod block;
+pub mod gc;
 pub mod lock;
 pub mod plugin;
 pub mod randwalk;
 pub mod selector;
 pub mod upgrade;
+pub mod verify;

@@ -3,6 +3,7 @@
 //! prints the result or the error JSON. See anchors.md §3.3.
 
 pub mod args;
+pub mod attachments;
 pub mod error;
 pub mod result;
 pub mod version;
