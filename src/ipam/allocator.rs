@@ -13,7 +13,9 @@
 //! - `config`: IPAMConfig (`ipam.go`'s `GetIPAMConfig`),
 //! - `handle`: IPAM handle counts (`ipam_handle.go`),
 //! - `pools`: which pools a request may use (`pools.go`, `determinePools`),
-//! - `release`: ReleaseIPs, ReleaseByHandle, affinity release (`ipam.go`).
+//! - `release`: ReleaseIPs, ReleaseByHandle, affinity release (`ipam.go`),
+//! - `gc`: CNI 1.1 GC of this node's handles of containers that are gone (no upstream
+//!   counterpart in the CNI; kube-controllers' IPAM GC does the cluster-wide part).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -25,6 +27,7 @@ use crate::net::IpNet;
 mod assign;
 mod claim;
 mod config;
+pub mod gc;
 mod handle;
 mod pools;
 mod release;

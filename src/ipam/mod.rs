@@ -2,7 +2,6 @@
 
 pub mod allocator;
 pub mod block;
-pub mod gc;
 pub mod lock;
 pub mod plugin;
 pub mod randwalk;

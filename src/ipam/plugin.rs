@@ -2,7 +2,7 @@
 //! or AssignIP for `IP=` in CNI_ARGS) to the handle `<network>.<containerID>`; DEL releases
 //! that handle and the legacy one; CHECK verifies the handle still holds the previous
 //! result's addresses; STATUS is Calico's readiness; GC releases this node's handles of
-//! containers that are gone (`ipam::gc`).
+//! containers that are gone (`ipam::allocator::gc`).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -426,7 +426,7 @@ async fn cmd_gc(args: &CmdArgs) -> Result<()> {
     let ds = client::connect(&conf).await?;
     crate::plugin::check_datastore_ready(&ds).await?;
     let node = conf.node_name();
-    let handles = crate::ipam::gc::node_handles(&ds, &node, &conf.name).await?;
+    let handles = crate::ipam::allocator::gc::node_handles(&ds, &node, &conf.name).await?;
     let cids = crate::skel::attachments::container_ids(&valid);
     let outcome = gc_with(&ds, &conf, &node, &handles, &cids).await;
     if outcome.failures.is_empty() {
@@ -445,9 +445,9 @@ pub async fn gc_with<D: Datastore>(
     ds: &D,
     conf: &NetConf,
     node: &str,
-    handles: &crate::ipam::gc::NodeHandles,
+    handles: &crate::ipam::allocator::gc::NodeHandles,
     valid: &std::collections::BTreeSet<String>,
-) -> crate::ipam::gc::GcOutcome {
+) -> crate::ipam::allocator::gc::GcOutcome {
     let _lock = IpamLock::acquire(conf.ipam_lock_file());
-    crate::ipam::gc::release_stale(ds, node, handles, valid).await
+    crate::ipam::allocator::gc::release_stale(ds, node, handles, valid).await
 }

@@ -16,7 +16,7 @@ use crate::datastore::resources::{delete_resource, list_resources};
 use crate::datastore::{Datastore, Kind, ListKind};
 use crate::error::{Error, Result};
 use crate::identifiers::ORCH_K8S;
-use crate::ipam::gc::{node_handles, NodeHandles};
+use crate::ipam::allocator::gc::{node_handles, NodeHandles};
 use crate::plugin::{check_datastore_ready, ipam_exec, load};
 use crate::skel::attachments::{self, Attachment};
 use crate::skel::{CmdArgs, CniError};

@@ -15,7 +15,7 @@ use tracing::{info, warn};
 
 use crate::datastore::model::AllocationBlock;
 use crate::datastore::{Datastore, ListKind};
-use crate::ipam::allocator::{Ipam, IpamError};
+use super::{Ipam, IpamError};
 
 /// Handle-name prefixes of addresses calico/node assigns to tunnel devices.
 const TUNNEL_HANDLE_PREFIXES: &[&str] = &[
