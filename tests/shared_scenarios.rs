@@ -17,32 +17,6 @@ use common::netns::{ping_available, require_root};
 use common::world::{sysctl, World, NODE};
 use serde_json::{json, Value};
 
-/// Each scenario as `etcd::<name>` and `kdd::<name>`; attributes after `kdd:` apply to the
-/// Kubernetes-datastore test only (an `#[ignore]` with the reason while the plugin is wrong).
-macro_rules! on_both_backends {
-    ($($(kdd: #[$kdd:meta])* $name:ident),* $(,)?) => {
-        mod etcd {
-            $(
-                #[test]
-                fn $name() {
-                    super::require_root();
-                    super::$name(&super::World::new());
-                }
-            )*
-        }
-        mod kdd {
-            $(
-                #[test]
-                $(#[$kdd])*
-                fn $name() {
-                    super::require_root();
-                    super::$name(&super::KddWorld::new());
-                }
-            )*
-        }
-    };
-}
-
 on_both_backends!(
     add_and_del_with_calico_ipam,
     two_pods_ping_each_other,

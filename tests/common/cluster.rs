@@ -27,6 +27,35 @@ pub struct Allocation {
     pub handle: String,
 }
 
+/// Each scenario (a `fn name(c: &impl Cluster)` in the invoking file, which imports
+/// `World`, `KddWorld` and `require_root`) as `etcd::<name>` and `kdd::<name>`; attributes
+/// after `kdd:` apply to the Kubernetes-datastore test only (an `#[ignore]` with the reason
+/// while the plugin is wrong).
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($(kdd: #[$kdd:meta])* $name:ident),* $(,)?) => {
+        mod etcd {
+            $(
+                #[test]
+                fn $name() {
+                    super::require_root();
+                    super::$name(&super::World::new());
+                }
+            )*
+        }
+        mod kdd {
+            $(
+                #[test]
+                $(#[$kdd])*
+                fn $name() {
+                    super::require_root();
+                    super::$name(&super::KddWorld::new());
+                }
+            )*
+        }
+    };
+}
+
 /// A test cluster of one node (`node1`) on some datastore.
 pub trait Cluster {
     /// "etcd" or "kdd", for messages.
@@ -85,6 +114,17 @@ pub trait Cluster {
     fn endpoint_container_id(&self, ns: &str, pod: &str) -> Option<String>;
     /// Nothing of any pod is left, in the datastore or in the host netns.
     fn assert_clean(&self);
+    /// Removes pod `ns/pod`'s endpoint behind the plugin's back: the WorkloadEndpoint on
+    /// etcd, the pod itself on the Kubernetes datastore.
+    fn remove_endpoint(&self, ns: &str, pod: &str);
+    /// Makes another node exist (etcd needs its Calico Node for IPAM; the Kubernetes
+    /// datastore reads core Nodes only for labels).
+    fn seed_other_node(&self, name: &str);
+    /// Removes an IPAM handle object behind the plugin's back.
+    fn remove_handle(&self, id: &str);
+    /// Allocates the first free address of the first block to a tunnel-address handle
+    /// `ipip-tunnel-addr-<node>` for `node`, as calico/node does; returns the handle ID.
+    fn seed_tunnel_address(&self, node: &str) -> String;
 
     /// The addresses allocated across all blocks, sorted.
     fn allocated(&self) -> Vec<Allocation> {
@@ -257,6 +297,56 @@ impl Cluster for World {
         World::assert_clean(self);
         assert_host_dataplane_clean(self);
     }
+    fn remove_endpoint(&self, ns: &str, pod: &str) {
+        for (key, v) in self.etcd.get_prefix(&format!("{WEP_PREFIX}{ns}/")) {
+            let wep: Value = serde_json::from_str(&v).unwrap();
+            if wep["spec"]["pod"] == pod {
+                self.etcd.etcdctl(&["del", &key]);
+            }
+        }
+    }
+    fn seed_other_node(&self, name: &str) {
+        self.seed_node(name);
+    }
+    fn remove_handle(&self, id: &str) {
+        self.etcd
+            .etcdctl(&["del", &format!("/calico/ipam/v2/handle/{id}")]);
+    }
+    fn seed_tunnel_address(&self, node: &str) -> String {
+        let handle = format!("ipip-tunnel-addr-{node}");
+        let (key, raw) = self
+            .etcd
+            .get_prefix("/calico/ipam/v2/assignment/")
+            .into_iter()
+            .next()
+            .expect("a block");
+        let mut block: Value = serde_json::from_str(&raw).unwrap();
+        let cidr = allocate_first_free(&mut block, &handle, node);
+        self.etcd.put(&key, &block.to_string());
+        self.etcd.put(
+            &format!("/calico/ipam/v2/handle/{handle}"),
+            &json!({"block": {cidr: 1}, "deleted": false}).to_string(),
+        );
+        handle
+    }
+}
+
+/// Gives the first free ordinal of a stored block to `handle` (calico/node's tunnel address
+/// attributes); returns the block's CIDR.
+fn allocate_first_free(block: &mut Value, handle: &str, node: &str) -> String {
+    let ordinal = block["unallocated"]
+        .as_array_mut()
+        .expect("unallocated")
+        .remove(0)
+        .as_u64()
+        .unwrap() as usize;
+    let attrs = block["attributes"].as_array_mut().expect("attributes");
+    attrs.push(
+        json!({"handle_id": handle, "secondary": {"node": node, "type": "ipipTunnelAddress"}}),
+    );
+    let index = attrs.len() - 1;
+    block["allocations"][ordinal] = json!(index);
+    block["cidr"].as_str().unwrap().to_string()
 }
 
 /// (node, block CIDR) of an etcd affinity key, `/calico/ipam/v2/host/<node>/ipv4/block/<a.b.c.d-26>`.
@@ -396,5 +486,33 @@ impl Cluster for KddWorld {
             assert!(ip.is_null() || ip == "", "pod still has an address: {p}");
         }
         assert_host_dataplane_clean(self);
+    }
+    fn remove_endpoint(&self, ns: &str, pod: &str) {
+        self.api
+            .remove(&format!("/api/v1/namespaces/{ns}/pods/{pod}"));
+    }
+    fn seed_other_node(&self, name: &str) {
+        self.api.put(
+            &format!("/api/v1/nodes/{name}"),
+            json!({"apiVersion":"v1","kind":"Node","metadata":{"name": name}}),
+        );
+    }
+    fn remove_handle(&self, id: &str) {
+        self.api
+            .remove(&format!("{CRD}/ipamhandles/{}", id.to_lowercase()));
+    }
+    fn seed_tunnel_address(&self, node: &str) -> String {
+        let handle = format!("ipip-tunnel-addr-{node}");
+        let mut cr = self.crs("ipamblocks").into_iter().next().expect("a block");
+        let cidr = allocate_first_free(&mut cr["spec"], &handle, node);
+        let name = cr["metadata"]["name"].as_str().unwrap().to_string();
+        self.api.put(&format!("{CRD}/ipamblocks/{name}"), cr);
+        self.api.put(
+            &format!("{CRD}/ipamhandles/{handle}"),
+            json!({"apiVersion":"crd.projectcalico.org/v1","kind":"IPAMHandle",
+                "metadata":{"name": handle},
+                "spec":{"handleID": handle, "block": {cidr: 1}, "deleted": false}}),
+        );
+        handle
     }
 }

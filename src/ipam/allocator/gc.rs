@@ -10,12 +10,13 @@
 //! nodes, other networks, the legacy (pre-v3) handles and tunnel addresses are never touched.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 
 use tracing::{info, warn};
 
+use super::{Ipam, IpamError};
 use crate::datastore::model::AllocationBlock;
 use crate::datastore::{Datastore, ListKind};
-use super::{Ipam, IpamError};
 
 /// Handle-name prefixes of addresses calico/node assigns to tunnel devices.
 const TUNNEL_HANDLE_PREFIXES: &[&str] = &[
@@ -32,6 +33,9 @@ pub struct NodeHandles {
     /// Container ID → handle, for every handle of this network with an allocation made for
     /// this node.
     pub by_container: BTreeMap<String, String>,
+    /// Handle → the addresses the blocks record for it (to release a handle whose own
+    /// object is gone, by address).
+    pub addresses: BTreeMap<String, Vec<IpAddr>>,
 }
 
 impl NodeHandles {
@@ -75,8 +79,8 @@ pub async fn node_handles<D: Datastore>(
             }
         };
         let attrs = block.attributes.as_deref().unwrap_or_default();
-        for attr_index in block.allocations.iter().flatten() {
-            let Some(attr) = attrs.get(*attr_index) else {
+        for (ordinal, attr_index) in block.allocations.iter().enumerate() {
+            let Some(attr) = attr_index.and_then(|i| attrs.get(i)) else {
                 continue;
             };
             let (Some(handle), Some(owner)) = (
@@ -90,6 +94,10 @@ pub async fn node_handles<D: Datastore>(
             }
             if let Some(cid) = container_of(handle, network) {
                 out.by_container.insert(cid.to_string(), handle.to_string());
+                out.addresses
+                    .entry(handle.to_string())
+                    .or_default()
+                    .push(block.ip_of(ordinal));
             }
         }
     }
@@ -115,15 +123,23 @@ pub async fn release_stale<D: Datastore>(
     let ipam = Ipam::new(ds, node);
     let mut out = GcOutcome::default();
     for handle in handles.stale(valid) {
-        match ipam.release_by_handle(handle).await {
+        let released = match ipam.release_by_handle(handle).await {
+            // The handle object is gone but the blocks still name it: release by address,
+            // only where a block still records this handle.
+            Err(IpamError::Datastore(e)) if e.is_not_found() => {
+                let ips = handles.addresses.get(handle).map(Vec::as_slice);
+                ipam.release_ips(ips.unwrap_or_default(), Some(handle))
+                    .await
+                    .map(|_| ())
+            }
+            other => other,
+        };
+        match released {
             Ok(()) => {
                 info!(
                     handle,
                     "GC: released the addresses of a container that is gone"
                 );
-                out.released.push(handle.to_string());
-            }
-            Err(IpamError::Datastore(e)) if e.is_not_found() => {
                 out.released.push(handle.to_string());
             }
             Err(e) => {
@@ -164,6 +180,7 @@ mod tests {
                 ("a".to_string(), "n.a".to_string()),
                 ("b".to_string(), "n.b".to_string()),
             ]),
+            ..Default::default()
         };
         let valid = BTreeSet::from(["a".to_string()]);
         assert_eq!(h.stale(&valid).collect::<Vec<_>>(), vec!["n.b"]);
