@@ -341,3 +341,61 @@ fn gc_releases_exactly_the_stale_attachments(c: &impl Cluster) {
     assert_eq!(left.len(), 1, "{left:?}");
     assert_eq!(left[0].handle, tunnel);
 }
+
+/// STATUS is polled by the runtime every few seconds: with etcd frozen (SIGSTOP: the
+/// connection opens, nothing answers) it still answers within its 2 s bound, code 50.
+#[test]
+fn status_with_etcd_frozen_answers_within_its_bound() {
+    require_root();
+    let w = World::new();
+    let conf = w.conf(json!({"cniVersion": "1.1.0"}));
+    let status = runtime_call("STATUS");
+    w.calico(&status, &conf).assert_ok();
+    let pid = w.etcd.pid() as i32;
+    // SAFETY: signals to the etcd child this test started.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let outs = [w.calico(&status, &conf), w.ipam(&status, &conf)];
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    for out in outs {
+        let err = out.assert_err();
+        assert_eq!(err["code"], 50, "{err}");
+        assert!(
+            out.elapsed < Duration::from_secs(3),
+            "STATUS took {:?}",
+            out.elapsed
+        );
+        eprintln!("frozen etcd: STATUS answered {err} after {:?}", out.elapsed);
+    }
+    w.calico(&status, &conf).assert_ok();
+}
+
+/// With host-local, CHECK is also host-local's own CHECK (its allocation on disk).
+#[test]
+fn check_with_host_local_runs_its_check() {
+    require_root();
+    let w = World::new();
+    let data = w.scratch.path().join("hl");
+    let conf = w.conf(
+        json!({"ipam": {"type": "host-local", "subnet": "10.66.0.0/24",
+        "dataDir": data.display().to_string()}}),
+    );
+    let pod = w.pod();
+    let inv = Invocation::new("ADD", "hlcheck", pod.path()).k8s("default", "hl");
+    let result = w.calico(&inv, &conf).assert_ok().json();
+    let mut check_conf: Value = serde_json::from_str(&conf).unwrap();
+    check_conf["prevResult"] = result.clone();
+    let check = Invocation {
+        command: "CHECK".into(),
+        ..inv.clone()
+    };
+    assert_eq!(
+        w.calico(&check, &check_conf.to_string()).assert_ok().stdout,
+        ""
+    );
+    // host-local forgets the address: its CHECK (and so ours) fails.
+    let ip = ip_of(&result);
+    std::fs::remove_file(data.join("net1").join(&ip)).expect("host-local's record");
+    let err = w.calico(&check, &check_conf.to_string()).assert_err();
+    eprintln!("host-local drift: {err}");
+    w.calico(&inv.as_del(), &conf).assert_ok();
+}
