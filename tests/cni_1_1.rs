@@ -399,3 +399,34 @@ fn check_with_host_local_runs_its_check() {
     eprintln!("host-local drift: {err}");
     w.calico(&inv.as_del(), &conf).assert_ok();
 }
+
+/// CHECK of a plain-CNI (not Kubernetes) workload: its endpoint name and default routes.
+#[test]
+fn check_in_cni_mode() {
+    require_root();
+    let w = World::new();
+    let conf = w.conf(json!({"cniVersion": "1.1.0"}));
+    let pod = w.pod();
+    let inv = Invocation::new("ADD", "cnimode1", pod.path());
+    let result = w.calico(&inv, &conf).assert_ok().json();
+    let mut check_conf: Value = serde_json::from_str(&conf).unwrap();
+    check_conf["prevResult"] = result;
+    let check = Invocation {
+        command: "CHECK".into(),
+        ..inv.clone()
+    };
+    assert_eq!(
+        w.calico(&check, &check_conf.to_string()).assert_ok().stdout,
+        ""
+    );
+    for key in w.keys(common::world::WEP_PREFIX) {
+        w.etcd.etcdctl(&["del", &key]);
+    }
+    let err = w.calico(&check, &check_conf.to_string()).assert_err();
+    assert!(
+        err["msg"].as_str().unwrap().contains("does not exist"),
+        "{err}"
+    );
+    w.calico(&inv.as_del(), &conf).assert_ok();
+    w.assert_clean();
+}

@@ -565,6 +565,18 @@ fn dual_stack_pod(c: &impl Cluster) {
         c.endpoint_ips("default", "dual"),
         Some(vec![v4.clone(), v6.clone()])
     );
+    // CHECK agrees (both families: addresses, routes via 169.254.1.1 and via the host
+    // end's link-local, both host routes, the IPv6 sysctls).
+    let mut check_conf: Value = serde_json::from_str(&conf).unwrap();
+    check_conf["prevResult"] = r.clone();
+    let check = Invocation {
+        command: "CHECK".into(),
+        ..inv.clone()
+    };
+    assert_eq!(
+        c.calico(&check, &check_conf.to_string()).assert_ok().stdout,
+        ""
+    );
     // Container: v6 default route via the host end's link-local, DAD off, nothing tentative.
     let routes = pod.sh("ip -6 route show");
     assert!(
