@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
-use common::cni::{Invocation, Outcome};
+use common::cni::{with_prev_result, Invocation, Outcome};
 use common::kdd::KddWorld;
 use common::netns::{require_root, Netns};
 use common::world::{merge, World};
@@ -51,13 +51,7 @@ fn add_pod(c: &impl Cluster, cid: &str, name: &str) -> Added {
 
 /// CHECK as libcni sends it: the config with the cached result as `prevResult`.
 fn check(c: &impl Cluster, a: &Added) -> Outcome {
-    let mut conf: Value = serde_json::from_str(&a.conf).unwrap();
-    conf["prevResult"] = a.result.clone();
-    let inv = Invocation {
-        command: "CHECK".into(),
-        ..a.inv.clone()
-    };
-    c.calico(&inv, &conf.to_string())
+    c.calico(&a.inv.as_check(), &with_prev_result(&a.conf, &a.result))
 }
 
 fn ip_of(result: &Value) -> String {
@@ -105,10 +99,7 @@ fn check_passes_after_add_and_fails_after_del(c: &impl Cluster) {
     let mut old: Value = serde_json::from_str(&a.conf).unwrap();
     old["cniVersion"] = json!("0.3.1");
     old["prevResult"] = a.result.clone();
-    let inv = Invocation {
-        command: "CHECK".into(),
-        ..a.inv.clone()
-    };
+    let inv = a.inv.as_check();
     let err = c.calico(&inv, &old.to_string()).assert_err();
     assert_eq!(
         (err["code"].clone(), err["msg"].clone()),
@@ -382,20 +373,13 @@ fn check_with_host_local_runs_its_check() {
     let pod = w.pod();
     let inv = Invocation::new("ADD", "hlcheck", pod.path()).k8s("default", "hl");
     let result = w.calico(&inv, &conf).assert_ok().json();
-    let mut check_conf: Value = serde_json::from_str(&conf).unwrap();
-    check_conf["prevResult"] = result.clone();
-    let check = Invocation {
-        command: "CHECK".into(),
-        ..inv.clone()
-    };
-    assert_eq!(
-        w.calico(&check, &check_conf.to_string()).assert_ok().stdout,
-        ""
-    );
+    let check_conf = with_prev_result(&conf, &result);
+    let check = inv.as_check();
+    assert_eq!(w.calico(&check, &check_conf).assert_ok().stdout, "");
     // host-local forgets the address: its CHECK (and so ours) fails.
     let ip = ip_of(&result);
     std::fs::remove_file(data.join("net1").join(&ip)).expect("host-local's record");
-    let err = w.calico(&check, &check_conf.to_string()).assert_err();
+    let err = w.calico(&check, &check_conf).assert_err();
     eprintln!("host-local drift: {err}");
     w.calico(&inv.as_del(), &conf).assert_ok();
 }
@@ -409,20 +393,13 @@ fn check_in_cni_mode() {
     let pod = w.pod();
     let inv = Invocation::new("ADD", "cnimode1", pod.path());
     let result = w.calico(&inv, &conf).assert_ok().json();
-    let mut check_conf: Value = serde_json::from_str(&conf).unwrap();
-    check_conf["prevResult"] = result;
-    let check = Invocation {
-        command: "CHECK".into(),
-        ..inv.clone()
-    };
-    assert_eq!(
-        w.calico(&check, &check_conf.to_string()).assert_ok().stdout,
-        ""
-    );
+    let check_conf = with_prev_result(&conf, &result);
+    let check = inv.as_check();
+    assert_eq!(w.calico(&check, &check_conf).assert_ok().stdout, "");
     for key in w.keys(common::world::WEP_PREFIX) {
         w.etcd.etcdctl(&["del", &key]);
     }
-    let err = w.calico(&check, &check_conf.to_string()).assert_err();
+    let err = w.calico(&check, &check_conf).assert_err();
     assert!(
         err["msg"].as_str().unwrap().contains("does not exist"),
         "{err}"

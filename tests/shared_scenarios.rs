@@ -11,7 +11,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::cluster::{Allocation, Cluster, NODE_POD_CIDR_V4, NODE_POD_CIDR_V6};
-use common::cni::{run_plugin, Invocation, Outcome, TempDir};
+use common::cni::{run_plugin, with_prev_result, Invocation, Outcome, TempDir};
 use common::kdd::KddWorld;
 use common::netns::{ping_available, require_root};
 use common::world::{sysctl, World, NODE};
@@ -567,16 +567,8 @@ fn dual_stack_pod(c: &impl Cluster) {
     );
     // CHECK agrees (both families: addresses, routes via 169.254.1.1 and via the host
     // end's link-local, both host routes, the IPv6 sysctls).
-    let mut check_conf: Value = serde_json::from_str(&conf).unwrap();
-    check_conf["prevResult"] = r.clone();
-    let check = Invocation {
-        command: "CHECK".into(),
-        ..inv.clone()
-    };
-    assert_eq!(
-        c.calico(&check, &check_conf.to_string()).assert_ok().stdout,
-        ""
-    );
+    let check = with_prev_result(&conf, &r);
+    assert_eq!(c.calico(&inv.as_check(), &check).assert_ok().stdout, "");
     // Container: v6 default route via the host end's link-local, DAD off, nothing tentative.
     let routes = pod.sh("ip -6 route show");
     assert!(

@@ -38,6 +38,16 @@ pub struct Expected {
     pub host_routes: bool,
 }
 
+impl Expected {
+    /// Whether the result has IPv4 and IPv6 addresses.
+    fn families(&self) -> (bool, bool) {
+        (
+            self.ips.iter().any(IpAddr::is_ipv4),
+            self.ips.iter().any(IpAddr::is_ipv6),
+        )
+    }
+}
+
 type Result<T, E = DataplaneError> = std::result::Result<T, E>;
 
 fn mismatch(msg: impl Into<String>) -> DataplaneError {
@@ -107,18 +117,8 @@ async fn pod_side(h: &Handle, e: &Expected) -> Result<()> {
             )));
         }
     }
-    let has_v4 = e.ips.iter().any(IpAddr::is_ipv4);
-    let has_v6 = e.ips.iter().any(IpAddr::is_ipv6);
-    let v4_routes = if has_v4 {
-        routes(h, true).await?
-    } else {
-        Vec::new()
-    };
-    let v6_routes = if has_v6 {
-        routes(h, false).await?
-    } else {
-        Vec::new()
-    };
+    let (has_v4, has_v6) = e.families();
+    let (v4_routes, v6_routes) = routes_of_families(h, has_v4, has_v6).await?;
     if has_v4 {
         let gw = IpNet::host(IpAddr::V4(IPV4_GATEWAY));
         if !v4_routes.iter().any(|r| r.oif == index && r.dst == gw) {
@@ -180,8 +180,7 @@ async fn host_side(h: &Handle, e: &Expected) -> Result<()> {
     if !link.header.flags.contains(LinkFlags::Up) {
         return Err(mismatch(format!("host veth {hv:?} is down")));
     }
-    let has_v4 = e.ips.iter().any(IpAddr::is_ipv4);
-    let has_v6 = e.ips.iter().any(IpAddr::is_ipv6);
+    let (has_v4, has_v6) = e.families();
     let mut sysctls = Vec::new();
     if has_v4 {
         sysctls.extend([
@@ -210,16 +209,7 @@ async fn host_side(h: &Handle, e: &Expected) -> Result<()> {
         return Ok(());
     }
     let index = link.header.index;
-    let v4 = if has_v4 {
-        routes(h, true).await?
-    } else {
-        Vec::new()
-    };
-    let v6 = if has_v6 {
-        routes(h, false).await?
-    } else {
-        Vec::new()
-    };
+    let (v4, v6) = routes_of_families(h, has_v4, has_v6).await?;
     for ip in &e.ips {
         let dst = IpNet::host(*ip);
         let table = if ip.is_ipv4() { &v4 } else { &v6 };
@@ -271,6 +261,21 @@ struct Route {
     dst: IpNet,
     gateway: Option<IpAddr>,
     oif: u32,
+}
+
+/// The main-table routes of the families asked for (an empty list for the others).
+async fn routes_of_families(h: &Handle, v4: bool, v6: bool) -> Result<(Vec<Route>, Vec<Route>)> {
+    let v4 = if v4 {
+        routes(h, true).await?
+    } else {
+        Vec::new()
+    };
+    let v6 = if v6 {
+        routes(h, false).await?
+    } else {
+        Vec::new()
+    };
+    Ok((v4, v6))
 }
 
 async fn routes(h: &Handle, v4: bool) -> Result<Vec<Route>> {

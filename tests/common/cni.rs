@@ -128,10 +128,26 @@ impl Invocation {
         }
     }
 
+    /// The same invocation as a CHECK (its stdin needs the previous result: see
+    /// [`with_prev_result`]).
+    pub fn as_check(&self) -> Invocation {
+        Invocation {
+            command: "CHECK".into(),
+            ..self.clone()
+        }
+    }
+
     pub fn ifname(mut self, ifname: &str) -> Invocation {
         self.ifname = ifname.into();
         self
     }
+}
+
+/// `conf` with `result` as its `prevResult`, as libcni sends CHECK (and DEL).
+pub fn with_prev_result(conf: &str, result: &serde_json::Value) -> String {
+    let mut v: serde_json::Value = serde_json::from_str(conf).expect("conf is JSON");
+    v["prevResult"] = result.clone();
+    v.to_string()
 }
 
 /// What a plugin run produced.
