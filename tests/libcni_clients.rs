@@ -7,10 +7,8 @@
 //! arguments passed again, as runtimes do), traffic through the mapped host port, then
 //! DelNetworkList leaving nothing behind, and a second DEL succeeding.
 //!
-//! The node has iptables but no ip6tables on the runtime's PATH: Debian's portmap 1.1.1
-//! CHECKs its chain in both the IPv4 and the IPv6 nat table whenever both tools work, so its
-//! CHECK fails for every pod there (containernetworking/plugins#819, fixed in 1.2.0). Without
-//! ip6tables it checks the IPv4 table only, as on an IPv4-only node.
+//! The node has iptables but no ip6tables on the runtime's PATH ([`ipv4_only_path`]: Debian's
+//! portmap 1.1.1 fails every CHECK where ip6tables works).
 
 mod common;
 
@@ -18,11 +16,10 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::examples::{self, Site};
-use common::libcni::{driver_or_skip, Driver, RuntimeEnv};
+use common::libcni::{driver_or_skip, ipv4_only_path, Driver, RuntimeEnv};
 use common::netns::{require_root, Netns, UPLINK_PEER_V4, UPLINK_V4};
 use common::world::{World, WEP_PREFIX};
 use serde_json::{json, Value};
@@ -237,23 +234,6 @@ fn chain_through_libcni(test: &str, version: &str) {
     let out = rt.call("del", &pod);
     assert_eq!(out.code, 0, "second libcni DEL failed: {}", out.stderr);
     assert_nothing_left(&w, &rt.container_id, &ip);
-}
-
-/// A PATH with iptables but without ip6tables (see the module comment), then the usual
-/// directories minus the sbin ones.
-fn ipv4_only_path(scratch: &Path) -> String {
-    let dir = scratch.join("sbin-ipv4-only");
-    std::fs::create_dir_all(&dir).expect("create the PATH dir");
-    for tool in ["iptables", "iptables-save", "iptables-restore"] {
-        let real = Path::new("/usr/sbin").join(tool);
-        assert!(
-            real.exists(),
-            "{} missing (apt-get install iptables)",
-            real.display()
-        );
-        std::os::unix::fs::symlink(&real, dir.join(tool)).expect("symlink iptables");
-    }
-    format!("{}:/usr/local/bin:/usr/bin:/bin", dir.display())
 }
 
 /// The result as libcni returns it at `version`, built along the chain: calico's host veth

@@ -169,3 +169,27 @@ impl Driver {
         serde_json::from_str(&out.stdout).map_err(|e| format!("{e}: {}", out.stdout))
     }
 }
+
+/// A PATH for the runtime with iptables but without ip6tables, made in `scratch`, then
+/// `/usr/local/bin:/usr/bin:/bin`. Debian's portmap 1.1.1 CHECKs a pod's DNAT chain in the
+/// IPv4 *and* the IPv6 nat table whenever both tools work, so its CHECK fails for every pod
+/// (an IPv4 pod has no IPv6 chain; a dual-stack pod's IPv4 rules are not in ip6tables):
+/// containernetworking/plugins#819, fixed in 1.2.0. Without ip6tables it checks the IPv4
+/// table only, as on an IPv4-only node.
+pub fn ipv4_only_path(scratch: &Path) -> String {
+    let dir = scratch.join("sbin-ipv4-only");
+    std::fs::create_dir_all(&dir).expect("create the PATH dir");
+    for tool in ["iptables", "iptables-save", "iptables-restore"] {
+        let real = Path::new("/usr/sbin").join(tool);
+        assert!(
+            real.exists(),
+            "{} missing (apt-get install iptables)",
+            real.display()
+        );
+        let link = dir.join(tool);
+        if !link.exists() {
+            std::os::unix::fs::symlink(&real, &link).expect("symlink iptables");
+        }
+    }
+    format!("{}:/usr/local/bin:/usr/bin:/bin", dir.display())
+}
