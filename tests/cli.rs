@@ -81,13 +81,13 @@ fn version_command_and_about_text() {
         assert_eq!(code, 0);
         assert_eq!(
             out,
-            "{\"cniVersion\":\"1.1.0\",\"supportedVersions\":[\"0.1.0\",\"0.2.0\",\"0.3.0\",\"0.3.1\",\"0.4.0\",\"1.0.0\"]}\n"
+            "{\"cniVersion\":\"1.1.0\",\"supportedVersions\":[\"0.1.0\",\"0.2.0\",\"0.3.0\",\"0.3.1\",\"0.4.0\",\"1.0.0\",\"1.1.0\"]}\n"
         );
         let (code, out, err) = exec(&bin.plugin(name), &[], &[], "");
         assert_eq!((code, out.as_str()), (0, ""));
         assert!(err.starts_with(about), "{err}");
         assert!(err
-            .contains("CNI protocol versions supported: 0.1.0, 0.2.0, 0.3.0, 0.3.1, 0.4.0, 1.0.0"));
+            .contains("CNI protocol versions supported: 0.1.0, 0.2.0, 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0"));
     }
 }
 

@@ -239,7 +239,10 @@ fn two_pods_ping_each_other(c: &impl Cluster) {
 }
 
 fn result_encoding_per_cni_version(c: &impl Cluster) {
-    for (i, version) in ["0.2.0", "0.3.1", "0.4.0", "1.0.0"].iter().enumerate() {
+    for (i, version) in ["0.2.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
+        .iter()
+        .enumerate()
+    {
         let pod = c.pod();
         let conf = c.conf(json!({"cniVersion": version}));
         let inv = k8s_add(

@@ -13,6 +13,7 @@
 //!   written from a further helper thread that joins the host netns;
 //! * every thread that entered the pod netns exits when its work is done.
 
+pub mod check;
 mod nl;
 mod route;
 mod sys;
@@ -134,6 +135,9 @@ pub enum DataplaneError {
     CleanUpLink(String),
     #[error("timed out deleting device in netns {0}")]
     CleanUpTimeout(String),
+    /// CHECK found the kernel different from the previous result (`check.rs`).
+    #[error("CHECK: {0}")]
+    Check(String),
     /// Thread or runtime failures that have no upstream counterpart.
     #[error("{0}")]
     Internal(String),

@@ -10,8 +10,11 @@ use std::net::IpAddr;
 
 use serde_json::json;
 
+use super::release::parse_affinity;
 use super::*;
 use crate::datastore::memory::{Fault, FaultRule, KeyClass, MemoryDatastore, WriteOp};
+use crate::datastore::model::{AllocationBlock, IpamHandle};
+use crate::datastore::{to_value, Key, Kind};
 
 const POOL: &str = "10.80.0.0/29";
 

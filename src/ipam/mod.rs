@@ -7,3 +7,4 @@ pub mod plugin;
 pub mod randwalk;
 pub mod selector;
 pub mod upgrade;
+pub mod verify;

@@ -1,6 +1,8 @@
 //! The `calico-ipam` plugin (cni-plugin/pkg/ipamplugin): ADD assigns addresses (AutoAssign,
 //! or AssignIP for `IP=` in CNI_ARGS) to the handle `<network>.<containerID>`; DEL releases
-//! that handle and the legacy one; CHECK succeeds silently.
+//! that handle and the legacy one; CHECK verifies the handle still holds the previous
+//! result's addresses; STATUS is Calico's readiness; GC releases this node's handles of
+//! containers that are gone (`ipam::allocator::gc`).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -50,8 +52,29 @@ impl Plugin for IpamPlugin {
             .map_err(CniError::from)
     }
 
-    fn check(&self, _args: &CmdArgs) -> Result<(), CniError> {
-        Ok(())
+    /// Upstream has no IPAM CHECK (success); ours verifies the handle holds the previous
+    /// result's addresses.
+    fn check(&self, args: &CmdArgs) -> Result<(), CniError> {
+        client::block_on(cmd_check(args))
+            .and_then(|r| r)
+            .map_err(CniError::from)
+    }
+
+    fn status(&self, args: &CmdArgs) -> Result<(), CniError> {
+        client::block_on(async {
+            let conf = load(args)?;
+            crate::plugin::status::calico_ready(&conf, false)
+                .await
+                .map_err(Error::from)
+        })
+        .and_then(|r| r)
+        .map_err(CniError::from)
+    }
+
+    fn gc(&self, args: &CmdArgs) -> Result<(), CniError> {
+        client::block_on(cmd_gc(args))
+            .and_then(|r| r)
+            .map_err(CniError::from)
     }
 }
 
@@ -372,4 +395,59 @@ async fn resolve_pools<D: Datastore>(
         out.push(cidr);
     }
     Ok(out)
+}
+
+/// CHECK: the handle `<network>.<containerID>` holds every address of the previous result.
+async fn cmd_check(args: &CmdArgs) -> Result<()> {
+    let conf = load(args)?;
+    let prev = crate::plugin::check::prev_result(&args.stdin_data)?;
+    let ds = client::connect(&conf).await?;
+    let call = identify(args, conf, false)?;
+    check_with(&ds, &call.conf.name, &call.ids, &prev).await
+}
+
+/// The IPAM half of CHECK, shared with `calico`'s in-process path.
+pub async fn check_with<D: Datastore>(
+    ds: &D,
+    network: &str,
+    ids: &WepIdentifiers,
+    prev: &CniResult,
+) -> Result<()> {
+    let ips: Vec<IpAddr> = prev.ips.iter().map(|i| i.address.addr).collect();
+    crate::ipam::verify::handle_holds(ds, &ids.handle_id(network), &ips)
+        .await
+        .map_err(|e| Error::msg(format!("CHECK: {e}")))
+}
+
+/// GC: this node's stale handles of this network, released under the IPAM lock.
+async fn cmd_gc(args: &CmdArgs) -> Result<()> {
+    let valid = crate::skel::attachments::valid_attachments(&args.stdin_data)?;
+    let conf = load(args)?;
+    let ds = client::connect(&conf).await?;
+    crate::plugin::check_datastore_ready(&ds).await?;
+    let node = conf.node_name();
+    let handles = crate::ipam::allocator::gc::node_handles(&ds, &node, &conf.name).await?;
+    let cids = crate::skel::attachments::container_ids(&valid);
+    let outcome = gc_with(&ds, &conf, &node, &handles, &cids).await;
+    if outcome.failures.is_empty() {
+        return Ok(());
+    }
+    Err(Error::msg(format!(
+        "GC of network {} on node {node} failed for {} handle(s): {}",
+        conf.name,
+        outcome.failures.len(),
+        outcome.failures.join("; ")
+    )))
+}
+
+/// Releases the stale handles of `handles` under the host's IPAM lock.
+pub async fn gc_with<D: Datastore>(
+    ds: &D,
+    conf: &NetConf,
+    node: &str,
+    handles: &crate::ipam::allocator::gc::NodeHandles,
+    valid: &std::collections::BTreeSet<String>,
+) -> crate::ipam::allocator::gc::GcOutcome {
+    let _lock = IpamLock::acquire(conf.ipam_lock_file());
+    crate::ipam::allocator::gc::release_stale(ds, node, handles, valid).await
 }

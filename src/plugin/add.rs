@@ -511,7 +511,7 @@ fn floating_nats(result: &CniResult, floating: &[String]) -> Vec<IpNat> {
 }
 
 /// `0.0.0.0/0` and `::/0`.
-fn default_routes() -> Vec<IpNet> {
+pub(crate) fn default_routes() -> Vec<IpNet> {
     vec![
         IpNet::new(IpAddr::from([0u8; 4]), 0),
         IpNet::new(IpAddr::from([0u16; 8]), 0),
@@ -524,7 +524,7 @@ fn default_routes() -> Vec<IpNet> {
 /// k8s.go's pod routes: with host-local, its `ipam.routes` destinations (gateways ignored,
 /// routes without `dst` skipped), after the defaults when `include_default_routes`;
 /// otherwise, or when there are none, the default routes.
-fn k8s_routes(conf: &crate::config::NetConf) -> Result<Vec<IpNet>> {
+pub(crate) fn k8s_routes(conf: &crate::config::NetConf) -> Result<Vec<IpNet>> {
     if conf.ipam.ipam_type != "host-local" {
         return Ok(default_routes());
     }

@@ -22,6 +22,12 @@ use crate::error::{Error, Result};
 use crate::ipam::plugin::Prepared;
 use crate::skel::{CmdArgs, CniError, CniResult};
 
+/// CHECK, STATUS or GC of an external IPAM plugin: same stdin, no output expected; its CNI
+/// error is passed through.
+pub fn exec_verb(plugin: &str, command: &str, args: &CmdArgs) -> Result<()> {
+    exec(plugin, command, args, &args.stdin_data).map(|_| ())
+}
+
 /// Locates `plugin` in the colon-separated CNI_PATH.
 pub fn find_plugin(plugin: &str, cni_path: &str) -> Result<PathBuf> {
     let dirs: Vec<&str> = cni_path.split(':').filter(|d| !d.is_empty()).collect();

@@ -3,12 +3,15 @@
 //! points; ADD and DEL live in `add.rs` and `del.rs`.
 
 pub mod add;
+pub mod check;
 pub mod del;
 pub mod endpoint;
 pub mod endpoint_status;
+pub mod gc;
 pub mod ipam_exec;
 pub mod k8s_pod;
 pub mod readiness;
+pub mod status;
 
 use tracing::info;
 
@@ -53,10 +56,23 @@ impl Plugin for CalicoPlugin {
             })
     }
 
-    /// Upstream's CHECK is a dummy; we answer success without writing to stdout (the CNI
-    /// spec allows no output on CHECK).
-    fn check(&self, _args: &CmdArgs) -> Result<(), CniError> {
-        Ok(())
+    /// Upstream's CHECK is a dummy; ours compares the previous result with the pod's
+    /// interface, the host side and the datastore (`check.rs`).
+    fn check(&self, args: &CmdArgs) -> Result<(), CniError> {
+        client::block_on(check::cmd_check(args))
+            .and_then(|r| r)
+            .map_err(|e| {
+                tracing::error!(error = %e, "Final result of CNI CHECK was an error.");
+                CniError::from(e)
+            })
+    }
+
+    fn status(&self, args: &CmdArgs) -> Result<(), CniError> {
+        client::block_on(status::cmd_status(args)).map_err(CniError::from)?
+    }
+
+    fn gc(&self, args: &CmdArgs) -> Result<(), CniError> {
+        client::block_on(gc::cmd_gc(args)).map_err(CniError::from)?
     }
 }
 

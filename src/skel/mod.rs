@@ -3,6 +3,7 @@
 //! prints the result or the error JSON. See anchors.md §3.3.
 
 pub mod args;
+pub mod attachments;
 pub mod error;
 pub mod result;
 pub mod version;
@@ -42,6 +43,14 @@ pub trait Plugin {
     fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError>;
     fn del(&self, args: &CmdArgs) -> Result<(), CniError>;
     fn check(&self, args: &CmdArgs) -> Result<(), CniError>;
+    /// CNI 1.1 STATUS: can the plugin serve ADD now? (libcni: no handler = ready.)
+    fn status(&self, _args: &CmdArgs) -> Result<(), CniError> {
+        Ok(())
+    }
+    /// CNI 1.1 GC: release what attachments not in `cni.dev/valid-attachments` hold.
+    fn gc(&self, _args: &CmdArgs) -> Result<(), CniError> {
+        Ok(())
+    }
 }
 
 #[derive(Serialize)]
@@ -218,7 +227,14 @@ fn dispatch(
             checked_version(&args.stdin_data)?;
             call_guarded(|| plugin.check(&args), "CHECK")
         }
-        "GC" | "STATUS" => gated(&config_version(&args.stdin_data)?, "1.1.0", &cmd),
+        "GC" => {
+            gated(&config_version(&args.stdin_data)?, "1.1.0", "GC")?;
+            call_guarded(|| plugin.gc(&args), "GC")
+        }
+        "STATUS" => {
+            gated(&config_version(&args.stdin_data)?, "1.1.0", "STATUS")?;
+            call_guarded(|| plugin.status(&args), "STATUS")
+        }
         other => Err(CniError::new(
             CODE_INVALID_ENV,
             format!("unknown CNI_COMMAND: {other}"),
@@ -245,7 +261,8 @@ fn call_guarded<T>(f: impl FnOnce() -> Result<T, CniError>, what: &str) -> Resul
 }
 
 /// CHECK needs config >= 0.4.0, GC/STATUS >= 1.1.0; then some supported version must be at
-/// least the config's (none is >= 1.1.0, so GC/STATUS end in "plugin version does not allow").
+/// least the config's ("plugin version does not allow" otherwise), and the config's version
+/// must itself be supported (libcni's `checkVersionAndCall`).
 fn gated(config: &str, floor: &str, what: &str) -> Result<(), CniError> {
     if !version::version_ge(config, floor) {
         return Err(CniError::new(
@@ -254,12 +271,11 @@ fn gated(config: &str, floor: &str, what: &str) -> Result<(), CniError> {
             "",
         ));
     }
-    let supported = what == "CHECK"
-        && version::SUPPORTED
-            .iter()
-            .any(|v| version::version_ge(v, config));
+    let supported = version::SUPPORTED
+        .iter()
+        .any(|v| version::version_ge(v, config));
     if supported {
-        return Ok(());
+        return checked_version_of(config).map(|_| ());
     }
     Err(CniError::new(
         CODE_INCOMPATIBLE_VERSION,
@@ -270,35 +286,52 @@ fn gated(config: &str, floor: &str, what: &str) -> Result<(), CniError> {
 
 /// The config's version, which must be one the plugin supports (`checkVersionAndCall`).
 fn checked_version(data: &[u8]) -> Result<String, CniError> {
-    let config = config_version(data)?;
-    if version::is_supported(&config) {
-        return Ok(config);
+    checked_version_of(&config_version(data)?)
+}
+
+fn checked_version_of(config: &str) -> Result<String, CniError> {
+    if version::is_supported(config) {
+        return Ok(config.to_string());
     }
     Err(CniError::new(
         CODE_INCOMPATIBLE_VERSION,
         "incompatible CNI versions",
-        version::incompatible_details(&config),
+        version::incompatible_details(config),
     ))
 }
 
 fn config_version_given(data: &[u8]) -> bool {
     serde_json::from_slice::<serde_json::Value>(data)
         .ok()
-        .and_then(|v| {
+        .is_some_and(|v| {
             v.get("cniVersion")
                 .and_then(|c| c.as_str())
-                .map(|s| !s.is_empty())
+                .is_some_and(|s| !s.is_empty())
+                || listed_version(&v).is_some()
         })
-        .unwrap_or(false)
 }
 
-/// The config's `cniVersion`; missing means 0.1.0.
+/// CNI 1.1's `cniVersions`: when a config names no `cniVersion` but lists versions (as a
+/// network configuration does), the highest listed one we support.
+fn listed_version(v: &serde_json::Value) -> Option<&'static str> {
+    let listed: Vec<&str> = v
+        .get("cniVersions")?
+        .as_array()?
+        .iter()
+        .filter_map(|x| x.as_str())
+        .collect();
+    version::pick_from_list(&listed)
+}
+
+/// The config's `cniVersion`; missing means the best of `cniVersions`, else 0.1.0. When both
+/// are given, `cniVersion` (the runtime's choice) wins.
 fn config_version(data: &[u8]) -> Result<String, CniError> {
     let v: serde_json::Value = serde_json::from_slice(data)
         .map_err(|e| CniError::new(CODE_DECODING_FAILURE, e.to_string(), ""))?;
+    let missing = || listed_version(&v).unwrap_or("0.1.0").to_string();
     match v.get("cniVersion") {
-        None | Some(serde_json::Value::Null) => Ok("0.1.0".into()),
-        Some(serde_json::Value::String(s)) if s.is_empty() => Ok("0.1.0".into()),
+        None | Some(serde_json::Value::Null) => Ok(missing()),
+        Some(serde_json::Value::String(s)) if s.is_empty() => Ok(missing()),
         Some(serde_json::Value::String(s)) => Ok(s.clone()),
         Some(other) => Err(CniError::new(
             CODE_DECODING_FAILURE,

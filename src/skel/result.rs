@@ -204,7 +204,7 @@ impl CniResult {
     /// Prints the result in `cni_version`'s format.
     pub fn encode(&self, cni_version: &str) -> Result<String, CniError> {
         match cni_version {
-            "1.0.0" => {
+            "1.0.0" | "1.1.0" => {
                 let r = Result100 {
                     cni_version: cni_version.into(),
                     interfaces: self.interfaces.clone(),

@@ -95,7 +95,7 @@ fn no_command_prints_about() {
     assert_eq!(r.stdout, "");
     assert_eq!(
         r.stderr,
-        "Test plugin v0\nCNI protocol versions supported: 0.1.0, 0.2.0, 0.3.0, 0.3.1, 0.4.0, 1.0.0\n"
+        "Test plugin v0\nCNI protocol versions supported: 0.1.0, 0.2.0, 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0\n"
     );
 }
 
@@ -159,7 +159,7 @@ fn version_ignores_stdin() {
     assert_eq!(r.code, 0);
     assert_eq!(
         r.stdout,
-        "{\"cniVersion\":\"1.1.0\",\"supportedVersions\":[\"0.1.0\",\"0.2.0\",\"0.3.0\",\"0.3.1\",\"0.4.0\",\"1.0.0\"]}\n"
+        "{\"cniVersion\":\"1.1.0\",\"supportedVersions\":[\"0.1.0\",\"0.2.0\",\"0.3.0\",\"0.3.1\",\"0.4.0\",\"1.0.0\",\"1.1.0\"]}\n"
     );
 }
 
@@ -254,13 +254,32 @@ fn config_checks() {
 
 #[test]
 fn version_negotiation_and_gates() {
-    let e = err_of(&run(&add_env(&[]), r#"{"cniVersion":"1.1.0","name":"n"}"#));
+    let e = err_of(&run(&add_env(&[]), r#"{"cniVersion":"1.2.0","name":"n"}"#));
     assert_eq!(e["code"], 1);
     assert_eq!(e["msg"], "incompatible CNI versions");
     assert_eq!(
         e["details"],
-        r#"config is "1.1.0", plugin supports ["0.1.0" "0.2.0" "0.3.0" "0.3.1" "0.4.0" "1.0.0"]"#
+        r#"config is "1.2.0", plugin supports ["0.1.0" "0.2.0" "0.3.0" "0.3.1" "0.4.0" "1.0.0" "1.1.0"]"#
     );
+    // A 1.1.0 config gets a 1.1.0 result (the 1.0 shape).
+    let r = run(&add_env(&[]), r#"{"cniVersion":"1.1.0","name":"n"}"#);
+    assert_eq!(r.code, 0, "{}", r.stdout);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["cniVersion"], "1.1.0");
+    assert!(v["ips"][0].get("version").is_none());
+    // No cniVersion but a cniVersions list: the highest one we support.
+    let r = run(
+        &add_env(&[]),
+        r#"{"cniVersions":["0.4.0","1.1.0","7.0.0"],"name":"n"}"#,
+    );
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["cniVersion"], "1.1.0");
+    let r = run(
+        &add_env(&[]),
+        r#"{"cniVersion":"0.4.0","cniVersions":["1.1.0"],"name":"n"}"#,
+    );
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["cniVersion"], "0.4.0");
     let check = |v: &str| {
         run(
             &add_env(&[("CNI_COMMAND", "CHECK")]),
@@ -272,9 +291,10 @@ fn version_negotiation_and_gates() {
         "config version does not allow CHECK"
     );
     assert_eq!(
-        err_of(&check("1.1.0"))["msg"],
+        err_of(&check("1.2.0"))["msg"],
         "plugin version does not allow CHECK"
     );
+    assert_eq!(check("1.1.0").code, 0);
     assert_eq!(check("0.4.0").code, 0);
     assert_eq!(check("1.0.0").stdout, "");
     for cmd in ["GC", "STATUS"] {
@@ -285,12 +305,18 @@ fn version_negotiation_and_gates() {
         );
         let r = run(
             &[("CNI_COMMAND", cmd), ("CNI_PATH", "/x")],
-            r#"{"cniVersion":"1.1.0","name":"n"}"#,
+            r#"{"cniVersion":"1.2.0","name":"n"}"#,
         );
         assert_eq!(
             err_of(&r)["msg"],
             format!("plugin version does not allow {cmd}")
         );
+        // At 1.1.0 the plugin's handler runs (the test plugin's default: silent success).
+        let r = run(
+            &[("CNI_COMMAND", cmd), ("CNI_PATH", "/x")],
+            r#"{"cniVersion":"1.1.0","name":"n"}"#,
+        );
+        assert_eq!((r.code, r.stdout.as_str()), (0, ""));
     }
     let e = err_of(&run(&add_env(&[("CNI_COMMAND", "FOO")]), CONF));
     assert_eq!(e["code"], 4);

@@ -1,7 +1,8 @@
 //! Supported CNI versions, negotiation and the VERSION answer (libcni `pkg/version`).
 
-/// What both plugins support, in order (upstream Calico advertises up to 1.0.0).
-pub const SUPPORTED: &[&str] = &["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0"];
+/// What both plugins support, in order. Upstream Calico stops at 1.0.0; 1.1.0 adds STATUS,
+/// GC and the 1.1 result fields (a 1.1.0 result is printed like a 1.0.0 one).
+pub const SUPPORTED: &[&str] = &["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 
 /// The version the VERSION answer names as its own (libcni v1.3's "current").
 pub const CURRENT: &str = "1.1.0";
@@ -17,6 +18,16 @@ fn parse(v: &str) -> Option<(u64, u64, u64)> {
     let minor = it.next().map_or(Some(0), |s| s.parse().ok())?;
     let patch = it.next().map_or(Some(0), |s| s.parse().ok())?;
     it.next().is_none().then_some((major, minor, patch))
+}
+
+/// The version to use for a config that names no `cniVersion` but lists `cniVersions`: the
+/// highest listed one this plugin supports (the choice the spec gives the runtime), if any.
+pub fn pick_from_list(listed: &[&str]) -> Option<&'static str> {
+    SUPPORTED
+        .iter()
+        .rev()
+        .find(|v| listed.contains(v))
+        .copied()
 }
 
 /// `a >= b` as semantic versions (an unparsable `a` is never greater).
@@ -58,14 +69,17 @@ mod tests {
         assert!(!version_ge("0.3.1", "0.4.0"));
         assert!(version_ge("1.1.0", "1.1.0"));
         assert!(!version_ge("x", "0.4.0"));
-        assert!(is_supported("0.3.0") && !is_supported("1.1.0"));
+        assert!(is_supported("0.3.0") && is_supported("1.1.0") && !is_supported("1.2.0"));
         assert_eq!(
             version_json(),
-            r#"{"cniVersion":"1.1.0","supportedVersions":["0.1.0","0.2.0","0.3.0","0.3.1","0.4.0","1.0.0"]}"#
+            r#"{"cniVersion":"1.1.0","supportedVersions":["0.1.0","0.2.0","0.3.0","0.3.1","0.4.0","1.0.0","1.1.0"]}"#
         );
         assert_eq!(
-            incompatible_details("1.1.0"),
-            r#"config is "1.1.0", plugin supports ["0.1.0" "0.2.0" "0.3.0" "0.3.1" "0.4.0" "1.0.0"]"#
+            incompatible_details("1.2.0"),
+            r#"config is "1.2.0", plugin supports ["0.1.0" "0.2.0" "0.3.0" "0.3.1" "0.4.0" "1.0.0" "1.1.0"]"#
         );
+        assert_eq!(pick_from_list(&["0.4.0", "1.1.0", "2.0.0"]), Some("1.1.0"));
+        assert_eq!(pick_from_list(&["0.3.1", "1.0.0"]), Some("1.0.0"));
+        assert_eq!(pick_from_list(&["9.9.9"]), None);
     }
 }

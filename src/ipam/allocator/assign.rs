@@ -1,0 +1,523 @@
+//! AutoAssign and AssignIP (upstream's `ipam.go`): the up-front reads, per family the affine
+//! blocks (claiming new ones within the per-host limit) then borrowing, assigning from one
+//! block with its handle, and assigning one given address.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use tracing::{debug, info, warn};
+
+use super::claim::{sort_in_walk_order, ClaimError, FindError};
+use super::pools::{selector_needs_labels, wholly_reserved, HostView};
+use super::{
+    Assignments, AutoAssignArgs, Ipam, IpamError, Landed, ViewReads, DATASTORE_RETRIES,
+    DEFAULT_MAX_BLOCKS_PER_HOST,
+};
+use crate::datastore::model::{AllocationBlock, IpPool, IpamConfig};
+use crate::datastore::{Datastore, Key, ListKind, Revision};
+use crate::ipam::block::BlockError;
+use crate::net::IpNet;
+
+/// Why assigning from one block failed.
+enum AssignError {
+    /// Lost a compare-and-swap: re-read the block and try again.
+    Conflict,
+    /// Nothing was assigned: upstream logs it and moves on to other blocks.
+    Failed(IpamError),
+    /// The block write failed and whether it was applied is unknown: the handle is kept (DEL
+    /// releases whatever it holds) and the call fails rather than assign more elsewhere.
+    Unknown(IpamError),
+}
+
+impl From<IpamError> for AssignError {
+    fn from(e: IpamError) -> Self {
+        match e {
+            IpamError::Datastore(d) if d.is_conflict() => AssignError::Conflict,
+            other => AssignError::Failed(other),
+        }
+    }
+}
+
+impl<'a, D: Datastore> Ipam<'a, D> {
+    /// Assigns `num4` IPv4 and `num6` IPv6 addresses to `handle_id` (IPv4 first).
+    pub async fn auto_assign(
+        &self,
+        args: &AutoAssignArgs,
+    ) -> Result<(Assignments, Assignments), IpamError> {
+        let reads = self.read_view().await;
+        self.auto_assign_from(args, reads).await
+    }
+
+    /// Every read AutoAssign needs up front, together: one round trip. A caller that holds
+    /// the host's IPAM lock may issue it early, with its own reads, and hand the answers to
+    /// `auto_assign_from`.
+    pub async fn read_view(&self) -> ViewReads {
+        let all_affinities = ListKind::Affinities {
+            host: self.host.clone(),
+            affinity_type: "host".into(),
+            version: None,
+        };
+        // A backend whose nodes always exist (Kubernetes: the kubelet's Node) reads the Node
+        // only when a pool's node selector needs its labels.
+        let node_up_front = !self.ds.nodes_always_exist();
+        let (config, reserved, labels, pools, affs) = tokio::join!(
+            self.stored_config(),
+            self.reservations(),
+            async {
+                if node_up_front {
+                    self.node_labels().await.map(Some)
+                } else {
+                    Ok(None)
+                }
+            },
+            self.pools(),
+            self.ds.list(&all_affinities)
+        );
+        ViewReads {
+            config,
+            reserved,
+            labels,
+            pools,
+            affs,
+        }
+    }
+
+    /// `auto_assign` on reads already made (`read_view`).
+    pub async fn auto_assign_from(
+        &self,
+        args: &AutoAssignArgs,
+        reads: ViewReads,
+    ) -> Result<(Assignments, Assignments), IpamError> {
+        let ViewReads {
+            config,
+            reserved,
+            labels,
+            pools,
+            affs,
+        } = reads;
+        let reserved = reserved?;
+        let labels = labels?;
+        let pools = pools?;
+        let affs = affs?;
+        let labels = match labels {
+            Some(l) => l,
+            None if pools
+                .iter()
+                .any(|p| selector_needs_labels(&p.spec.node_selector)) =>
+            {
+                self.node_labels().await?
+            }
+            None => BTreeMap::new(),
+        };
+        if let Ok(mut listed) = self.listed_affinities.lock() {
+            listed.clear();
+            for kv in &affs {
+                if let Key::BlockAffinity { cidr, .. } = &kv.key {
+                    listed.insert(*cidr, kv.clone());
+                }
+            }
+        }
+        // Errors in upstream's order: reservations, Node, pools, affinities, config.
+        let view = HostView {
+            reserved,
+            labels,
+            pools,
+            affine: affs
+                .into_iter()
+                .filter_map(|kv| match kv.key {
+                    Key::BlockAffinity { cidr, .. } => Some(cidr),
+                    _ => None,
+                })
+                .collect(),
+        };
+        let mut config = config?;
+        let v4 = self
+            .auto_assign_family(args, 4, args.num4, &args.ipv4_pools, &view, &mut config)
+            .await?;
+        let v6 = self
+            .auto_assign_family(args, 6, args.num6, &args.ipv6_pools, &view, &mut config)
+            .await?;
+        Ok((v4, v6))
+    }
+
+    async fn auto_assign_family(
+        &self,
+        args: &AutoAssignArgs,
+        version: u8,
+        num: usize,
+        requested_pools: &[IpNet],
+        view: &HostView,
+        stored_config: &mut Option<IpamConfig>,
+    ) -> Result<Assignments, IpamError> {
+        let reserved = &view.reserved[..];
+        let mut out = Assignments {
+            num_requested: num,
+            version,
+            ..Default::default()
+        };
+        if num == 0 {
+            return Ok(out);
+        }
+        let usable =
+            self.usable_pools_and_blocks(view, version, requested_pools, &args.namespace_labels)?;
+        self.release_deselected_affinities(view, version, &usable)
+            .await;
+        let (pools, mut affine) = (usable.allowed, usable.affine);
+        debug!(?affine, "affine blocks for host");
+        // GetIPAMConfig comes after the Node, pool and affinity reads (and creates the
+        // default config when there is none), once per call.
+        let config = &self.config_or_create(stored_config.take()).await?;
+        *stored_config = Some(config.clone());
+        let mut owned = affine.len() as i64;
+        let max_blocks = max_blocks(args.max_blocks_per_host, config.max_blocks_per_host);
+
+        // 1. Affine blocks, claiming new ones as allowed.
+        while out.ips.len() < num {
+            let allow_new_claim = owned < max_blocks;
+            let claimed = self
+                .find_or_claim_block(&mut affine, &pools, config, reserved, allow_new_claim)
+                .await;
+            let (cidr, newly, first) = match claimed {
+                Ok(c) => c,
+                Err(FindError::NoFreeBlocks) => {
+                    if config.strict_affinity {
+                        out.add_msg("No more free affine blocks and strict affinity enabled");
+                    }
+                    debug!("No more free affine blocks");
+                    break;
+                }
+                Err(FindError::Fatal(e)) => return Err(e),
+            };
+            if newly {
+                owned += 1;
+            }
+            let got = self
+                .assign_from_block_with_retries(
+                    cidr,
+                    num - out.ips.len(),
+                    args,
+                    config.strict_affinity,
+                    reserved,
+                    first,
+                )
+                .await?;
+            out.ips.extend(got);
+        }
+
+        // 2. Borrow from any block of the pools when strict affinity is off.
+        if out.ips.len() < num && !config.strict_affinity {
+            self.borrow(args, version, num, &pools, reserved, &mut out)
+                .await?;
+            if out.ips.len() < num {
+                out.add_msg(&format!(
+                    "No IPs available in pools: [{}]",
+                    pools
+                        .iter()
+                        .map(|p| p.spec.cidr.as_str())
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Assign from one block, re-reading it on CAS conflicts.
+    async fn assign_from_block_with_retries(
+        &self,
+        cidr: IpNet,
+        num: usize,
+        args: &AutoAssignArgs,
+        affinity_check: bool,
+        reserved: &[IpNet],
+        mut first: Option<(AllocationBlock, Revision)>,
+    ) -> Result<Vec<IpNet>, IpamError> {
+        for _ in 0..DATASTORE_RETRIES {
+            // The caller's fresh copy first; after a conflict, re-read.
+            let current = match first.take() {
+                Some(b) => Some(b),
+                None => self.get_block(cidr).await?,
+            };
+            let Some((block, rev)) = current else {
+                return Ok(Vec::new());
+            };
+            match self
+                .assign_from_block(block, rev, num, args, affinity_check, reserved)
+                .await
+            {
+                Ok(ips) => return Ok(ips),
+                Err(AssignError::Conflict) => continue,
+                Err(AssignError::Failed(e)) => {
+                    warn!(%cidr, error = %e, "failed to assign from block");
+                    return Ok(Vec::new());
+                }
+                Err(AssignError::Unknown(e)) => return Err(e),
+            }
+        }
+        Err(IpamError::MaxRetries)
+    }
+
+    /// In-memory assignment, then the handle, then the block CAS (handle undone on failure).
+    async fn assign_from_block(
+        &self,
+        mut block: AllocationBlock,
+        rev: Revision,
+        num: usize,
+        args: &AutoAssignArgs,
+        affinity_check: bool,
+        reserved: &[IpNet],
+    ) -> Result<Vec<IpNet>, AssignError> {
+        let ips = block
+            .auto_assign(
+                num,
+                &args.handle_id,
+                &args.attrs,
+                &self.host,
+                affinity_check,
+                reserved,
+            )
+            .map_err(|e| IpamError::Block(e.to_string()))?;
+        if ips.is_empty() {
+            return Ok(ips);
+        }
+        let cidr = block.cidr;
+        self.increment_handle(&args.handle_id, cidr, ips.len())
+            .await?;
+        if let Err(e) = self.update_block(&mut block, &rev).await {
+            // A write that failed with anything but a conflict may have been applied (a lost
+            // answer). Undoing the handle and moving on would then leave the handle holding
+            // these addresses and the ones assigned next, the caller knowing only the latter:
+            // re-read the block first.
+            if !e.is_conflict() {
+                let assigned: Vec<IpAddr> = ips.iter().map(|n| n.addr).collect();
+                match self
+                    .block_write_landed(&block, &assigned, &args.handle_id)
+                    .await
+                {
+                    Landed::Yes => {
+                        info!(%cidr, error = %e, "block write reported failure but was applied");
+                        return Ok(ips);
+                    }
+                    Landed::No => {}
+                    Landed::Unknown(re) => {
+                        warn!(%cidr, error = %e, reread = %re, "block write outcome unknown");
+                        return Err(AssignError::Unknown(e.into()));
+                    }
+                }
+            }
+            if let Err(e2) = self
+                .decrement_handle(&args.handle_id, cidr, ips.len(), None)
+                .await
+            {
+                warn!(error = %e2, "failed to undo handle increment");
+            }
+            return Err(IpamError::from(e).into());
+        }
+        Ok(ips)
+    }
+
+    /// After a block write that gave `ips` to `handle_id` failed with anything but a
+    /// conflict: whether it was applied all the same. Only that write can have given these
+    /// ordinals to this handle with these allocation sequence numbers (any other write from
+    /// the same revision loses the compare-and-swap), so writes made since (another host
+    /// borrowing from the block) do not hide it.
+    async fn block_write_landed(
+        &self,
+        written: &AllocationBlock,
+        ips: &[IpAddr],
+        handle_id: &str,
+    ) -> Landed {
+        let stored = match self.get_block(written.cidr).await {
+            Ok(Some((b, _))) => b,
+            Ok(None) => return Landed::No,
+            Err(e) => return Landed::Unknown(e),
+        };
+        let seq = |b: &AllocationBlock, o: usize| {
+            b.sequence_number_for_allocation
+                .as_ref()
+                .and_then(|m| m.get(&o.to_string()).copied())
+        };
+        let ours = |ip: &IpAddr| {
+            let Some(o) = written.ordinal_of(ip) else {
+                return false;
+            };
+            let holder = stored
+                .allocations
+                .get(o)
+                .copied()
+                .flatten()
+                .and_then(|i| stored.attributes.as_ref().and_then(|a| a.get(i)))
+                .and_then(|a| a.handle_id.as_deref());
+            holder == Some(handle_id)
+                && seq(&stored, o).is_some()
+                && seq(&stored, o) == seq(written, o)
+        };
+        if !ips.is_empty() && ips.iter().all(ours) {
+            Landed::Yes
+        } else {
+            Landed::No
+        }
+    }
+
+    /// Borrow addresses from any existing block of the pools, in this host's walk order.
+    async fn borrow(
+        &self,
+        args: &AutoAssignArgs,
+        version: u8,
+        num: usize,
+        pools: &[IpPool],
+        reserved: &[IpNet],
+        out: &mut Assignments,
+    ) -> Result<(), IpamError> {
+        // One list of the existing blocks, visited in this host's walk order (rather than a
+        // Get per CIDR of the walk, which for an IPv6 pool would never end).
+        let existing = self.block_cidrs(Some(version)).await?;
+        for pool in pools {
+            let Some(pool_cidr) = pool.cidr() else {
+                continue;
+            };
+            let size = u8::try_from(pool.spec.block_size).unwrap_or(pool_cidr.bits());
+            let mut in_pool: Vec<IpNet> = existing
+                .iter()
+                .filter(|c| pool_cidr.covers(c))
+                .copied()
+                .collect();
+            sort_in_walk_order(&mut in_pool, pool_cidr, size, &self.host);
+            for cidr in in_pool {
+                if out.ips.len() >= num {
+                    break;
+                }
+                if wholly_reserved(&cidr, reserved) {
+                    continue;
+                }
+                let got = self
+                    .assign_from_block_with_retries(
+                        cidr,
+                        num - out.ips.len(),
+                        args,
+                        false,
+                        reserved,
+                        None,
+                    )
+                    .await?;
+                if !got.is_empty() {
+                    info!(%cidr, "borrowed addresses from a non-affine block");
+                }
+                out.ips.extend(got);
+            }
+            if out.ips.len() >= num {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Assigns exactly `ip` to `handle_id` (CNI_ARGS `IP=`).
+    pub async fn assign_ip(
+        &self,
+        ip: IpAddr,
+        handle_id: &str,
+        attrs: &BTreeMap<String, String>,
+    ) -> Result<IpNet, IpamError> {
+        // The config is read with the pools (one round trip) but only created once the
+        // address is known to be in an enabled pool, as upstream.
+        let (stored, pools) = tokio::join!(self.stored_config(), self.pools());
+        let pools = pools?;
+        // v3.32.1 assigns an `IP=` address in any enabled pool, whatever its allowedUses.
+        let pool = pools
+            .iter()
+            .filter(|p| p.is_enabled() && p.cidr().is_some_and(|c| c.contains(&ip)))
+            .find(|p| {
+                p.cidr()
+                    .is_some_and(|c| c.version() == IpNet::host(ip).version())
+            })
+            .ok_or(IpamError::NotInPool)?;
+        let config = self.config_or_create(stored?).await?;
+        let bits = IpNet::host(ip).bits();
+        let size = u8::try_from(pool.spec.block_size).unwrap_or(bits);
+        let cidr = IpNet::new(ip, size)
+            .ok_or_else(|| IpamError::Other(format!("bad block size {size}")))?
+            .masked();
+        for _ in 0..DATASTORE_RETRIES {
+            let (mut block, rev) = match self.get_block(cidr).await? {
+                Some(b) => b,
+                None => {
+                    let (aff, arev) = match self.pending_affinity(cidr).await {
+                        Ok(a) => a,
+                        Err(ClaimError::Fatal(e)) => return Err(e),
+                        Err(_) => continue,
+                    };
+                    match self.claim_affine_block(cidr, aff, arev).await {
+                        Ok(_) | Err(ClaimError::ClaimConflict) | Err(ClaimError::Conflict) => {}
+                        Err(ClaimError::StaleAffinity) => {}
+                        Err(ClaimError::Fatal(e)) => return Err(e),
+                    }
+                    continue;
+                }
+            };
+            match block.assign(ip, handle_id, attrs, &self.host, config.strict_affinity) {
+                Ok(()) => {}
+                Err(BlockError::AlreadyAssigned(_)) => return Err(IpamError::AddressInUse(ip)),
+                Err(e) => return Err(IpamError::Block(e.to_string())),
+            }
+            self.increment_handle(handle_id, cidr, 1).await?;
+            match self.update_block(&mut block, &rev).await {
+                Ok(_) => return Ok(IpNet::host(ip)),
+                Err(e) => {
+                    // A failure other than a conflict may be a lost answer: the address
+                    // assigned after all. Undoing the handle then would leak the address (DEL
+                    // finds no handle), so re-read the block first; when that fails too, keep
+                    // the handle so that DEL releases whatever it holds.
+                    if !e.is_conflict() {
+                        match self.block_write_landed(&block, &[ip], handle_id).await {
+                            Landed::Yes => {
+                                info!(%ip, error = %e, "block write reported failure but was applied");
+                                return Ok(IpNet::host(ip));
+                            }
+                            Landed::No => {}
+                            Landed::Unknown(re) => {
+                                warn!(%ip, error = %e, reread = %re, "block write outcome unknown");
+                                return Err(e.into());
+                            }
+                        }
+                    }
+                    // Unlike upstream, undo the handle count on every failure, conflicts
+                    // included, so a retried assignment never over-counts.
+                    self.decrement_handle(handle_id, cidr, 1, None).await?;
+                    if !e.is_conflict() {
+                        return Err(e.into());
+                    }
+                }
+            }
+        }
+        Err(IpamError::MaxRetries)
+    }
+}
+
+fn max_blocks(requested: i64, configured: i64) -> i64 {
+    let m = if requested > 0 && configured > 0 {
+        requested.min(configured)
+    } else if requested > 0 {
+        requested
+    } else {
+        configured
+    };
+    if m <= 0 {
+        DEFAULT_MAX_BLOCKS_PER_HOST
+    } else {
+        m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_limits() {
+        assert_eq!(max_blocks(0, 0), DEFAULT_MAX_BLOCKS_PER_HOST);
+        assert_eq!(max_blocks(0, 3), 3);
+        assert_eq!(max_blocks(5, 3), 3);
+        assert_eq!(max_blocks(1, 0), 1);
+    }
+}

@@ -1,0 +1,426 @@
+//! The block reader/writer and the block claim protocol (upstream's
+//! `ipam_block_reader_writer.go`): reading and compare-and-swapping blocks, finding an
+//! affine block with room or claiming a new one (affinity pending → block → confirmed),
+//! and the host's random walk over a pool's blocks.
+
+use std::collections::HashMap;
+
+use tracing::{debug, info, warn};
+
+use super::pools::wholly_reserved;
+use super::release::parse_affinity;
+use super::{Ipam, IpamError, DATASTORE_RETRIES, EMPTY_BLOCK_MIN_RECLAIM_AGE_SECS};
+use crate::datastore::model::{
+    AllocationBlock, BlockAffinity, IpPool, IpamConfig, AFFINITY_CONFIRMED, AFFINITY_PENDING,
+};
+use crate::datastore::{to_value, Datastore, DatastoreError, Key, ListKind, Revision};
+use crate::ipam::randwalk::block_generator;
+use crate::net::IpNet;
+use crate::timefmt;
+
+/// Internal outcomes of the claim protocol that make the caller pick another block.
+pub(super) enum ClaimError {
+    Conflict,
+    StaleAffinity,
+    ClaimConflict,
+    Fatal(IpamError),
+}
+
+impl From<DatastoreError> for ClaimError {
+    fn from(e: DatastoreError) -> Self {
+        if e.is_conflict() {
+            ClaimError::Conflict
+        } else {
+            ClaimError::Fatal(e.into())
+        }
+    }
+}
+
+struct BlockInfo {
+    num_free: usize,
+    affinity: Option<String>,
+    empty: bool,
+    claim_time: Option<String>,
+    seq: u64,
+}
+
+pub(super) enum FindError {
+    NoFreeBlocks,
+    Fatal(IpamError),
+}
+
+impl<'a, D: Datastore> Ipam<'a, D> {
+    pub(super) async fn get_block(
+        &self,
+        cidr: IpNet,
+    ) -> Result<Option<(AllocationBlock, Revision)>, DatastoreError> {
+        match self.ds.get(&Key::Block { cidr }).await {
+            Ok(kv) => Ok(Some((kv.decode()?, kv.revision))),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every block write bumps the sequence number first (invalidating concurrent writers'
+    /// view), then compare-and-swaps on the revision.
+    pub(super) async fn update_block(
+        &self,
+        block: &mut AllocationBlock,
+        revision: &str,
+    ) -> Result<Revision, DatastoreError> {
+        block.bump_sequence();
+        self.ds
+            .update(
+                &Key::Block { cidr: block.cidr },
+                &to_value(block)?,
+                revision,
+            )
+            .await
+    }
+
+    /// Finds an affine block with room, or claims a new one. Returns (cidr, newly claimed).
+    pub(super) async fn find_or_claim_block(
+        &self,
+        affine: &mut Vec<IpNet>,
+        pools: &[IpPool],
+        config: &IpamConfig,
+        reserved: &[IpNet],
+        allow_new_claim: bool,
+    ) -> Result<(IpNet, bool, Option<(AllocationBlock, Revision)>), FindError> {
+        // A. Existing affine blocks, in order.
+        while !affine.is_empty() {
+            let cidr = affine.remove(0);
+            if wholly_reserved(&cidr, reserved) {
+                continue;
+            }
+            for _ in 0..DATASTORE_RETRIES {
+                // The affinity (as listed, the first time) and its block in one round trip.
+                let key = Key::host_affinity(&self.host, cidr);
+                let listed = self
+                    .listed_affinities
+                    .lock()
+                    .ok()
+                    .and_then(|mut l| l.remove(&cidr));
+                let (aff, block) = tokio::join!(
+                    async {
+                        match listed {
+                            Some(kv) => Ok(kv),
+                            None => self.ds.get(&key).await,
+                        }
+                    },
+                    self.get_block(cidr)
+                );
+                let aff = match aff {
+                    Ok(kv) => kv,
+                    Err(e) => {
+                        debug!(%cidr, error = %e, "affinity vanished");
+                        break;
+                    }
+                };
+                let block = block.map_err(|e| FindError::Fatal(e.into()))?;
+                let state: BlockAffinity = aff.decode().map_err(|e| FindError::Fatal(e.into()))?;
+                match self
+                    .block_from_affinity(cidr, state, aff.revision, Some(block))
+                    .await
+                {
+                    Ok((block, rev)) => {
+                        if block.num_free(reserved) >= 1 {
+                            return Ok((cidr, false, Some((block, rev))));
+                        }
+                        break;
+                    }
+                    Err(ClaimError::Conflict) => continue,
+                    Err(ClaimError::StaleAffinity) | Err(ClaimError::ClaimConflict) => break,
+                    Err(ClaimError::Fatal(e)) => {
+                        warn!(%cidr, error = %e, "error using affine block");
+                        break;
+                    }
+                }
+            }
+        }
+
+        // B. Claim a new block.
+        if !allow_new_claim {
+            return Err(FindError::Fatal(IpamError::BlockLimit));
+        }
+        if !config.auto_allocate_blocks {
+            return Err(FindError::Fatal(IpamError::AutoAllocateDisabled));
+        }
+        for _ in 0..DATASTORE_RETRIES {
+            let cidr = self.find_usable_block(pools, reserved).await?;
+            debug!(%cidr, "claiming block");
+            for _ in 0..DATASTORE_RETRIES {
+                let (aff, rev) = match self.pending_affinity(cidr).await {
+                    Ok(a) => a,
+                    Err(ClaimError::Conflict) => continue,
+                    Err(ClaimError::Fatal(e)) => return Err(FindError::Fatal(e)),
+                    Err(_) => break,
+                };
+                match self.block_from_affinity(cidr, aff, rev, None).await {
+                    Ok((block, brev)) => {
+                        if block.num_free(reserved) >= 1 {
+                            return Ok((cidr, true, Some((block, brev))));
+                        }
+                        // Filled meanwhile (other hosts borrow from it). Upstream fails the
+                        // call here; we look for another block instead.
+                        debug!(%cidr, "block filled up while we claimed it");
+                        break;
+                    }
+                    Err(ClaimError::Conflict) => continue,
+                    Err(ClaimError::StaleAffinity) | Err(ClaimError::ClaimConflict) => break,
+                    Err(ClaimError::Fatal(e)) => return Err(FindError::Fatal(e)),
+                }
+            }
+        }
+        Err(FindError::Fatal(IpamError::MaxRetries))
+    }
+
+    /// The claim protocol's middle step: make sure the block behind an affinity exists and
+    /// is ours, and that the affinity ends up confirmed.
+    async fn block_from_affinity(
+        &self,
+        cidr: IpNet,
+        mut aff: BlockAffinity,
+        aff_rev: Revision,
+        prefetched: Option<Option<(AllocationBlock, Revision)>>,
+    ) -> Result<(AllocationBlock, Revision), ClaimError> {
+        let key = Key::host_affinity(&self.host, cidr);
+        let block = match prefetched {
+            Some(b) => b,
+            None => self.get_block(cidr).await?,
+        };
+        match block {
+            None => {
+                aff.state = AFFINITY_PENDING.into();
+                let rev = self.ds.update(&key, &to_value(&aff)?, &aff_rev).await?;
+                self.claim_affine_block(cidr, aff, rev).await
+            }
+            Some((mut block, block_rev)) => {
+                if block.affinity.as_deref() != Some(self.host_affinity().as_str()) {
+                    info!(%cidr, affinity = ?block.affinity, "deleting stale affinity");
+                    self.ds.delete(&key, Some(&aff_rev)).await?;
+                    return Err(ClaimError::StaleAffinity);
+                }
+                let mut block_rev = block_rev;
+                if !aff.is_confirmed() {
+                    aff.state = AFFINITY_PENDING.into();
+                    let rev = self.ds.update(&key, &to_value(&aff)?, &aff_rev).await?;
+                    block_rev = self.update_block(&mut block, &block_rev).await?;
+                    aff.state = AFFINITY_CONFIRMED.into();
+                    self.ds.update(&key, &to_value(&aff)?, &rev).await?;
+                }
+                Ok((block, block_rev))
+            }
+        }
+    }
+
+    /// Create the affinity as `pending`, or take over an existing unconfirmed one.
+    pub(super) async fn pending_affinity(
+        &self,
+        cidr: IpNet,
+    ) -> Result<(BlockAffinity, Revision), ClaimError> {
+        let key = Key::host_affinity(&self.host, cidr);
+        let aff = BlockAffinity::with_state(AFFINITY_PENDING);
+        match self.ds.create(&key, &to_value(&aff)?).await {
+            Ok(rev) => Ok((aff, rev)),
+            Err(e) if e.is_already_exists() => {
+                let kv = self.ds.get(&key).await?;
+                let mut existing: BlockAffinity = kv.decode()?;
+                if existing.state != AFFINITY_CONFIRMED {
+                    existing.state = AFFINITY_PENDING.into();
+                    let rev = self
+                        .ds
+                        .update(&key, &to_value(&existing)?, &kv.revision)
+                        .await?;
+                    return Ok((existing, rev));
+                }
+                Ok((existing, kv.revision))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub(super) async fn claim_affine_block(
+        &self,
+        cidr: IpNet,
+        aff: BlockAffinity,
+        aff_rev: Revision,
+    ) -> Result<(AllocationBlock, Revision), ClaimError> {
+        let (now_s, _) = timefmt::now();
+        let block = AllocationBlock::new_block(
+            cidr,
+            Some(&self.host),
+            timefmt::now_unix_nanos(),
+            Some(timefmt::rfc3339(now_s)),
+        );
+        match self
+            .ds
+            .create(&Key::Block { cidr }, &to_value(&block)?)
+            .await
+        {
+            Ok(rev) => {
+                self.confirm_affinity(cidr, aff, aff_rev).await?;
+                info!(%cidr, host = %self.host, "claimed block");
+                Ok((block, rev))
+            }
+            Err(e) if e.is_already_exists() => {
+                let Some((existing, rev)) = self.get_block(cidr).await? else {
+                    return Err(ClaimError::Conflict);
+                };
+                if existing.affinity.as_deref() == Some(self.host_affinity().as_str()) {
+                    self.confirm_affinity(cidr, aff, aff_rev).await?;
+                    return Ok((existing, rev));
+                }
+                let key = Key::host_affinity(&self.host, cidr);
+                if let Err(e) = self.ds.delete(&key, Some(&aff_rev)).await {
+                    debug!(%cidr, error = %e, "could not delete our pending affinity");
+                }
+                Err(ClaimError::ClaimConflict)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn confirm_affinity(
+        &self,
+        cidr: IpNet,
+        mut aff: BlockAffinity,
+        aff_rev: Revision,
+    ) -> Result<(), ClaimError> {
+        let key = Key::host_affinity(&self.host, cidr);
+        aff.state = AFFINITY_CONFIRMED.into();
+        match self.ds.update(&key, &to_value(&aff)?, &aff_rev).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let kv = self.ds.get(&key).await?;
+                let now: BlockAffinity = kv.decode()?;
+                if now.state == AFFINITY_CONFIRMED {
+                    Ok(())
+                } else {
+                    Err(e.into())
+                }
+            }
+        }
+    }
+
+    /// A block CIDR to claim: the first in this host's random walk that does not exist yet
+    /// (or exists, is ours and has room), else an empty block claimed long enough ago.
+    async fn find_usable_block(
+        &self,
+        pools: &[IpPool],
+        reserved: &[IpNet],
+    ) -> Result<IpNet, FindError> {
+        let existing = self
+            .ds
+            .list(&ListKind::Blocks { version: None })
+            .await
+            .map_err(|e| FindError::Fatal(e.into()))?;
+        let mut index: HashMap<IpNet, BlockInfo> = HashMap::new();
+        for kv in &existing {
+            if let Key::Block { cidr } = kv.key {
+                let b: AllocationBlock = kv.decode().map_err(|e| FindError::Fatal(e.into()))?;
+                index.insert(
+                    cidr,
+                    BlockInfo {
+                        num_free: b.num_free(reserved),
+                        affinity: b.affinity.clone(),
+                        empty: b.is_empty(),
+                        claim_time: b.affinity_claim_time.clone(),
+                        seq: b.sequence_number,
+                    },
+                );
+            }
+        }
+        let mine = self.host_affinity();
+        let mut reclaim: Vec<IpNet> = Vec::new();
+        for pool in pools {
+            let Some(pool_cidr) = pool.cidr() else {
+                continue;
+            };
+            let size = u8::try_from(pool.spec.block_size).unwrap_or(pool_cidr.bits());
+            for cidr in block_generator(pool_cidr, size, &self.host) {
+                if wholly_reserved(&cidr, reserved) {
+                    continue;
+                }
+                match index.get(&cidr) {
+                    None => return Ok(cidr),
+                    Some(info)
+                        if info.affinity.as_deref() == Some(mine.as_str())
+                            && info.num_free != 0 =>
+                    {
+                        return Ok(cidr)
+                    }
+                    Some(info) if info.empty && info.num_free != 0 => reclaim.push(cidr),
+                    Some(_) => {}
+                }
+            }
+        }
+        let now = timefmt::now().0;
+        for cidr in reclaim {
+            let Some(info) = index.get(&cidr) else {
+                continue;
+            };
+            let old_enough = info
+                .claim_time
+                .as_deref()
+                .and_then(timefmt::parse_rfc3339)
+                .is_none_or(|t| now - t >= EMPTY_BLOCK_MIN_RECLAIM_AGE_SECS);
+            if !old_enough {
+                continue;
+            }
+            // Only an owned block can be reclaimed (upstream's releaseBlockAffinity refuses
+            // an empty host): an empty block without affinity is left to borrowing.
+            let Some((kind, owner)) = info.affinity.as_deref().and_then(parse_affinity) else {
+                debug!(%cidr, "empty block has no owner to reclaim it from");
+                continue;
+            };
+            match self
+                .release_block_affinity(kind, owner, cidr, true, Some(info.seq))
+                .await
+            {
+                Ok(()) => {
+                    info!(%cidr, "reclaiming empty block");
+                    return Ok(cidr);
+                }
+                Err(e) => debug!(%cidr, error = %e, "could not reclaim empty block"),
+            }
+        }
+        Err(FindError::NoFreeBlocks)
+    }
+}
+
+/// Orders blocks of `pool` as `host`'s random walk would visit them: by their distance from
+/// the walk's first block, wrapping at the end of the pool.
+pub(super) fn sort_in_walk_order(blocks: &mut [IpNet], pool: IpNet, block_size: u8, host: &str) {
+    let Some(first) = block_generator(pool, block_size, host).next() else {
+        return;
+    };
+    let shift = u32::from(pool.bits().saturating_sub(block_size));
+    let base = crate::net::to_u128(pool.masked().addr);
+    let index = |c: &IpNet| crate::net::to_u128(c.addr).wrapping_sub(base) >> shift;
+    let start = index(&first);
+    let span = 1u128.checked_shl(u32::from(block_size.saturating_sub(pool.prefix)));
+    blocks.sort_by_key(|c| {
+        let d = index(c).wrapping_sub(start);
+        match span {
+            Some(n) => d.rem_euclid(n),
+            None => d,
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn walk_order_matches_the_generator() {
+        for (pool, size) in [("10.0.0.0/24", 28u8), ("fd00::/120", 124)] {
+            let pool: IpNet = pool.parse().unwrap();
+            let walk: Vec<IpNet> = block_generator(pool, size, "node1").collect();
+            let mut some = vec![walk[9], walk[2], walk[15], walk[0], walk[11]];
+            sort_in_walk_order(&mut some, pool, size, "node1");
+            assert_eq!(some, vec![walk[0], walk[2], walk[9], walk[11], walk[15]]);
+        }
+    }
+}

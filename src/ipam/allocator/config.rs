@@ -1,0 +1,50 @@
+//! IPAMConfig (upstream's `GetIPAMConfig` in `ipam.go`): the stored config, created with
+//! the defaults when there is none.
+
+use tracing::info;
+
+use super::{Ipam, IpamError};
+use crate::datastore::model::IpamConfig;
+use crate::datastore::{to_value, Datastore, Key};
+
+impl<'a, D: Datastore> Ipam<'a, D> {
+    /// The stored IPAMConfig, `None` when there is none yet.
+    pub(super) async fn stored_config(&self) -> Result<Option<IpamConfig>, IpamError> {
+        match self.ds.get(&Key::IpamConfig).await {
+            Ok(kv) => Ok(Some(kv.decode()?)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// v3.32.1's `GetIPAMConfig`: the stored config; when there is none, the defaults are
+    /// created (create-if-absent) and used. Losing that race to another writer re-reads.
+    pub(super) async fn config_or_create(
+        &self,
+        stored: Option<IpamConfig>,
+    ) -> Result<IpamConfig, IpamError> {
+        if let Some(c) = stored {
+            return Ok(c);
+        }
+        for _ in 0..4 {
+            let defaults = IpamConfig::defaults();
+            match self
+                .ds
+                .create(&Key::IpamConfig, &to_value(&defaults)?)
+                .await
+            {
+                Ok(_) => {
+                    info!("Created the default IPAM configuration");
+                    return Ok(defaults);
+                }
+                Err(e) if e.is_already_exists() => {
+                    if let Some(c) = self.stored_config().await? {
+                        return Ok(c);
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(IpamError::ConfigRetries)
+    }
+}

@@ -1,0 +1,357 @@
+//! Releasing addresses and affinities (upstream's `ipam.go` ReleaseIPs, ReleaseByHandle,
+//! `releaseBlockAffinity`, `ensureConsistentAffinity`): block writes after a release, the
+//! handle bookkeeping that follows, and giving up affinities of blocks whose pool no longer
+//! selects their node.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use tracing::{debug, info, warn};
+
+use super::pools::{in_pools, pool_of, selects, HostView, UsablePools};
+use super::{Ipam, IpamError, DATASTORE_RETRIES};
+use crate::datastore::model::{
+    AllocationBlock, BlockAffinity, IpPool, IpamHandle, Node, AFFINITY_PENDING_DELETION,
+};
+use crate::datastore::resources::get_resource;
+use crate::datastore::{to_value, Datastore, DatastoreError, Key, Kind, KvPair, ListKind};
+use crate::net::IpNet;
+
+impl<'a, D: Datastore> Ipam<'a, D> {
+    /// Releases every address held by `handle_id`; `NotFound` when there is no such handle.
+    pub async fn release_by_handle(&self, handle_id: &str) -> Result<(), IpamError> {
+        let kv = self
+            .ds
+            .get(&Key::Handle {
+                id: handle_id.to_string(),
+            })
+            .await?;
+        self.release_read_handle(handle_id, kv).await
+    }
+
+    /// `release_by_handle` on the handle as just read (`kv`).
+    pub async fn release_read_handle(&self, handle_id: &str, kv: KvPair) -> Result<(), IpamError> {
+        let handle: IpamHandle = kv.decode()?;
+        // The handle as just read serves the first decrement (a CAS write: if it moved, the
+        // decrement reads it again).
+        let mut read = Some(kv);
+        let mut deleted = false;
+        for cidr_s in handle.block.keys() {
+            let Ok(cidr) = cidr_s.parse::<IpNet>() else {
+                warn!(block = %cidr_s, "handle names an unparsable block");
+                continue;
+            };
+            let released = self.release_handle_in_block(handle_id, cidr).await?;
+            if released > 0 {
+                match self
+                    .decrement_handle(handle_id, cidr, released, read.take())
+                    .await
+                {
+                    Ok(gone) => deleted |= gone,
+                    Err(IpamError::Datastore(e)) if e.is_not_found() => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        if deleted {
+            return Ok(());
+        }
+        // Every address of the handle is released now. If the handle survived (its count
+        // was off: a crash between writes, or a write retried after a lost answer), check
+        // that no block still holds it and remove it: DEL leaves no handle behind.
+        let key = Key::Handle {
+            id: handle_id.to_string(),
+        };
+        if let Ok(kv) = self.ds.get(&key).await {
+            let left: IpamHandle = kv.decode()?;
+            let mut holds = false;
+            for cidr in left.block.keys().filter_map(|c| c.parse::<IpNet>().ok()) {
+                if let Some((b, _)) = self.get_block(cidr).await? {
+                    holds |= b.holds_handle(handle_id);
+                }
+            }
+            if !holds {
+                warn!(
+                    handle = handle_id,
+                    "removing a handle whose counts were off"
+                );
+                match self.ds.delete(&key, Some(&kv.revision)).await {
+                    Ok(()) => {}
+                    Err(e) if e.is_not_found() || e.is_conflict() => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn release_handle_in_block(
+        &self,
+        handle_id: &str,
+        cidr: IpNet,
+    ) -> Result<usize, IpamError> {
+        for _ in 0..DATASTORE_RETRIES {
+            let Some((mut block, rev)) = self.get_block(cidr).await? else {
+                return Ok(0);
+            };
+            let n = block.release_by_handle(handle_id);
+            if n == 0 {
+                return Ok(0);
+            }
+            match self.write_released(&mut block, &rev).await {
+                Ok(()) => {
+                    if block.is_empty() && block.affinity.is_some() {
+                        self.ensure_consistent_affinity(&block).await;
+                    }
+                    return Ok(n);
+                }
+                Err(e) if e.is_conflict() => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(IpamError::MaxRetries)
+    }
+
+    /// Writes a block after a release: an empty block without affinity is deleted, anything
+    /// else updated (both compare-and-swap).
+    async fn write_released(
+        &self,
+        block: &mut AllocationBlock,
+        rev: &str,
+    ) -> Result<(), DatastoreError> {
+        if block.is_empty() && block.affinity.is_none() {
+            self.ds
+                .delete(&Key::Block { cidr: block.cidr }, Some(rev))
+                .await
+        } else {
+            self.update_block(block, rev).await.map(|_| ())
+        }
+    }
+
+    /// Releases specific addresses (dual-stack rollback; with `only_handle`, a failed ADD's
+    /// own addresses). Returns those not released: not allocated, or (with `only_handle`)
+    /// held by another handle.
+    pub async fn release_ips(
+        &self,
+        ips: &[IpAddr],
+        only_handle: Option<&str>,
+    ) -> Result<Vec<IpAddr>, IpamError> {
+        let blocks = self.block_cidrs(None).await?;
+        let mut unallocated = Vec::new();
+        let mut by_block: BTreeMap<IpNet, Vec<IpAddr>> = BTreeMap::new();
+        for ip in ips {
+            match blocks.iter().find(|b| b.contains(ip)) {
+                Some(b) => by_block.entry(*b).or_default().push(*ip),
+                None => unallocated.push(*ip),
+            }
+        }
+        for (cidr, ips) in by_block {
+            let mut done = false;
+            for _ in 0..DATASTORE_RETRIES {
+                let Some((mut block, rev)) = self.get_block(cidr).await? else {
+                    unallocated.extend(ips.iter().copied());
+                    done = true;
+                    break;
+                };
+                let outcome = block.release_ips(&ips, only_handle);
+                if outcome.unallocated.len() == ips.len() {
+                    // Nothing of ours in this block: no write.
+                    unallocated.extend(outcome.unallocated.iter().copied());
+                    done = true;
+                    break;
+                }
+                match self.write_released(&mut block, &rev).await {
+                    Ok(()) => {
+                        unallocated.extend(outcome.unallocated.iter().copied());
+                        for (handle, n) in &outcome.handles {
+                            if let Err(e) = self.decrement_handle(handle, cidr, *n, None).await {
+                                warn!(handle, error = %e, "failed to decrement handle");
+                            }
+                        }
+                        if block.is_empty() && block.affinity.is_some() {
+                            self.ensure_consistent_affinity(&block).await;
+                        }
+                        done = true;
+                        break;
+                    }
+                    Err(e) if e.is_conflict() => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if !done {
+                return Err(IpamError::MaxRetries);
+            }
+        }
+        Ok(unallocated)
+    }
+
+    /// Affine blocks outside the pools selecting this node, whose (enabled) pool no longer
+    /// selects it, are given up when empty (upstream's `prepareAffinityBlocksForHost`).
+    /// A block without an enabled pool, or whose pool's selector does not parse, is kept.
+    /// Failures are only logged.
+    pub(super) async fn release_deselected_affinities(
+        &self,
+        view: &HostView,
+        version: u8,
+        usable: &UsablePools,
+    ) {
+        for cidr in view.affine.iter().filter(|c| c.version() == version) {
+            if in_pools(cidr, &usable.allowed) || in_pools(cidr, &usable.selecting) {
+                continue;
+            }
+            let Some(pool) = pool_of(cidr, &usable.enabled) else {
+                continue;
+            };
+            match selects(&pool.spec.node_selector, &view.labels) {
+                Ok(false) => {}
+                Ok(true) => continue,
+                Err(e) => {
+                    warn!(%cidr, error = %e, "Failed to determine if node matches pool, skipping");
+                    continue;
+                }
+            }
+            for _ in 0..DATASTORE_RETRIES {
+                match self
+                    .release_block_affinity("host", &self.host, *cidr, true, None)
+                    .await
+                {
+                    Ok(()) => {
+                        info!(%cidr, "Released affine block that no longer selects this host");
+                        break;
+                    }
+                    Err(IpamError::Datastore(e)) if e.is_conflict() => continue,
+                    Err(e) => {
+                        debug!(%cidr, error = %e, "kept the affinity of a deselected block");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// After a release empties a block: if its (enabled) pool no longer selects the affine
+    /// node, give the affinity up (upstream's `ensureConsistentAffinity`). A missing Node, a
+    /// block outside every enabled pool or a selector that does not parse keeps the affinity.
+    /// Failures are only logged.
+    pub(super) async fn ensure_consistent_affinity(&self, block: &AllocationBlock) {
+        let Some((kind, host)) = block.affinity.as_deref().and_then(parse_affinity) else {
+            return;
+        };
+        let node: Result<Node, _> = get_resource(self.ds, Kind::Node, None, host).await;
+        let labels = match node {
+            Ok(n) => n.metadata.labels.unwrap_or_default(),
+            Err(e) => {
+                debug!(host, error = %e, "cannot read the affine node; keeping the affinity");
+                return;
+            }
+        };
+        let Ok(pools) = self.pools().await else {
+            return;
+        };
+        let enabled: Vec<IpPool> = pools.into_iter().filter(IpPool::is_enabled).collect();
+        let Some(pool) = pool_of(&block.cidr, &enabled) else {
+            return;
+        };
+        if !matches!(selects(&pool.spec.node_selector, &labels), Ok(false)) {
+            return;
+        }
+        match self
+            .release_block_affinity(kind, host, block.cidr, true, None)
+            .await
+        {
+            Ok(()) => {
+                info!(cidr = %block.cidr, host, "released the affinity of an empty, deselected block")
+            }
+            Err(e) => {
+                debug!(cidr = %block.cidr, error = %e, "kept the affinity of a deselected block")
+            }
+        }
+    }
+
+    /// Releases `host`'s affinity (of type `host` or `virtual`) to `cidr` (optionally only
+    /// when the block is empty and its sequence number is unchanged): affinity →
+    /// pendingDeletion, block deleted (if empty) or made non-affine, affinity deleted.
+    pub async fn release_block_affinity(
+        &self,
+        affinity_type: &str,
+        host: &str,
+        cidr: IpNet,
+        require_empty: bool,
+        required_seq: Option<u64>,
+    ) -> Result<(), IpamError> {
+        let key = Key::BlockAffinity {
+            host: host.to_string(),
+            cidr,
+            affinity_type: affinity_type.to_string(),
+        };
+        let aff_kv = self.ds.get(&key).await?;
+        let mut aff: BlockAffinity = aff_kv.decode()?;
+        let Some((mut block, block_rev)) = self.get_block(cidr).await? else {
+            self.ds.delete(&key, Some(&aff_kv.revision)).await.ok();
+            return Ok(());
+        };
+        if required_seq.is_some_and(|s| s != block.sequence_number) {
+            return Err(IpamError::AffinityRelease(format!(
+                "block {cidr} sequence number changed"
+            )));
+        }
+        let expected = format!("{affinity_type}:{host}");
+        if block.affinity.as_deref().is_some_and(|a| a != expected) {
+            self.ds.delete(&key, Some(&aff_kv.revision)).await.ok();
+            return Err(IpamError::AffinityRelease(format!(
+                "block {cidr} is claimed by another host"
+            )));
+        }
+        if require_empty && !block.is_empty() {
+            return Err(IpamError::AffinityRelease(format!(
+                "block {cidr} is not empty"
+            )));
+        }
+        aff.state = AFFINITY_PENDING_DELETION.into();
+        let aff_rev = self
+            .ds
+            .update(&key, &to_value(&aff)?, &aff_kv.revision)
+            .await?;
+        if block.is_empty() {
+            match self.ds.delete(&Key::Block { cidr }, Some(&block_rev)).await {
+                Ok(()) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+        } else {
+            block.affinity = None;
+            block.affinity_claim_time = None;
+            self.update_block(&mut block, &block_rev).await?;
+        }
+        match self.ds.delete(&key, Some(&aff_rev)).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The CIDRs of all existing blocks (of one IP version).
+    pub(super) async fn block_cidrs(&self, version: Option<u8>) -> Result<Vec<IpNet>, IpamError> {
+        Ok(self
+            .ds
+            .list(&ListKind::Blocks { version })
+            .await?
+            .into_iter()
+            .filter_map(|kv| match kv.key {
+                Key::Block { cidr } => Some(cidr),
+                _ => None,
+            })
+            .collect())
+    }
+}
+
+/// A block's `affinity` (`host:node1`, `virtual:load-balancer`) as (type, host); anything
+/// else (no affinity, an unknown type) names no owner.
+pub(super) fn parse_affinity(a: &str) -> Option<(&'static str, &str)> {
+    for kind in ["host", "virtual"] {
+        if let Some(host) = a.strip_prefix(kind).and_then(|r| r.strip_prefix(':')) {
+            return Some((kind, host));
+        }
+    }
+    None
+}

@@ -1,0 +1,184 @@
+//! `calico` CHECK: compares the previous result (which the runtime sends as `prevResult`)
+//! with reality. Upstream only prints "OK"; this checks what ptp does and more:
+//! * the kernel (`dataplane::check`): the pod's interface, MAC, MTU, addresses and routes,
+//!   the host veth, its MAC, state and sysctls, and the host routes;
+//! * the datastore: the WorkloadEndpoint (on Kubernetes, the pod) exists, belongs to this
+//!   container, and has the result's addresses, interface and MAC;
+//! * the IPAM: Calico IPAM's handle holds the addresses (in-process), or the IPAM plugin's
+//!   own CHECK.
+//!
+//! Success prints nothing; the first mismatch is a code-999 error naming it. The kernel and
+//! the datastore are read at the same time.
+
+use std::net::IpAddr;
+
+use crate::dataplane::{self, check::Expected};
+use crate::datastore::model::WorkloadEndpointSpec;
+use crate::datastore::resources::get_resource;
+use crate::datastore::Kind;
+use crate::error::{Error, Result};
+use crate::net::IpNet;
+use crate::plugin::{add, connect, ipam_exec, load, Call};
+use crate::skel::{CmdArgs, CniResult};
+
+/// The previous result, parsed in the config's version (libcni's `ParsePrevResult`).
+pub fn prev_result(stdin: &[u8]) -> Result<CniResult> {
+    let conf: serde_json::Value = serde_json::from_slice(stdin)
+        .map_err(|e| Error::msg(format!("failed to parse network config: {e}")))?;
+    let Some(prev) = conf.get("prevResult").filter(|p| p.is_object()) else {
+        return Err(Error::msg("Required prevResult missing"));
+    };
+    let mut prev = prev.clone();
+    if let (Some(v), Some(obj)) = (conf.get("cniVersion"), prev.as_object_mut()) {
+        obj.insert("cniVersion".into(), v.clone());
+    }
+    let bytes = serde_json::to_vec(&prev).map_err(|e| Error::msg(e.to_string()))?;
+    CniResult::parse(&bytes)
+        .map_err(|e| Error::msg(format!("failed to parse prevResult: {}", e.msg)))
+}
+
+pub async fn cmd_check(args: &CmdArgs) -> Result<()> {
+    let conf = load(args)?;
+    let prev = prev_result(&args.stdin_data)?;
+    if prev.ips.is_empty() {
+        return Err(Error::msg("CHECK: the previous result has no IP addresses"));
+    }
+    conf.check_dataplane()?;
+    let call = connect(args, conf, false).await?;
+    let expected = expected(args, &call, &prev)?;
+    let kernel = tokio::task::spawn_blocking(move || dataplane::check::verify(&expected));
+    let endpoint = check_endpoint(args, &call, &prev).await;
+    let kernel = kernel
+        .await
+        .map_err(|e| Error::msg(format!("CHECK of the interfaces failed: {e}")))?;
+    kernel?;
+    endpoint?;
+    check_ipam(args, &call, &prev).await
+}
+
+/// What ADD made, from the previous result and the config.
+fn expected(args: &CmdArgs, call: &Call, prev: &CniResult) -> Result<Expected> {
+    let host_veth = prev
+        .interfaces
+        .iter()
+        .find(|i| i.sandbox.is_empty() && !i.name.is_empty())
+        .map(|i| i.name.clone())
+        .unwrap_or_else(|| call.ids.host_veth_name());
+    let container = prev
+        .interfaces
+        .iter()
+        .find(|i| !i.sandbox.is_empty() && i.name == args.ifname);
+    let ips: Vec<IpAddr> = prev.ips.iter().map(|i| i.address.addr).collect();
+    let routes: Vec<IpNet> = if call.ids.is_k8s() {
+        add::k8s_routes(&call.conf)?
+    } else {
+        add::default_routes()
+    };
+    Ok(Expected {
+        netns_path: args.netns.clone(),
+        ifname: args.ifname.clone(),
+        host_veth,
+        container_mac: container
+            .map(|c| c.mac.to_lowercase())
+            .filter(|m| !m.is_empty()),
+        mtu: container.map(|c| c.mtu).unwrap_or_default(),
+        ips,
+        routes,
+        // ADD skips them for a calico-ipam result without routes (KubeVirt targets).
+        host_routes: !(call.conf.ipam.ipam_type == "calico-ipam" && prev.routes.is_empty()),
+    })
+}
+
+/// The endpoint (etcd) or the pod (Kubernetes) agrees with the previous result.
+async fn check_endpoint(args: &CmdArgs, call: &Call, prev: &CniResult) -> Result<()> {
+    let ids = &call.ids;
+    let name = ids.wep_name()?;
+    let wep = match get_resource::<_, WorkloadEndpointSpec>(
+        &call.ds,
+        Kind::WorkloadEndpoint,
+        Some(&ids.namespace),
+        &name,
+    )
+    .await
+    {
+        Ok(w) => w,
+        Err(e) if e.is_not_found() => {
+            return Err(Error::msg(format!(
+                "CHECK: WorkloadEndpoint {}/{name} does not exist",
+                ids.namespace
+            )))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let spec = &wep.spec;
+    if !spec.container_id.is_empty() && spec.container_id != args.container_id {
+        return Err(Error::msg(format!(
+            "CHECK: WorkloadEndpoint {}/{name} belongs to container {}",
+            ids.namespace, spec.container_id
+        )));
+    }
+    let mut want: Vec<IpAddr> = prev.ips.iter().map(|i| i.address.addr).collect();
+    let mut got: Vec<IpAddr> = spec
+        .ip_networks
+        .iter()
+        .filter_map(|n| n.parse::<IpNet>().ok().map(|n| n.addr))
+        .collect();
+    want.sort();
+    got.sort();
+    if want != got {
+        return Err(Error::msg(format!(
+            "CHECK: WorkloadEndpoint {}/{name} has addresses [{}], the result says [{}]",
+            ids.namespace,
+            join(&got),
+            join(&want)
+        )));
+    }
+    if let Some(host) = prev.interfaces.iter().find(|i| i.sandbox.is_empty()) {
+        if !spec.interface_name.is_empty() && spec.interface_name != host.name {
+            return Err(Error::msg(format!(
+                "CHECK: WorkloadEndpoint {}/{name} names interface {}, the result says {}",
+                ids.namespace, spec.interface_name, host.name
+            )));
+        }
+    }
+    let container = prev
+        .interfaces
+        .iter()
+        .find(|i| !i.sandbox.is_empty() && i.name == args.ifname);
+    if let Some(c) = container.filter(|c| !c.mac.is_empty() && !spec.mac.is_empty()) {
+        if !c.mac.eq_ignore_ascii_case(&spec.mac) {
+            return Err(Error::msg(format!(
+                "CHECK: WorkloadEndpoint {}/{name} has MAC {}, the result says {}",
+                ids.namespace, spec.mac, c.mac
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Calico IPAM in-process: the handle holds the addresses; any other IPAM plugin: its CHECK.
+async fn check_ipam(args: &CmdArgs, call: &Call, prev: &CniResult) -> Result<()> {
+    let ipam = call.conf.ipam.ipam_type.as_str();
+    if ipam_exec::is_own_ipam(ipam, &args.path) {
+        return crate::ipam::plugin::check_with(&call.ds, &call.conf.name, &call.ids, prev).await;
+    }
+    if ipam.is_empty() {
+        return Ok(());
+    }
+    if ipam == "host-local" {
+        // host-local checks by container ID; `usePodCidr` needs a parsable stand-in, as DEL.
+        let args = CmdArgs {
+            stdin_data: ipam_exec::host_local_del_stdin(&args.stdin_data)?,
+            ..args.clone()
+        };
+        return ipam_exec::exec_verb(ipam, "CHECK", &args);
+    }
+    ipam_exec::exec_verb(ipam, "CHECK", args)
+}
+
+fn join(ips: &[IpAddr]) -> String {
+    ips.iter()
+        .map(IpAddr::to_string)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
