@@ -150,7 +150,6 @@ fn every_example_is_a_valid_conflist() {
 /// plugin of the list, so each plugin (and the IPAM plugin calico delegates to) must support
 /// every listed version.
 #[test]
-#[ignore = "needs cniVersion 1.1.0 in calico's VERSION (issue 8 item 1, being added in the skel)"]
 fn cni_versions_are_supported_by_every_plugin() {
     let bin = common::cni::Bin::new();
     for path in examples::all() {

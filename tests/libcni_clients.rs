@@ -224,6 +224,20 @@ fn chain_through_libcni(test: &str, version: &str) {
         "the pod saw the outside client's own address (DNAT, no SNAT): {seen:?}"
     );
 
+    // Drift is seen through libcni too: calico's CHECK compares the cached prevResult with
+    // the node, and a missing host route fails the whole list's CHECK.
+    if version != "0.3.1" {
+        w.host
+            .ip(&["route", "del", &format!("{ip}/32"), "dev", &host_veth]);
+        let out = rt.call("check", &pod);
+        assert_ne!(out.code, 0, "CHECK passed without the host route");
+        assert!(
+            out.stderr.contains(&ip) && out.stderr.contains("route"),
+            "CHECK names the missing route: {}",
+            out.stderr
+        );
+    }
+
     // DEL: everything each plugin made is gone, and libcni dropped its cache entry.
     let out = rt.call("del", &pod);
     assert_eq!(out.code, 0, "libcni DEL failed: {}", out.stderr);
