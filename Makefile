@@ -2,12 +2,24 @@
 # `make test` installs what it needs (Debian packages) and runs everything CI runs.
 
 SHELL := /bin/bash
+# `make install` layout: $(DESTDIR)$(PREFIX)/calico, the calico-ipam symlink next to it, and
+# $(DESTDIR)$(CONF_DIR)/<example>.example (an inert copy: runtimes only load *.conf,
+# *.conflist and *.json, so a node's own conflist is never replaced or shadowed).
+DESTDIR ?=
 PREFIX ?= /opt/cni/bin
 CONF_DIR ?= /etc/cni/net.d
+CONF_EXAMPLE ?= conf-examples/10-calico-kubernetes.conflist
+# The binary to install; the default is built with `cargo build --release`. Any other path
+# (e.g. BIN=target/debug/calico) is installed as it is.
+BIN ?= target/release/calico
+# Debian packages for the build and the tests: etcd, protoc, the reference CNI plugins
+# (portmap, bandwidth, host-local), iptables for portmap, Go + libcni for the libcni driver
+# (tests/libcni), podman + runc + a static busybox for the podman test.
 APT_PACKAGES := etcd-server etcd-client protobuf-compiler libprotobuf-dev \
-	containernetworking-plugins iproute2 iputils-ping
+	containernetworking-plugins iproute2 iputils-ping iptables \
+	golang-go golang-github-appc-cni-dev podman runc busybox-static
 
-.PHONY: all build release deps lint test unit e2e install demo bench clean
+.PHONY: all build release deps lint test unit e2e install demo bench clean FORCE
 
 all: build
 
@@ -39,10 +51,16 @@ test: deps lint
 unit:
 	cargo test --lib
 
-install: release
-	install -d $(PREFIX) $(CONF_DIR)
-	install -m 0755 target/release/calico $(PREFIX)/calico
-	ln -sf calico $(PREFIX)/calico-ipam
+install: $(BIN)
+	install -d $(DESTDIR)$(PREFIX) $(DESTDIR)$(CONF_DIR)
+	install -m 0755 $(BIN) $(DESTDIR)$(PREFIX)/calico
+	ln -sfn calico $(DESTDIR)$(PREFIX)/calico-ipam
+	install -m 0644 $(CONF_EXAMPLE) $(DESTDIR)$(CONF_DIR)/$(notdir $(CONF_EXAMPLE)).example
+
+target/release/calico: FORCE
+	cargo build --release
+
+FORCE:
 
 # Build, start a throwaway etcd, ADD two pods in two netns, ping, show keys, DEL.
 demo: deps release

@@ -253,13 +253,20 @@ pub fn run_plugin_within(
     for (k, v) in &inv.extra_env {
         cmd.env(k, v);
     }
+    let what = format!("{} {}", plugin.display(), inv.command);
+    run_command_within(cmd, stdin, limit, &what)
+}
+
+/// Runs `cmd` with `stdin`, capturing stdout and stderr; a process still running after
+/// `limit` is killed and the test fails, naming the hang as `what`.
+pub fn run_command_within(mut cmd: Command, stdin: &str, limit: Duration, what: &str) -> Outcome {
     let started = Instant::now();
     let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("spawn plugin");
+        .unwrap_or_else(|e| panic!("spawn {what}: {e}"));
     let pid = child.id() as i32;
     if let Some(mut input) = child.stdin.take() {
         let _ = input.write_all(stdin.as_bytes());
@@ -269,15 +276,13 @@ pub fn run_plugin_within(
         let _ = tx.send(child.wait_with_output());
     });
     let out = match rx.recv_timeout(limit) {
-        Ok(out) => out.expect("wait for plugin"),
+        Ok(out) => out.unwrap_or_else(|e| panic!("wait for {what}: {e}")),
         Err(_) => {
             // SAFETY: kill(2) on the PID we spawned; at worst it is already gone.
             unsafe { libc::kill(pid, libc::SIGKILL) };
             let out = rx.recv().ok().and_then(|o| o.ok());
             panic!(
-                "{} {} did not exit within {limit:?} (hang); stderr: {}",
-                plugin.display(),
-                inv.command,
+                "{what} did not exit within {limit:?} (hang); stderr: {}",
                 out.map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
                     .unwrap_or_default()
             );
@@ -319,4 +324,11 @@ pub fn run_flag(
         String::from_utf8_lossy(&out.stdout).into_owned(),
         start.elapsed(),
     )
+}
+
+/// Reports a test that cannot run here, visibly: written straight to the process's stderr,
+/// which libtest does not capture (an `eprintln!` of a passing test would be swallowed).
+pub fn report_skip(test: &str, reason: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
 }

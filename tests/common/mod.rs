@@ -1,10 +1,13 @@
 //! Fixtures shared by the end-to-end suites.
+pub mod apt;
 pub mod cluster;
 pub mod cni;
 pub mod conformance;
 pub mod etcd;
+pub mod examples;
 pub mod ipam_churn;
 pub mod kdd;
 pub mod kube_api;
+pub mod libcni;
 pub mod netns;
 pub mod world;
