@@ -86,8 +86,9 @@ fn version_command_and_about_text() {
         let (code, out, err) = exec(&bin.plugin(name), &[], &[], "");
         assert_eq!((code, out.as_str()), (0, ""));
         assert!(err.starts_with(about), "{err}");
-        assert!(err
-            .contains("CNI protocol versions supported: 0.1.0, 0.2.0, 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0"));
+        assert!(err.contains(
+            "CNI protocol versions supported: 0.1.0, 0.2.0, 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0"
+        ));
     }
 }
 

@@ -2,7 +2,9 @@
 
 /// What both plugins support, in order. Upstream Calico stops at 1.0.0; 1.1.0 adds STATUS,
 /// GC and the 1.1 result fields (a 1.1.0 result is printed like a 1.0.0 one).
-pub const SUPPORTED: &[&str] = &["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+pub const SUPPORTED: &[&str] = &[
+    "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0",
+];
 
 /// The version the VERSION answer names as its own (libcni v1.3's "current").
 pub const CURRENT: &str = "1.1.0";
@@ -23,11 +25,7 @@ fn parse(v: &str) -> Option<(u64, u64, u64)> {
 /// The version to use for a config that names no `cniVersion` but lists `cniVersions`: the
 /// highest listed one this plugin supports (the choice the spec gives the runtime), if any.
 pub fn pick_from_list(listed: &[&str]) -> Option<&'static str> {
-    SUPPORTED
-        .iter()
-        .rev()
-        .find(|v| listed.contains(v))
-        .copied()
+    SUPPORTED.iter().rev().find(|v| listed.contains(v)).copied()
 }
 
 /// `a >= b` as semantic versions (an unparsable `a` is never greater).
