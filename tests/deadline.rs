@@ -362,3 +362,46 @@ fn a_hung_ipam_plugin_is_killed_at_the_deadline() {
     assert_no_interfaces(&w, &[&pod], 0);
     w.assert_clean();
 }
+
+/// The Kubernetes datastore: a stalled API server (requests read, never answered) and a slow
+/// one (every answer 1 s late, each request well within its own 5 s timeout, but their sum
+/// not within the budget). ADD and DEL end within their bounds with the deadline error.
+#[test]
+fn kdd_calls_end_at_their_deadline_on_a_stalled_or_slow_api_server() {
+    let w = common::kdd::KddWorld::new();
+    let conf = w.conf(json!({"call_timeout_seconds": BUDGET.as_secs()}));
+    for (i, slow) in [false, true].into_iter().enumerate() {
+        let name = format!("kdd{i}");
+        w.seed_pod("default", &name, json!({}));
+        let pod = common::netns::Netns::new("pod");
+        let inv = Invocation::new("ADD", &format!("kddcid{i}"), pod.path()).k8s("default", &name);
+        let what = if slow { "slow" } else { "stalled" };
+        if slow {
+            w.api.set_latency(Duration::from_secs(1));
+        } else {
+            w.api.set_stall(true);
+        }
+        let err = expired(
+            &w.calico(&inv, &conf),
+            add_bound(),
+            &format!("KDD ADD, {what}"),
+        );
+        assert!(
+            err["msg"]
+                .as_str()
+                .unwrap()
+                .contains("waiting for the Kubernetes API server"),
+            "{err}"
+        );
+        assert!(!pod.has_link("eth0"));
+        expired(
+            &w.calico(&inv.as_del(), &conf),
+            del_bound(),
+            &format!("KDD DEL, {what}"),
+        );
+        w.api.set_stall(false);
+        w.api.set_latency(Duration::ZERO);
+        w.calico(&inv.as_del(), &conf).assert_ok();
+        w.assert_clean();
+    }
+}
