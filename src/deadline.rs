@@ -228,8 +228,18 @@ fn unlogged_expired(what: String) -> Expired {
 /// process, once the cleanup limit plus `WATCHDOG_MARGIN` has passed. Nothing is undone
 /// then; everything else ends well before.
 pub fn spawn_watchdog(on_expiry: impl FnOnce(Expired) + Send + 'static) {
-    let watch = move || loop {
-        let Some(d) = current() else { return };
+    if let Err(e) = std::thread::Builder::new()
+        .name("calico-deadline".into())
+        .spawn(move || watch(current, on_expiry))
+    {
+        tracing::warn!(error = %e, "cannot start the deadline watchdog");
+    }
+}
+
+/// The watchdog's loop, over the deadline `deadline()` gives (none: nothing to watch).
+fn watch(deadline: impl Fn() -> Option<Deadline>, on_expiry: impl FnOnce(Expired)) {
+    loop {
+        let Some(d) = deadline() else { return };
         let hard_stop = d.cleanup_at() + WATCHDOG_MARGIN;
         let now = Instant::now();
         if now >= hard_stop {
@@ -239,12 +249,6 @@ pub fn spawn_watchdog(on_expiry: impl FnOnce(Expired) + Send + 'static) {
         }
         // Then look again: `configure` may have moved the deadline meanwhile.
         std::thread::sleep(hard_stop - now);
-    };
-    if let Err(e) = std::thread::Builder::new()
-        .name("calico-deadline".into())
-        .spawn(watch)
-    {
-        tracing::warn!(error = %e, "cannot start the deadline watchdog");
     }
 }
 
@@ -452,6 +456,25 @@ mod tests {
             // Unarmed, an undo is not bounded.
             assert_eq!(cleanup_bound_with(None, "x", async { 3 }).await, Ok(3));
         });
+    }
+
+    #[test]
+    fn the_watchdog_fires_after_deadline_grace_and_margin() {
+        // Unarmed: it returns without firing.
+        watch(|| None, |_| panic!("fired without a deadline"));
+        // A deadline whose hard stop is 200 ms away: it fires then, once.
+        let budget = Duration::from_secs(1);
+        let start = Instant::now() - budget - GRACE - WATCHDOG_MARGIN + Duration::from_millis(200);
+        let d = Deadline::new(start, budget);
+        let began = Instant::now();
+        let mut fired = Vec::new();
+        watch(|| Some(d), |e| fired.push(e.what));
+        assert_eq!(fired, ["finishing the call"]);
+        let took = began.elapsed();
+        assert!(
+            took >= Duration::from_millis(150) && took < Duration::from_secs(2),
+            "{took:?}"
+        );
     }
 
     #[test]
