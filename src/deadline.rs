@@ -2,8 +2,8 @@
 //! datastore requests, the IPAM lock, netlink waits and child plugins (issue 8, item 5).
 //!
 //! * The budget is `DEFAULT_BUDGET` (30 s), or the NetConf's `call_timeout_seconds`, or the
-//!   environment's `CALICO_CALL_TIMEOUT_SECONDS` (the environment wins; 0 or an unusable
-//!   value means the default). 30 s is well under kubelet's 2 min runtime-request timeout
+//!   environment's `CALICO_CALL_TIMEOUT_SECONDS` (the environment wins; 0, or a value that
+//!   is not a whole number of seconds, counts as unset; more than `MAX_BUDGET` is cut). 30 s is well under kubelet's 2 min runtime-request timeout
 //!   and containerd's 4 min sandbox-setup timeout, and both retry a failed call.
 //! * Work on the call's main path is bounded by the deadline itself (`bound`, `remaining`,
 //!   `check`). Undoing a half-made pod after a failure runs under `cleanup_bound`, which may
@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 
 /// The budget of a call when nothing configures one.
 pub const DEFAULT_BUDGET: Duration = Duration::from_secs(30);
+/// The longest budget accepted (far beyond any runtime's own timeout).
+pub const MAX_BUDGET: Duration = Duration::from_secs(3600);
 /// How long the undo of a failed call may run past the deadline.
 pub const GRACE: Duration = Duration::from_secs(3);
 /// The environment variable that overrides `call_timeout_seconds`.
@@ -130,6 +132,22 @@ pub fn configure(conf_seconds: i64) {
 /// The budget from the environment's value (if any) and the NetConf's, with a warning to
 /// log for a value that cannot be used. 0 in either place means "not set".
 pub fn resolve_budget(
+    env: Option<&str>,
+    conf_seconds: i64,
+) -> (Duration, BudgetSource, Option<String>) {
+    let (budget, source, warning) = resolve_unclamped(env, conf_seconds);
+    if budget > MAX_BUDGET {
+        let w = format!(
+            "call deadline of {}s cut to {}s",
+            budget.as_secs(),
+            MAX_BUDGET.as_secs()
+        );
+        return (MAX_BUDGET, source, Some(w));
+    }
+    (budget, source, warning)
+}
+
+fn resolve_unclamped(
     env: Option<&str>,
     conf_seconds: i64,
 ) -> (Duration, BudgetSource, Option<String>) {
@@ -358,6 +376,12 @@ mod tests {
         let (b, s, w) = resolve_budget(None, -1);
         assert_eq!((b, s), (DEFAULT_BUDGET, BudgetSource::Default));
         assert!(w.unwrap().contains("must not be negative"));
+        // Huge values are cut (an Instant cannot be pushed past its range).
+        let (b, s, w) = resolve_budget(Some("18446744073709551615"), i64::MAX);
+        assert_eq!((b, s), (MAX_BUDGET, BudgetSource::Env));
+        assert!(w.unwrap().contains("cut to 3600s"));
+        let (b, s, _) = resolve_budget(None, i64::MAX);
+        assert_eq!((b, s), (MAX_BUDGET, BudgetSource::NetConf));
     }
 
     #[test]
