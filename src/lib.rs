@@ -6,6 +6,7 @@ pub mod client;
 pub mod config;
 pub mod dataplane;
 pub mod datastore;
+pub mod deadline;
 pub mod error;
 pub mod identifiers;
 pub mod ipam;

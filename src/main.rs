@@ -6,13 +6,18 @@
 use std::io::Read;
 use std::path::Path;
 use std::process::ExitCode;
+use std::time::Instant;
 
+use calico_cni::deadline;
 use calico_cni::ipam::plugin::IpamPlugin;
 use calico_cni::ipam::upgrade;
 use calico_cni::plugin::CalicoPlugin;
+use calico_cni::skel::error::CODE_TRY_AGAIN_LATER;
 use calico_cni::skel::{self, CniError};
 
 fn main() -> ExitCode {
+    // A CNI call's deadline counts from process start (armed below, for CNI calls only).
+    let started = Instant::now();
     let args: Vec<String> = std::env::args().collect();
     let argv0 = args.first().map(String::as_str).unwrap_or_default();
     let name = Path::new(argv0)
@@ -72,12 +77,27 @@ fn main() -> ExitCode {
         let opts = upgrade::Options::with_test_overrides(&env);
         return ExitCode::from(upgrade::run(opts, &env));
     }
+    deadline::arm(started);
+    deadline::spawn_watchdog(end_overdue_call);
     let code = if is_ipam {
         skel::run(&IpamPlugin)
     } else {
         skel::run(&CalicoPlugin)
     };
     ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// The watchdog's end of a call that outlived its deadline and grace: the error JSON, exit 1.
+fn end_overdue_call(expired: deadline::Expired) {
+    let err = CniError::new(CODE_TRY_AGAIN_LATER, expired.to_string(), "");
+    let json = skel::error_json(&err);
+    // Raw write(2) and _exit(2): the stuck thread may hold stdout's lock, and nothing must
+    // wait on it now.
+    // SAFETY: the buffer is valid for its length; _exit never returns.
+    unsafe {
+        libc::write(1, json.as_ptr().cast(), json.len());
+        libc::_exit(1);
+    }
 }
 
 /// Go's `flag.PrintDefaults` layout: flags in name order, a one-letter flag's usage on its line.

@@ -73,6 +73,8 @@ pub struct NetConf {
     pub container_settings: ContainerSettings,
     pub readiness_gates: Vec<String>,
     pub policy_setup_timeout_seconds: i64,
+    /// The whole call's deadline in seconds (0: the default; `crate::deadline`).
+    pub call_timeout_seconds: i64,
     pub endpoint_status_dir: String,
     pub dataplane_options: Option<Map<String, Value>>,
     pub args: Value,
@@ -165,6 +167,7 @@ const TOP_FIELDS: &[&str] = &[
     "container_settings",
     "readiness_gates",
     "policy_setup_timeout_seconds",
+    "call_timeout_seconds",
     "endpoint_status_dir",
     "dataplane_options",
     "args",

@@ -12,6 +12,9 @@
 //! * `/proc/sys/net` resolves against the opening thread's netns, so host-side sysctls are
 //!   written from a further helper thread that joins the host netns;
 //! * every thread that entered the pod netns exits when its work is done.
+//!
+//! Every wait here (the MAC read-back, the link-local retry, the bounded netns deletion) also
+//! ends at the call's deadline (`crate::deadline`), computed on the calling thread.
 
 pub mod check;
 mod nl;
@@ -138,6 +141,9 @@ pub enum DataplaneError {
     /// CHECK found the kernel different from the previous result (`check.rs`).
     #[error("CHECK: {0}")]
     Check(String),
+    /// The call's deadline passed during a wait (`crate::deadline`).
+    #[error(transparent)]
+    Deadline(#[from] crate::deadline::Expired),
     /// Thread or runtime failures that have no upstream counterpart.
     #[error("{0}")]
     Internal(String),
@@ -160,8 +166,9 @@ pub fn do_networking(req: &NetworkingRequest) -> Result<NetworkingResult> {
 }
 
 /// Calico's `CleanUpNamespace`: deletes `ifname` inside the pod netns (which removes the host
-/// end and its routes). A missing netns or interface is success. Bounded by 20 s; on timeout
-/// the deleting thread is abandoned (the process is about to exit anyway).
+/// end and its routes). A missing netns or interface is success. Bounded by 20 s and the
+/// call's deadline; on timeout the deleting thread is abandoned (the process is about to exit
+/// anyway).
 pub fn clean_up_namespace(netns_path: &str, ifname: &str) -> Result<()> {
     if netns_path.is_empty() {
         tracing::info!("CleanUpNamespace called with no netns name, ignoring.");
@@ -188,10 +195,12 @@ pub fn remove_created_interface(netns_path: &str, ifname: &str, index: u32) -> R
     delete_in_netns_bounded(netns_path, ifname, Some(index))
 }
 
-/// Deletes `ifname` in the netns on a helper thread, bounded by 20 s; on timeout the thread
-/// is abandoned (the process is about to exit anyway).
+/// Deletes `ifname` in the netns on a helper thread, bounded by 20 s and the call's deadline
+/// (in an undo: plus its grace); on timeout the thread is abandoned (the process is about to
+/// exit anyway).
 fn delete_in_netns_bounded(netns_path: &str, ifname: &str, index: Option<u32>) -> Result<()> {
     let started = Instant::now();
+    let (wait, capped) = crate::deadline::cap(CLEANUP_TIMEOUT);
     let (tx, rx) = mpsc::channel();
     let (path, name) = (netns_path.to_string(), ifname.to_string());
     std::thread::Builder::new()
@@ -200,13 +209,17 @@ fn delete_in_netns_bounded(netns_path: &str, ifname: &str, index: Option<u32>) -
             let _ = tx.send(delete_in_netns(&path, &name, index));
         })
         .map_err(|e| internal(format!("failed to spawn a thread: {e}")))?;
-    match rx.recv_timeout(CLEANUP_TIMEOUT) {
+    match rx.recv_timeout(wait) {
         Ok(r) => {
             if r.is_ok() {
                 tracing::info!(after = ?started.elapsed(), "Deleted device in netns.");
             }
             r
         }
+        Err(mpsc::RecvTimeoutError::Timeout) if capped => Err(crate::deadline::expired(format!(
+            "deleting device {ifname:?} in netns {netns_path}"
+        ))
+        .into()),
         Err(mpsc::RecvTimeoutError::Timeout) => {
             Err(DataplaneError::CleanUpTimeout(netns_path.to_string()))
         }
@@ -348,7 +361,8 @@ async fn configure(
     let mut host_link = lookup(host, hv).await.map_err(|r| lookup_err(hv, r))?;
     let host_idx = host_link.header.index;
     let mut expected_ll = None;
-    let mac_deadline = Instant::now() + MAC_TIMEOUT;
+    let (mac_wait, mac_capped) = crate::deadline::cap(MAC_TIMEOUT);
+    let mac_deadline = Instant::now() + mac_wait;
     loop {
         if let Err(e) = nl::set_mac(host, host_idx, &HOST_SIDE_MAC).await {
             tracing::warn!(
@@ -369,6 +383,12 @@ async fn configure(
             format_mac(&mac)
         );
         if Instant::now() >= mac_deadline {
+            if mac_capped {
+                return Err(crate::deadline::expired(format!(
+                    "waiting for host veth {hv:?} to accept MAC ee:ee:ee:ee:ee:ee"
+                ))
+                .into());
+            }
             return Err(DataplaneError::MacTimeout(hv.to_string()));
         }
         tokio::time::sleep(MAC_RETRY_INTERVAL).await;
@@ -547,6 +567,9 @@ async fn wait_host_link_local(
     for attempt in 0..LL_ATTEMPTS {
         if attempt > 0 {
             tokio::time::sleep(LL_RETRY_INTERVAL).await;
+            crate::deadline::check(format!(
+                "waiting for the IPv6 link-local address of host veth {hv:?}"
+            ))?;
             tracing::info!("Retry lookup of host-side IPv6 link local address...");
         }
         let addrs = match nl::ipv6_addresses(host, host_idx).await {

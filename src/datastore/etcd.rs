@@ -1,8 +1,10 @@
 //! etcd v3 backend: libcalico-go's key paths (calico-datastore.md §1.1) and its
 //! transactions: create = `If(version == 0) Put`, update = `If(mod_revision == rev) Put`,
 //! delete = `[If(mod_revision == rev)] Delete`, each with `Else Get` to tell a conflict from a
-//! missing key. Revisions are decimal ModRevisions. Every request is bounded by a timeout, so
-//! a dead etcd fails a call instead of hanging it.
+//! missing key. Revisions are decimal ModRevisions. Every request is bounded by a timeout and
+//! by the call's deadline (`crate::deadline`), so a dead or frozen etcd fails a call instead
+//! of hanging it: an attempt gets `min(its timeout, what is left)`, and once the deadline has
+//! passed a request is not even sent, which also ends the IPAM's compare-and-swap loops.
 
 use std::future::Future;
 use std::time::Duration;
@@ -16,6 +18,7 @@ use tracing::debug;
 
 use super::resources::{prepare_resource_for_storage, set_resource_version};
 use super::{Datastore, DatastoreError, Key, KvPair, ListKind, Revision};
+use crate::deadline;
 use crate::net::IpNet;
 
 const RESOURCES: &str = "/calico/resources/v3/projectcalico.org/";
@@ -90,9 +93,15 @@ impl EtcdDatastore {
             }
             opts = opts.with_tls(tls);
         }
-        let client = tokio::time::timeout(timeout, Client::connect(&cfg.endpoints, Some(opts)))
+        let what = || format!("connecting to etcd at {:?}", cfg.endpoints);
+        deadline::check(what())?;
+        let (wait, capped) = deadline::cap(timeout);
+        let client = tokio::time::timeout(wait, Client::connect(&cfg.endpoints, Some(opts)))
             .await
-            .map_err(|_| unavailable(format!("timed out connecting to {:?}", cfg.endpoints)))?
+            .map_err(|_| match capped {
+                true => DatastoreError::Deadline(deadline::expired(what())),
+                false => unavailable(format!("timed out connecting to {:?}", cfg.endpoints)),
+            })?
             .map_err(|e| unavailable(format!("{e} (endpoints {:?})", cfg.endpoints)))?;
         Ok(EtcdDatastore {
             kv: client.kv_client(),
@@ -100,20 +109,25 @@ impl EtcdDatastore {
         })
     }
 
-    /// Runs one request with the per-request timeout. Transport failures (a member down, a
-    /// leader election) are retried a few times so a cluster keeps serving through its
-    /// survivors; every write is a compare-and-swap, so a retried one cannot apply twice
-    /// unnoticed.
-    async fn bounded<T, F, Fut>(&self, op: F) -> Result<T, DatastoreError>
+    /// Runs one request (`what`: `get <key>`, `txn <key>`, …) with the per-request timeout.
+    /// Transport failures (a member down, a leader election) are retried a few times so a
+    /// cluster keeps serving through its survivors; every write is a compare-and-swap, so a
+    /// retried one cannot apply twice unnoticed. Nothing is sent, and nothing retried, past
+    /// the call's deadline.
+    async fn bounded<T, F, Fut>(&self, what: &str, op: F) -> Result<T, DatastoreError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        self.bounded_counted(op).await.map(|(v, _)| v)
+        self.bounded_counted(what, op).await.map(|(v, _)| v)
     }
 
     /// `bounded`, also saying how many attempts it took.
-    async fn bounded_counted<T, F, Fut>(&self, mut op: F) -> Result<(T, u64), DatastoreError>
+    async fn bounded_counted<T, F, Fut>(
+        &self,
+        what: &str,
+        mut op: F,
+    ) -> Result<(T, u64), DatastoreError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
@@ -121,20 +135,26 @@ impl EtcdDatastore {
         // A request stuck on a member that just died is abandoned after half the budget and
         // sent again (the balancer then picks a live member).
         let per_attempt = self.timeout / 2;
+        let waiting = || format!("waiting for etcd ({what})");
         let mut attempt = 0u64;
         loop {
             attempt += 1;
-            let err = match tokio::time::timeout(per_attempt, op()).await {
+            deadline::check(waiting())?;
+            let (wait, capped) = deadline::cap(per_attempt);
+            let err = match tokio::time::timeout(wait, op()).await {
                 Ok(Ok(v)) => return Ok((v, attempt)),
                 Ok(Err(e)) if is_transport_error(&e) => e.to_string(),
                 Ok(Err(e)) => return Err(unavailable(e)),
+                Err(_) if capped => return Err(deadline::expired(waiting()).into()),
                 Err(_) => format!("etcd request timed out after {per_attempt:?}"),
             };
             if attempt >= TRANSPORT_ATTEMPTS {
                 return Err(unavailable(err));
             }
             debug!(attempt, error = %err, "etcd transport error; retrying");
-            tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+            let backoff = Duration::from_millis(100 * attempt);
+            tokio::time::sleep(deadline::cap(backoff).0).await;
+            deadline::check(format!("retrying etcd ({what}) after: {err}"))?;
         }
     }
 
@@ -142,9 +162,10 @@ impl EtcdDatastore {
     /// have been applied).
     async fn txn_counted(
         &self,
+        path: &str,
         txn: Txn,
     ) -> Result<(etcd_client::TxnResponse, u64), DatastoreError> {
-        self.bounded_counted(|| {
+        self.bounded_counted(&format!("txn {path}"), || {
             let mut kv = self.kv.clone();
             let txn = txn.clone();
             async move { kv.txn(txn).await }
@@ -351,7 +372,7 @@ impl Datastore for EtcdDatastore {
     async fn get(&self, key: &Key) -> Result<KvPair, DatastoreError> {
         let path = key_path(key);
         let resp = self
-            .bounded(|| {
+            .bounded(&format!("get {path}"), || {
                 let mut kv = self.kv.clone();
                 let path = path.clone();
                 async move { kv.get(path, None).await }
@@ -366,7 +387,7 @@ impl Datastore for EtcdDatastore {
     async fn list(&self, what: &ListKind) -> Result<Vec<KvPair>, DatastoreError> {
         let prefix = list_prefix(what);
         let resp = self
-            .bounded(|| {
+            .bounded(&format!("list {prefix}"), || {
                 let mut kv = self.kv.clone();
                 let prefix = prefix.clone();
                 async move { kv.get(prefix, Some(GetOptions::new().with_prefix())).await }
@@ -389,7 +410,7 @@ impl Datastore for EtcdDatastore {
             .when(vec![Compare::version(path.clone(), CompareOp::Equal, 0)])
             .and_then(vec![TxnOp::put(path.clone(), bytes.clone(), None)])
             .or_else(vec![TxnOp::get(path, None)]);
-        let (resp, attempts) = self.txn_counted(txn).await?;
+        let (resp, attempts) = self.txn_counted(&key_path(key), txn).await?;
         if !resp.succeeded() {
             if attempts > 1 {
                 if let Some(rev) = already_applied(&resp, &bytes) {
@@ -418,7 +439,7 @@ impl Datastore for EtcdDatastore {
             )])
             .and_then(vec![TxnOp::put(path.clone(), bytes.clone(), None)])
             .or_else(vec![TxnOp::get(path, None)]);
-        let (resp, attempts) = self.txn_counted(txn).await?;
+        let (resp, attempts) = self.txn_counted(&key_path(key), txn).await?;
         if !resp.succeeded() {
             if attempts > 1 {
                 if let Some(rev) = already_applied(&resp, &bytes) {
@@ -444,7 +465,7 @@ impl Datastore for EtcdDatastore {
             .when(compares)
             .and_then(vec![TxnOp::delete(path.clone(), None)])
             .or_else(vec![TxnOp::get(path, None)]);
-        let (resp, attempts) = self.txn_counted(txn).await?;
+        let (resp, attempts) = self.txn_counted(&key_path(key), txn).await?;
         let outcome = if !resp.succeeded() {
             Err(failed_compare(key, &resp))
         } else if resp.op_responses().iter().any(|r| match r {

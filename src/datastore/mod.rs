@@ -188,6 +188,10 @@ pub enum DatastoreError {
     Conflict(String),
     #[error("error connecting to the datastore: {0}")]
     Unavailable(String),
+    /// The call's deadline passed before the datastore answered (or before the request
+    /// was sent): the request's outcome is unknown.
+    #[error(transparent)]
+    Deadline(#[from] crate::deadline::Expired),
     /// A 401 / 403 from the API server.
     #[error("connection is unauthorized: {0}")]
     Unauthorized(String),
@@ -215,6 +219,9 @@ impl DatastoreError {
     }
     pub fn is_already_exists(&self) -> bool {
         matches!(self, DatastoreError::AlreadyExists(_))
+    }
+    pub fn is_deadline(&self) -> bool {
+        matches!(self, DatastoreError::Deadline(_))
     }
 }
 

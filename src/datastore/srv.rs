@@ -70,11 +70,17 @@ async fn lookup_srv(servers: &[SocketAddr], name: &str) -> Result<Vec<Srv>, Stri
     let mut last = format!("lookup {name}: no such host");
     for server in servers {
         let err = |reason: &str| format!("lookup {name} on {server}: {reason}");
-        let answer = match tokio::time::timeout(QUERY_TIMEOUT, query(*server, name)).await {
+        // Each query is also cut at the call's deadline.
+        let (wait, capped) = crate::deadline::cap(QUERY_TIMEOUT);
+        let answer = match tokio::time::timeout(wait, query(*server, name)).await {
             Ok(Ok(a)) => a,
             Ok(Err(e)) => {
                 last = err(&e);
                 continue;
+            }
+            Err(_) if capped => {
+                let what = format!("looking up {name} on {server}");
+                return Err(crate::deadline::expired(what).to_string());
             }
             Err(_) => {
                 last = err("i/o timeout");

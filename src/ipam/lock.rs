@@ -5,6 +5,10 @@
 //! Unlike upstream, no local user can stall pod networking with it: the file is created
 //! 0600 (as upstream's flock library does) in a directory created 0755 (upstream: 0777),
 //! whatever the umask, and the wait is bounded: after `LOCK_WAIT` the call goes on unlocked.
+//! The wait is also cut at the call's deadline (`crate::deadline`): a call queued behind a
+//! stuck holder then goes on unlocked too, and its next datastore request reports the
+//! deadline. `LOCK_WAIT` stays shorter than the default deadline on purpose: one stuck holder
+//! must not eat the whole budget of every call queued behind it.
 
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
@@ -27,8 +31,13 @@ pub struct IpamLock {
 }
 
 impl IpamLock {
+    /// Takes the lock, waiting at most `min(LOCK_WAIT, what is left of the call's budget)`.
     pub fn acquire(path: &str) -> IpamLock {
-        Self::acquire_within(path, LOCK_WAIT)
+        let (wait, capped) = crate::deadline::cap(LOCK_WAIT);
+        if capped {
+            debug!(?wait, "the IPAM lock wait is cut at the call's deadline");
+        }
+        Self::acquire_within(path, wait)
     }
 
     /// `acquire` with an explicit bound on the wait.

@@ -92,6 +92,7 @@ struct Call {
 fn load(args: &CmdArgs) -> Result<NetConf> {
     let conf = NetConf::parse(&args.stdin_data)?;
     crate::logging::init(&conf, "ipam");
+    crate::deadline::configure(conf.call_timeout_seconds);
     Ok(conf)
 }
 
@@ -288,7 +289,16 @@ async fn assign<D: Datastore>(
         if let Some(why) = short.shortfall() {
             let got: Vec<IpAddr> = v4.ips.iter().chain(&v6.ips).map(|n| n.addr).collect();
             if !got.is_empty() {
-                if let Err(e) = ipam.release_ips(&got, None).await {
+                let undo = crate::deadline::cleanup_bound(
+                    "releasing the addresses of a partial assignment",
+                    ipam.release_ips(&got, None),
+                );
+                let failed = match undo.await {
+                    Ok(Ok(_)) => None,
+                    Ok(Err(e)) => Some(e.to_string()),
+                    Err(e) => Some(e.to_string()),
+                };
+                if let Some(e) = failed {
                     warn!(error = %e, "failed to release addresses after a partial assignment");
                 }
             }
@@ -348,10 +358,15 @@ async fn release<D: Datastore>(ds: &D, call: &Call) -> Result<()> {
     .await?
 }
 
+/// Upstream's 90 s budget for the IPAM work, cut at the call's deadline.
 async fn with_timeout<T>(f: impl std::future::Future<Output = T>) -> Result<T> {
-    tokio::time::timeout(IPAM_TIMEOUT, f)
+    let (wait, capped) = crate::deadline::cap(IPAM_TIMEOUT);
+    tokio::time::timeout(wait, f)
         .await
-        .map_err(|_| Error::msg("context deadline exceeded"))
+        .map_err(|_| match capped {
+            true => crate::deadline::expired("assigning or releasing IPAM addresses").into(),
+            false => Error::msg("context deadline exceeded"),
+        })
 }
 
 /// `ipv4_pools`/`ipv6_pools` entries are CIDRs or IPPool names (utils.ResolvePools).

@@ -5,19 +5,27 @@
 //! Unlike upstream, everything that can be checked is checked before IPAM (the endpoint's
 //! name and validity, the Profile, dataplane options, timeouts), and the Profile is ensured
 //! before IPAM too, so that after IPAM the only failures left are the dataplane's and the
-//! endpoint write's. Those undo exactly what this call made: the veth pair it created and
-//! the addresses it was given — never a pre-existing interface, never an address another
-//! ADD of the same sandbox holds under the same handle.
+//! endpoint write's. Those undo exactly what this call made: the veth pair it created, the
+//! addresses it was given and an endpoint whose write may have landed unanswered — never a
+//! pre-existing interface, never an address another ADD of the same sandbox holds under the
+//! same handle.
+//!
+//! The undo runs within the call's grace (`deadline::cleanup_bound`): after a failure at the
+//! deadline it may go on for `deadline::GRACE` more, so an ADD returns within its budget plus
+//! the grace, having undone what the datastore let it undo.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::net::IpAddr;
 
 use serde_json::Value;
 use tracing::{info, warn};
 
 use crate::dataplane::{self, NetworkingRequest};
-use crate::datastore::model::{IpNat, Profile, WorkloadEndpoint};
-use crate::datastore::validate;
+use crate::datastore::model::{IpNat, Profile, WorkloadEndpoint, WorkloadEndpointSpec};
+use crate::datastore::resources::{delete_resource, get_resource};
+use crate::datastore::{validate, DatastoreError, Kind};
+use crate::deadline;
 use crate::error::{Error, Result};
 use crate::ipam::allocator::{Ipam, ViewReads};
 use crate::ipam::lock::IpamLock;
@@ -367,7 +375,11 @@ async fn assign_each(
                 result.routes.extend(r.routes);
             }
             Err(e) => {
-                ipam_exec::release_assigned(&call.ds, &call.conf, args, &assigned).await;
+                undo(
+                    "releasing the addresses already assigned",
+                    ipam_exec::release_assigned(&call.ds, &call.conf, args, &assigned),
+                )
+                .await;
                 return Err(Error::msg(format!("error getting IP from IPAM: {e}")));
             }
         }
@@ -431,7 +443,11 @@ async fn ipam_add(
     let result = ipam_exec::exec_add(&call.ds, ipam_type, args, prepared).await?;
     info!(ips = ?result.ips.iter().map(|i| i.address.to_string()).collect::<Vec<_>>(), "Got result from IPAM plugin");
     if result.ips.is_empty() {
-        ipam_exec::release(&call.ds, ipam_type, args).await;
+        undo(
+            "releasing an empty IPAM result",
+            ipam_exec::release(&call.ds, ipam_type, args),
+        )
+        .await;
         return Err(Error::msg(empty));
     }
     Ok(result)
@@ -466,20 +482,32 @@ async fn network_and_write(
     let net = match dataplane::do_networking(&req) {
         Ok(n) => n,
         Err(e) => {
-            ipam_exec::release_assigned(&call.ds, &call.conf, args, &assigned).await;
+            undo(
+                "releasing the addresses after a failed dataplane setup",
+                ipam_exec::release_assigned(&call.ds, &call.conf, args, &assigned),
+            )
+            .await;
             return Err(e.into());
         }
     };
     info!(host_veth = %net.host_veth, mac = %net.container_mac, "Networked namespace");
     wep.spec.mac = net.container_mac.to_lowercase();
     wep.spec.interface_name = net.host_veth.clone();
+    let new_endpoint = wep.metadata.resource_version.is_empty();
     if let Err(e) = endpoint::write(&call.ds, &mut wep).await {
-        if let Err(undo) =
-            dataplane::remove_created_interface(&args.netns, &args.ifname, net.container_index)
-        {
-            warn!(error = %undo, "failed to remove the pod interface after a failed ADD");
-        }
-        ipam_exec::release_assigned(&call.ds, &call.conf, args, &assigned).await;
+        undo("undoing a failed ADD", async {
+            // The interface first: it is local and always possible.
+            if let Err(undo) =
+                dataplane::remove_created_interface(&args.netns, &args.ifname, net.container_index)
+            {
+                warn!(error = %undo, "failed to remove the pod interface after a failed ADD");
+            }
+            if new_endpoint && outcome_unknown(&e) {
+                remove_unanswered_endpoint(call, &wep).await;
+            }
+            ipam_exec::release_assigned(&call.ds, &call.conf, args, &assigned).await;
+        })
+        .await;
         return Err(e);
     }
     info!(name = %wep.metadata.name, "Wrote endpoint to datastore");
@@ -492,6 +520,50 @@ async fn network_and_write(
         &args.netns,
     );
     Ok(result)
+}
+
+/// Runs one step of undoing a failed ADD within the call's grace; a step cut short is
+/// logged (what it could not undo, DEL will).
+async fn undo(what: &str, step: impl Future<Output = ()>) {
+    if let Err(e) = deadline::cleanup_bound(what, step).await {
+        warn!(error = %e, "the undo of a failed ADD was cut short; DEL will finish it");
+    }
+}
+
+/// Whether a failed write may have landed all the same (no answer, rather than a refusal).
+fn outcome_unknown(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Datastore(DatastoreError::Deadline(_) | DatastoreError::Unavailable(_))
+    )
+}
+
+/// After the create of a new endpoint went unanswered: delete the endpoint if it was written
+/// all the same (it is this call's: same container and addresses), so that no endpoint is
+/// left naming addresses that are being given back.
+async fn remove_unanswered_endpoint(call: &Call, wep: &WorkloadEndpoint) {
+    let (ns, name) = (&wep.metadata.namespace, &wep.metadata.name);
+    let read =
+        get_resource::<_, WorkloadEndpointSpec>(&call.ds, Kind::WorkloadEndpoint, Some(ns), name)
+            .await;
+    let stored = match read {
+        Ok(w) => w,
+        Err(e) if e.is_not_found() => return,
+        Err(e) => {
+            warn!(error = %e, name, "cannot tell whether the endpoint was written");
+            return;
+        }
+    };
+    if stored.spec.container_id != wep.spec.container_id
+        || stored.spec.ip_networks != wep.spec.ip_networks
+    {
+        return;
+    }
+    let rev = Some(stored.metadata.resource_version.as_str());
+    match delete_resource(&call.ds, Kind::WorkloadEndpoint, Some(ns), name, rev).await {
+        Ok(()) => info!(name, "deleted the endpoint whose write went unanswered"),
+        Err(e) => warn!(error = %e, name, "failed to delete the endpoint of a failed ADD"),
+    }
 }
 
 /// Floating IPs NATed to the pod's address of the same family.

@@ -1,6 +1,9 @@
 //! `calico` DEL (plugin.go cmdDel, k8s.go CmdDelK8s): release the addresses, delete the
 //! WorkloadEndpoint and remove the pod's interface. Every step tolerates "already gone", so
-//! DEL is idempotent.
+//! DEL is idempotent; every step runs even when another failed (the runtime retries DEL, and
+//! each retry then has less left to do), and every failure is reported, in one error whose
+//! message joins them with "; ". Under a datastore that does not answer, DEL returns at the
+//! call's deadline (`crate::deadline`) with that error, having removed the interface.
 
 use tracing::{info, warn};
 
@@ -10,14 +13,37 @@ use crate::datastore::resources::{delete_resource, get_resource};
 use crate::datastore::{DatastoreError, Kind};
 use crate::error::{Error, Result};
 use crate::plugin::ipam_exec;
-use crate::plugin::{check_datastore_ready, prelude};
-use crate::skel::CmdArgs;
+use crate::plugin::{check_datastore_ready, connect, load};
+use crate::skel::error::CODE_TRY_AGAIN_LATER;
+use crate::skel::{CmdArgs, CniError};
 
 /// Attempts at the get-then-CAS-delete of a k8s endpoint.
 const K8S_DELETE_ATTEMPTS: usize = 6;
 
 pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
-    let call = prelude(args).await?;
+    let conf = load(args)?;
+    // The kernel's part, removing the pod's interface (one RTM_DELLINK whose teardown takes
+    // ~15 ms), needs neither the datastore nor its readiness: it runs on its own thread from
+    // the start, while the datastore is connected to, read and written; every path waits for
+    // it before returning. With k8s, the addresses are still released only once the
+    // interface is gone (a new pod cannot get one while the old host route exists). A DEL
+    // refused by the ready gate, or by an unreachable datastore, has still removed the
+    // interface of a sandbox that is going away, and its retry finds nothing to remove.
+    let dataplane = conf.check_dataplane();
+    let teardown = dataplane.is_ok().then(|| {
+        let (netns, ifname) = (args.netns.clone(), args.ifname.clone());
+        tokio::task::spawn_blocking(move || dataplane::clean_up_namespace(&netns, &ifname))
+    });
+    let mut teardown = Teardown(teardown);
+    let mut failures = Failures::default();
+    let call = match connect(args, conf, false).await {
+        Ok(call) => call,
+        Err(e) => {
+            failures.push(e);
+            failures.add(teardown.finish().await);
+            return failures.into_result();
+        }
+    };
     let ids = &call.ids;
     // A name that cannot be built (a segment starting or ending with `-`) cannot have been
     // written by an ADD, so there is no endpoint to delete; the addresses and the interface
@@ -30,18 +56,6 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
         }
     };
     let ipam_type = &call.conf.ipam.ipam_type;
-    // The kernel's part, removing the pod's interface (one RTM_DELLINK whose teardown takes
-    // ~15 ms), runs on its own thread while the datastore is read and written; every path
-    // waits for it before returning. With k8s, the addresses are still released only once the
-    // interface is gone (a new pod cannot get one while the old host route exists). It starts
-    // before the ready gate: a DEL refused by the gate has still removed the interface of a
-    // sandbox that is going away, and its retry finds nothing to remove.
-    let dataplane = call.conf.check_dataplane();
-    let teardown = dataplane.is_ok().then(|| {
-        let (netns, ifname) = (args.netns.clone(), args.ifname.clone());
-        tokio::task::spawn_blocking(move || dataplane::clean_up_namespace(&netns, &ifname))
-    });
-    let mut teardown = Teardown(teardown);
     // The ready gate and (k8s) the endpoint's first read are independent reads: one round
     // trip. Nothing is written before the gate has passed.
     let k8s_name = name.as_deref().filter(|_| ids.is_k8s());
@@ -52,28 +66,32 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
         }
     });
     if let Err(e) = ready {
-        teardown.finish().await.ok();
-        return Err(e);
+        failures.push(e);
+        failures.add(teardown.finish().await);
+        return failures.into_result();
     }
 
     if ids.is_k8s() {
+        // A configuration error: nothing was started.
         if let Err(e) = dataplane {
             return Err(e.into());
         }
         if let (Some(name), Some(first)) = (k8s_name, first_read) {
-            let deleted =
-                delete_k8s_endpoint(&call.ds, &ids.namespace, name, &ids.container_id, first).await;
-            if let Err(e) = deleted {
-                teardown.finish().await.ok();
-                return Err(e);
+            failures.add(
+                delete_k8s_endpoint(&call.ds, &ids.namespace, name, &ids.container_id, first).await,
+            );
+        }
+        match teardown.finish().await {
+            Ok(()) => failures.add(ipam_exec::exec_del(&call.ds, ipam_type, args).await),
+            Err(e) => {
+                warn!("the pod's addresses are kept until its interface is gone (a retried DEL releases them)");
+                failures.push(e);
             }
         }
-        teardown.finish().await?;
-        ipam_exec::exec_del(&call.ds, ipam_type, args).await?;
-        return Ok(());
+        return failures.into_result();
     }
 
-    let ipam_result = ipam_exec::exec_del(&call.ds, ipam_type, args).await;
+    failures.add(ipam_exec::exec_del(&call.ds, ipam_type, args).await);
     if let Some(name) = &name {
         match delete_resource(
             &call.ds,
@@ -88,15 +106,55 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
             Err(e) if e.is_not_found() => {
                 info!(name, "Endpoint object does not exist, no need to clean up.")
             }
-            Err(e) => {
-                teardown.finish().await.ok();
-                return Err(e.into());
+            Err(e) => failures.push(e.into()),
+        }
+    }
+    if let Err(e) = dataplane {
+        failures.push(e.into());
+    }
+    failures.add(teardown.finish().await);
+    failures.into_result()
+}
+
+/// Every failure of a DEL, in the order its steps ran.
+#[derive(Default)]
+struct Failures(Vec<Error>);
+
+impl Failures {
+    fn push(&mut self, e: Error) {
+        warn!(error = %e, "a step of DEL failed; going on with the others");
+        self.0.push(e);
+    }
+
+    fn add(&mut self, r: Result<()>) {
+        if let Err(e) = r {
+            self.push(e);
+        }
+    }
+
+    /// One failure as it is; several as one error naming them all (joined with "; "),
+    /// code 11 when one of them is the call's deadline, else the first one's code.
+    fn into_result(mut self) -> Result<()> {
+        match self.0.len() {
+            0 => Ok(()),
+            1 => Err(self.0.remove(0)),
+            _ => {
+                let msg = self
+                    .0
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                let codes: Vec<u32> = self.0.into_iter().map(|e| CniError::from(e).code).collect();
+                let code = if codes.contains(&CODE_TRY_AGAIN_LATER) {
+                    CODE_TRY_AGAIN_LATER
+                } else {
+                    codes[0]
+                };
+                Err(Error::Cni(CniError::new(code, msg, "")))
             }
         }
     }
-    dataplane?;
-    teardown.finish().await?;
-    ipam_result
 }
 
 /// The pod interface's removal, running on a blocking thread.
@@ -183,4 +241,33 @@ async fn delete_k8s_endpoint<D: crate::datastore::Datastore>(
         "error deleting endpoint: endpoint was modified before it could be deleted: {}",
         last.map(|e| e.to_string()).unwrap_or_default()
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_are_all_reported() {
+        assert!(Failures::default().into_result().is_ok());
+        let one = Failures(vec![Error::msg("error deleting endpoint: boom")]);
+        assert_eq!(
+            one.into_result().unwrap_err().to_string(),
+            "error deleting endpoint: boom"
+        );
+        let expired = crate::deadline::expired("waiting for etcd (get /calico/ipam/v2/handle/h)");
+        let two = Failures(vec![
+            Error::Datastore(DatastoreError::Deadline(expired.clone())),
+            Error::msg("failed to clean up workload's veth inside netns: boom"),
+        ]);
+        let e = CniError::from(two.into_result().unwrap_err());
+        assert_eq!(e.code, CODE_TRY_AGAIN_LATER);
+        assert_eq!(
+            e.msg,
+            format!("{expired}; failed to clean up workload's veth inside netns: boom")
+        );
+        let plain = Failures(vec![Error::msg("a"), Error::msg("b")]);
+        let e = CniError::from(plain.into_result().unwrap_err());
+        assert_eq!((e.code, e.msg.as_str()), (999, "a; b"));
+    }
 }

@@ -73,7 +73,8 @@ pub fn status_filename(namespace: &str, wep_name: &str) -> Option<String> {
     ))
 }
 
-/// Waits up to `seconds` for the endpoint's status file; only logs when it does not appear.
+/// Waits up to `seconds` (and no longer than the call's deadline) for the endpoint's status
+/// file; only logs when it does not appear.
 pub async fn wait_for_policy(dir: &str, namespace: &str, wep_name: &str, seconds: i64) {
     if seconds <= 0 {
         return;
@@ -92,7 +93,8 @@ pub async fn wait_for_policy(dir: &str, namespace: &str, wep_name: &str, seconds
     };
     let path = Path::new(dir).join(&file);
     debug!(path = %path.display(), "Waiting for workload's status file to appear");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(seconds.unsigned_abs());
+    let (wait, _) = crate::deadline::cap(Duration::from_secs(seconds.unsigned_abs()));
+    let deadline = tokio::time::Instant::now() + wait;
     loop {
         if path.exists() {
             info!(path = %path.display(), "endpoint policy is programmed");

@@ -5,14 +5,21 @@
 //! binary, the IPAM runs in-process on the already open datastore: the same code and the
 //! same stdin, without a second process start and datastore connection.
 //!
+//! A child plugin runs within the call's deadline (`crate::deadline`): it is given a budget
+//! (`CALICO_CALL_TIMEOUT_SECONDS`) of what is left minus the grace, in whole seconds and at
+//! least 1, so that a calico-ipam child gives up and undoes its own work before ours ends;
+//! one still running at the deadline is killed and reaped, and the call fails.
+//!
 //! host-local DEL gets upstream's `DeleteIPAM` rewrite: `usePodCidr`/`usePodCidrIPv6`
 //! subnets become `0.0.0.0/0`/`::/0` (host-local releases by container ID; it only needs a
 //! valid CIDR).
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::IpAddr;
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
@@ -49,7 +56,15 @@ pub fn find_plugin(plugin: &str, cni_path: &str) -> Result<PathBuf> {
 fn exec(plugin: &str, command: &str, args: &CmdArgs, stdin: &[u8]) -> Result<Vec<u8>> {
     let path = find_plugin(plugin, &args.path)?;
     debug!(plugin = %path.display(), command, "executing IPAM plugin");
-    let mut child = Command::new(&path)
+    let what = format!("running the IPAM plugin {} ({command})", path.display());
+    crate::deadline::check(what.as_str())?;
+    let mut cmd = Command::new(&path);
+    let left = crate::deadline::remaining();
+    if left != Duration::MAX {
+        let budget = left.saturating_sub(crate::deadline::GRACE).as_secs().max(1);
+        cmd.env(crate::deadline::ENV, budget.to_string());
+    }
+    let mut child = cmd
         .env("CNI_COMMAND", command)
         .env("CNI_CONTAINERID", &args.container_id)
         .env("CNI_NETNS", &args.netns)
@@ -64,14 +79,7 @@ fn exec(plugin: &str, command: &str, args: &CmdArgs, stdin: &[u8]) -> Result<Vec
         .stderr(Stdio::inherit())
         .spawn()
         .map_err(|e| Error::msg(format!("failed to execute {}: {e}", path.display())))?;
-    if let Some(mut input) = child.stdin.take() {
-        input
-            .write_all(stdin)
-            .map_err(|e| Error::msg(format!("failed to write to {}: {e}", path.display())))?;
-    }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| Error::msg(format!("failed waiting for {}: {e}", path.display())))?;
+    let out = wait_for_child(&mut child, &path, stdin, &what)?;
     if out.status.success() {
         return Ok(out.stdout);
     }
@@ -89,6 +97,83 @@ fn exec(plugin: &str, command: &str, args: &CmdArgs, stdin: &[u8]) -> Result<Vec
             String::from_utf8_lossy(&out.stdout).trim()
         ))),
     }
+}
+
+/// What a finished child left.
+struct ChildOutput {
+    status: ExitStatus,
+    stdout: Vec<u8>,
+}
+
+/// Feeds the child its stdin and collects its stdout on helper threads (a child that stops
+/// reading or writing must not block us), and waits for it until the call's limit; a child
+/// still running then is killed and reaped.
+fn wait_for_child(child: &mut Child, path: &Path, stdin: &[u8], what: &str) -> Result<ChildOutput> {
+    let limit = crate::deadline::limit();
+    let writer = child.stdin.take().map(|mut input| {
+        let data = stdin.to_vec();
+        std::thread::spawn(move || input.write_all(&data))
+    });
+    let (tx, rx) = mpsc::channel();
+    if let Some(mut output) = child.stdout.take() {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = tx.send(output.read_to_end(&mut buf).map(|_| buf));
+        });
+    } else {
+        let _ = tx.send(Ok(Vec::new()));
+    }
+    let waited =
+        |e: std::io::Error| Error::msg(format!("failed waiting for {}: {e}", path.display()));
+    let status = match limit {
+        None => child.wait().map_err(waited)?,
+        Some(limit) => {
+            // Polled (1 ms, doubling to 20 ms): a quick plugin costs next to nothing extra.
+            let mut pause = Duration::from_millis(1);
+            loop {
+                if let Some(status) = child.try_wait().map_err(waited)? {
+                    break status;
+                }
+                let now = Instant::now();
+                if now >= limit {
+                    warn!(plugin = %path.display(), "killing the IPAM plugin at the call's deadline");
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(crate::deadline::expired(what).into());
+                }
+                std::thread::sleep(pause.min(limit - now));
+                pause = (pause * 2).min(Duration::from_millis(20));
+            }
+        }
+    };
+    if let Some(Ok(Err(e))) = writer.map(|w| w.join()) {
+        return Err(Error::msg(format!(
+            "failed to write to {}: {e}",
+            path.display()
+        )));
+    }
+    // The pipe closes when the child exits, unless it left a process holding it open. (A
+    // moment's floor: the reader may not have sent what the child wrote just before exiting.)
+    let read = match limit {
+        None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+        Some(limit) => rx.recv_timeout(
+            limit
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(50)),
+        ),
+    };
+    let stdout = match read {
+        Ok(Ok(buf)) => buf,
+        Ok(Err(e)) => return Err(waited(e)),
+        Err(mpsc::RecvTimeoutError::Timeout) => return Err(crate::deadline::expired(what).into()),
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            return Err(Error::msg(format!(
+                "failed reading the output of {}",
+                path.display()
+            )))
+        }
+    };
+    Ok(ChildOutput { status, stdout })
 }
 
 /// Whether `plugin` in CNI_PATH is this executable under its IPAM name (then it runs

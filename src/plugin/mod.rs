@@ -87,6 +87,7 @@ pub struct Call {
 pub fn load(args: &CmdArgs) -> Result<NetConf> {
     let conf = NetConf::parse(&args.stdin_data)?;
     crate::logging::init(&conf, "cni-plugin");
+    crate::deadline::configure(conf.call_timeout_seconds);
     conf.check_nodename_file()?;
     Ok(conf)
 }

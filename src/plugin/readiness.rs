@@ -103,7 +103,8 @@ pub async fn wait_for_gates(gates: &[String]) -> Result<()> {
                 "invalid URL set for ReadinessGates:{gate} Error:{e}"
             ))
         })?;
-        poll(gate, &url).await?;
+        let waiting = format!("waiting for readiness gate {gate}");
+        crate::deadline::bound(&waiting, poll(gate, &url)).await??;
     }
     Ok(())
 }

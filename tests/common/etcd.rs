@@ -4,10 +4,12 @@
 #![allow(dead_code)]
 
 use std::fs;
+use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use calico_cni::datastore::etcd::{EtcdConfig, EtcdDatastore};
@@ -285,6 +287,68 @@ impl EtcdServer {
         self.child.id()
     }
 
+    /// Freezes etcd (SIGSTOP): connections stay open and requests are accepted by the
+    /// kernel but never answered, as with a hung or overloaded member.
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// Lets a frozen etcd go on (SIGCONT); it then answers what was queued.
+    pub fn thaw(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        signal_pid(self.child.id(), sig);
+    }
+
+    /// Freezes etcd the moment a key under `prefix` is written: an `etcdctl watch` whose
+    /// reader sends SIGSTOP on the first such event. The write itself has been applied (its
+    /// writer may or may not have its answer); whatever is sent next waits. The watch is
+    /// known to be live before this returns (a sentinel key under `prefix` is seen, then
+    /// deleted), so it must be one no reader of `prefix` takes for one of its own.
+    pub fn freeze_on_write(&self, prefix: &str) -> WriteTrap {
+        let mut child = self
+            .etcdctl_cmd(&["watch", "--prefix", prefix])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("failed to run {ETCDCTL} watch: {e}"));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let sentinel = format!("{prefix}~write-trap");
+        let fired = Arc::new(AtomicBool::new(false));
+        let (seen_tx, seen_rx) = mpsc::channel();
+        let (etcd_pid, flag, watched, marker) = (
+            self.child.id(),
+            fired.clone(),
+            prefix.to_string(),
+            sentinel.clone(),
+        );
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line == marker {
+                    let _ = seen_tx.send(());
+                } else if line.starts_with(&watched) && !flag.swap(true, Ordering::SeqCst) {
+                    signal_pid(etcd_pid, libc::SIGSTOP);
+                }
+            }
+        });
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            self.put(&sentinel, "{}");
+            if seen_rx.recv_timeout(Duration::from_millis(200)).is_ok() {
+                break;
+            }
+            assert!(
+                Instant::now() < until,
+                "etcdctl watch on {prefix} never saw a write"
+            );
+        }
+        self.etcdctl(&["del", "--", &sentinel]);
+        WriteTrap { child, fired }
+    }
+
     /// The client TLS files of a TLS server.
     pub fn tls_files(&self) -> Option<TlsFiles> {
         self.tls.clone()
@@ -384,6 +448,33 @@ impl EtcdServer {
     /// Every (key, value) under `prefix`, in one etcdctl call (values are one-line JSON).
     pub fn get_prefix(&self, prefix: &str) -> Vec<(String, String)> {
         key_value_lines(&self.etcdctl(&["get", "--prefix", prefix]))
+    }
+}
+
+fn signal_pid(pid: u32, sig: libc::c_int) {
+    let pid = libc::pid_t::try_from(pid).expect("etcd PID fits pid_t");
+    // SAFETY: kill(2) on the PID of an etcd a fixture started and has not reaped.
+    let rc = unsafe { libc::kill(pid, sig) };
+    assert_eq!(rc, 0, "kill({pid}, {sig}) failed");
+}
+
+/// See [`EtcdServer::freeze_on_write`]; the watch is killed on drop.
+pub struct WriteTrap {
+    child: Child,
+    fired: Arc<AtomicBool>,
+}
+
+impl WriteTrap {
+    /// Whether etcd was frozen.
+    pub fn fired(&self) -> bool {
+        self.fired.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for WriteTrap {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

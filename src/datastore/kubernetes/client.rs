@@ -1,6 +1,8 @@
 //! A thin REST client for the API server: kube's configuration loading (kubeconfig, token,
 //! client certificates, CA data) and auth layer over `OneConnection`, with JSON bodies in
-//! and out and every request bounded by a timeout. The bearer token is never logged.
+//! and out and every request bounded by a timeout and by the call's deadline
+//! (`crate::deadline`: `min(timeout, what is left)`; nothing is sent once it has passed). The
+//! bearer token is never logged.
 
 use std::time::Duration;
 
@@ -265,10 +267,17 @@ impl KubeClient {
                 .to_vec();
             Ok::<_, String>(ApiResponse { status, body })
         };
-        match tokio::time::timeout(self.timeout, exchange).await {
+        let waiting = || format!("waiting for the Kubernetes API server ({method} {path})");
+        crate::deadline::check(waiting())?;
+        let (wait, capped) = crate::deadline::cap(self.timeout);
+        match tokio::time::timeout(wait, exchange).await {
             Ok(Ok(r)) => {
                 tracing::debug!(%method, path, status = r.status, "API request");
                 Ok(r)
+            }
+            // The connection's own timeout is capped the same way: past the deadline, say so.
+            Ok(Err(_)) | Err(_) if capped && crate::deadline::remaining().is_zero() => {
+                Err(crate::deadline::expired(waiting()).into())
             }
             Ok(Err(e)) => Err(DatastoreError::Unavailable(format!("{method} {path}: {e}"))),
             Err(_) => Err(DatastoreError::Unavailable(format!(

@@ -121,7 +121,9 @@ impl Inner {
                 }
             }
         };
-        tokio::time::timeout(self.connect_timeout, connect)
+        // Never past the call's deadline (the request's own bound then reports it).
+        let (wait, _) = crate::deadline::cap(self.connect_timeout);
+        tokio::time::timeout(wait, connect)
             .await
             .map_err(|_| -> BoxError {
                 format!(
