@@ -18,7 +18,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
-use common::examples::{self, Site};
+use common::examples;
 use common::libcni::{driver_or_skip, ipv4_only_path, Driver, RuntimeEnv};
 use common::netns::{require_root, Netns, UPLINK_PEER_V4, UPLINK_V4};
 use common::world::{World, WEP_PREFIX};
@@ -92,15 +92,7 @@ fn chain_through_libcni(test: &str, version: &str) {
         return;
     };
     let w = World::new();
-    let mut list = examples::load("10-calico-portmap-bandwidth.conflist");
-    examples::localize(
-        &mut list,
-        &Site {
-            etcd_endpoint: Some(w.etcd.endpoint()),
-            kubeconfig: None,
-            scratch: w.scratch.path().to_path_buf(),
-        },
-    );
+    let mut list = examples::load_for_etcd_world("10-calico-portmap-bandwidth.conflist", &w);
     list["cniVersion"] = json!(version);
     let conflist = examples::write(w.scratch.path(), "net.conflist", &list);
     let container_id = format!("libcni{}", version.replace('.', ""));

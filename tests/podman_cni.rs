@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use common::apt;
 use common::cni::{report_skip, run_command_within, Outcome, TempDir};
-use common::examples::{self, Site};
+use common::examples;
 use common::netns::require_root;
 use common::world::{World, WEP_PREFIX};
 use serde_json::Value;
@@ -158,15 +158,7 @@ fn two_containers_reach_each_other_and_leave_nothing() {
         return;
     }
     let w = World::new();
-    let mut list = examples::load("10-calico-plain-cni.conflist");
-    examples::localize(
-        &mut list,
-        &Site {
-            etcd_endpoint: Some(w.etcd.endpoint()),
-            kubeconfig: None,
-            scratch: w.scratch.path().to_path_buf(),
-        },
-    );
+    let list = examples::load_for_etcd_world("10-calico-plain-cni.conflist", &w);
     let network = list["name"].as_str().expect("network name").to_string();
     let netconf = w.scratch.path().join("netconf");
     std::fs::create_dir_all(&netconf).expect("netconf dir");

@@ -102,6 +102,20 @@ pub fn localize(list: &mut Value, site: &Site) {
 }
 
 /// Writes `list` to `<dir>/<name>` and returns the path.
+/// Example `name`, localized for a test world's etcd and scratch directory.
+pub fn load_for_etcd_world(name: &str, w: &super::world::World) -> Value {
+    let mut list = load(name);
+    localize(
+        &mut list,
+        &Site {
+            etcd_endpoint: Some(w.etcd.endpoint()),
+            kubeconfig: None,
+            scratch: w.scratch.path().to_path_buf(),
+        },
+    );
+    list
+}
+
 pub fn write(dir: &Path, name: &str, list: &Value) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(
