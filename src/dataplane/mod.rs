@@ -1,37 +1,38 @@
 //! The Linux dataplane: veth pair, MACs, addresses, routes and sysctls inside and outside the
-//! pod's network namespace. Entry points: `do_networking` and `clean_up_namespace`.
+//! pod's network namespace. Entry points: `build` then `PodLink::finish` (ADD, in two parts
+//! so that the first runs while IPAM allocates; `veth.rs`), `do_networking` (both at once),
+//! `clean_up_namespace` (DEL).
 //!
-//! Threading model. The public functions are blocking and may be called from inside a tokio
-//! `block_on`, so they never create a runtime on the calling thread. All netlink work happens
-//! on short-lived spawned threads, each with its own current-thread runtime:
+//! Threading model. The functions never create a runtime on the calling thread (they may be
+//! called from inside a tokio `block_on`). All netlink work happens on short-lived spawned
+//! threads, each with its own current-thread runtime:
 //! * the "host" netns is whatever netns the *calling thread* is in (`/proc/thread-self/ns/net`);
-//! * the `do_networking` worker first opens a netlink socket in the host netns, then `setns()`es
-//!   into the pod netns and opens a second socket there. A netlink socket stays bound to the
-//!   netns it was created in, so the worker drives both sides, like upstream's host handle plus
+//! * the ADD workers first open a netlink socket in the host netns, then `setns()` into the
+//!   pod netns and open a second socket there. A netlink socket stays bound to the netns it
+//!   was created in, so a worker drives both sides, like upstream's host handle plus
 //!   in-netns calls;
 //! * `/proc/sys/net` resolves against the opening thread's netns, so host-side sysctls are
 //!   written from a further helper thread that joins the host netns;
 //! * every thread that entered the pod netns exits when its work is done.
 //!
 //! Every wait here (the MAC read-back, the link-local retry, the bounded netns deletion) also
-//! ends at the call's deadline (`crate::deadline`), computed on the calling thread.
+//! ends at the call's deadline (`crate::deadline`).
 
 pub mod check;
 mod nl;
 mod route;
 mod sys;
+mod veth;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use netlink_packet_route::link::{InfoData, InfoVeth, LinkAttribute};
-use netlink_packet_route::route::RouteScope;
-use rtnetlink::{Handle, LinkUnspec, LinkVeth};
+use rtnetlink::Handle;
 
-use crate::net::{format_mac, IpNet};
-use nl::{link_mac, lookup, nl_text, route_message};
-use sys::{block_on, connect, open_netns, write_proc_sys, NsOpenError};
+use crate::net::IpNet;
+use nl::nl_text;
+use sys::{block_on, connect, open_netns, NsOpenError};
 
 /// MAC given to every host-side veth.
 const HOST_SIDE_MAC: [u8; 6] = [0xee; 6];
@@ -151,18 +152,146 @@ pub enum DataplaneError {
 
 type Result<T, E = DataplaneError> = std::result::Result<T, E>;
 
-/// Calico's `DoNetworking`: creates and configures the veth pair for one pod interface.
-/// Unlike upstream, a failure after the veth pair was created removes that pair again: only
-/// what this call created, never an interface that was there before (a pod's running
-/// `eth0`, another call's veth).
-pub fn do_networking(req: &NetworkingRequest) -> Result<NetworkingResult> {
+/// The address families of a pod's addresses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Families {
+    pub v4: bool,
+    pub v6: bool,
+}
+
+impl Families {
+    pub fn of(ips: &[IpNet]) -> Families {
+        Families {
+            v4: ips.iter().any(IpNet::is_ipv4),
+            v6: ips.iter().any(|ip| !ip.is_ipv4()),
+        }
+    }
+}
+
+/// The part of `NetworkingRequest` that needs no address: what `build` makes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VethRequest {
+    /// `CNI_NETNS`.
+    pub netns_path: String,
+    /// Container-side interface name (`CNI_IFNAME`).
+    pub ifname: String,
+    /// Host-side interface name, e.g. `cali1234567890a`.
+    pub host_veth: String,
+    /// 0 = kernel default.
+    pub mtu: u32,
+    /// Tx/rx queues on both ends; 0 = kernel default.
+    pub num_queues: u32,
+    /// From the `cni.projectcalico.org/hwAddr` annotation.
+    pub container_mac: Option<[u8; 6]>,
+    /// The families the addresses will have, when known before IPAM answers: the
+    /// family-dependent link set-up (sysctls, link up, the IPv6 link-local wait) then runs
+    /// in `build` too. If IPAM's addresses turn out to have other families, `finish`
+    /// builds the pair again.
+    pub families: Option<Families>,
+}
+
+/// The part of `NetworkingRequest` that needs the addresses: what `PodLink::finish` adds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddressRequest {
+    /// Container addresses; prefixes are forced to /32 and /128.
+    pub ips: Vec<IpNet>,
+    /// Container route destinations (e.g. `0.0.0.0/0`, `::/0`), routed via 169.254.1.1 or the
+    /// host side's link-local address, only for families that have an address.
+    pub routes: Vec<IpNet>,
+    pub allow_ip_forwarding: bool,
+    /// Leave the host-side /32|/128 routes to someone else (KubeVirt migration targets).
+    pub skip_host_routes: bool,
+}
+
+impl NetworkingRequest {
+    /// The two halves, the families taken from the addresses.
+    pub fn parts(&self) -> (VethRequest, AddressRequest) {
+        let veth = VethRequest {
+            netns_path: self.netns_path.clone(),
+            ifname: self.ifname.clone(),
+            host_veth: self.host_veth.clone(),
+            mtu: self.mtu,
+            num_queues: self.num_queues,
+            container_mac: self.container_mac,
+            families: Some(Families::of(&self.ips)),
+        };
+        let addrs = AddressRequest {
+            ips: self.ips.clone(),
+            routes: self.routes.clone(),
+            allow_ip_forwarding: self.allow_ip_forwarding,
+            skip_host_routes: self.skip_host_routes,
+        };
+        (veth, addrs)
+    }
+}
+
+/// A veth pair built (by `build`) before the pod's addresses were known.
+#[derive(Debug)]
+pub struct PodLink {
+    req: VethRequest,
+    /// `None` when a link with the host-side name already existed: deleting it (upstream's
+    /// "old hostVeth") waits until the addresses are there, so an ADD that fails in IPAM
+    /// leaves it alone; the pair is then built by `finish`.
+    made: Option<veth::Made>,
+}
+
+/// The first half of Calico's `DoNetworking`, run while IPAM allocates: the veth pair and
+/// whatever of its set-up needs no address (`veth.rs`). A failure removes what it made.
+pub async fn build(req: VethRequest) -> Result<PodLink> {
     tracing::info!("Setting the host side veth name to {}", req.host_veth);
     let host_ns = sys::current_thread_netns().map_err(DataplaneError::Netns)?;
+    let r = req.clone();
+    let made = on_thread("calico-veth", move || build_worker(&r, &host_ns)).await?;
+    Ok(PodLink { req, made })
+}
+
+impl PodLink {
+    /// The second half of `DoNetworking`, once the addresses are known. Unlike upstream, a
+    /// failure removes the veth pair again: only what this call created, never an
+    /// interface that was there before (a pod's running `eth0`, another call's veth).
+    pub async fn finish(self, addrs: &AddressRequest) -> Result<NetworkingResult> {
+        let host_ns = sys::current_thread_netns().map_err(DataplaneError::Netns)?;
+        let addrs = addrs.clone();
+        on_thread("calico-veth", move || {
+            finish_worker(&self.req, self.made, &addrs, &host_ns)
+        })
+        .await
+    }
+
+    /// Removes what `build` made (the ADD failed in IPAM).
+    pub async fn discard(self) -> Result<()> {
+        match self.made {
+            Some(m) => remove_created_interface(&self.req.netns_path, &self.req.ifname, m.cont_idx),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Calico's `DoNetworking` in one go (`build`, then `finish`), for callers outside a tokio
+/// runtime: it runs on a scoped thread of its own.
+pub fn do_networking(req: &NetworkingRequest) -> Result<NetworkingResult> {
+    let (veth, addrs) = req.parts();
     std::thread::scope(|s| {
-        s.spawn(|| worker(req, &host_ns))
+        s.spawn(|| block_on(async { build(veth).await?.finish(&addrs).await }).map_err(internal)?)
             .join()
-            .unwrap_or_else(|_| Err(internal("dataplane worker thread panicked")))
+            .unwrap_or_else(|_| Err(internal("dataplane thread panicked")))
     })
+}
+
+/// Runs `f` on a thread of its own and waits for it without blocking the runtime.
+async fn on_thread<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let (tx, rx) = futures::channel::oneshot::channel();
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let _ = tx.send(f());
+        })
+        .map_err(|e| internal(format!("failed to spawn a thread: {e}")))?;
+    rx.await
+        .unwrap_or_else(|_| Err(internal("dataplane worker thread panicked")))
 }
 
 /// Calico's `CleanUpNamespace`: deletes `ifname` inside the pod netns (which removes the host
@@ -286,384 +415,71 @@ fn delete_in_netns(path: &str, ifname: &str, index: Option<u32>) -> Result<()> {
     .map_err(internal)?
 }
 
-/// Body of the `do_networking` worker thread. Starts in the host netns, ends in the pod netns,
-/// and exits with the thread.
-fn worker(req: &NetworkingRequest, host_ns: &std::fs::File) -> Result<NetworkingResult> {
-    // The spawned thread inherits the caller's netns; joining it explicitly makes sure the
-    // host socket and the host fd given to the kernel name the same namespace.
+/// Joins the host netns (the spawned thread inherits the caller's; joining it explicitly
+/// makes sure the host socket and the host fd given to the kernel name the same namespace),
+/// then runs `f` with a host handle on a runtime of this thread.
+fn with_host<T>(host_ns: &std::fs::File, f: impl AsyncFnOnce(&Handle) -> Result<T>) -> Result<T> {
     sys::enter_netns(host_ns, "/proc/thread-self/ns/net").map_err(DataplaneError::Netns)?;
     block_on(async {
         let host = connect().map_err(|e| DataplaneError::HostHandle(e.to_string()))?;
-        setup(req, host_ns, &host).await
+        f(&host).await
     })
     .map_err(internal)?
 }
 
-async fn setup(
-    req: &NetworkingRequest,
-    host_ns: &std::fs::File,
-    host: &Handle,
-) -> Result<NetworkingResult> {
-    let hv = req.host_veth.as_str();
-    let cv = req.ifname.as_str();
-
-    // 1. A leftover host link with our name goes (its peer goes with it).
-    if let Ok(Some(old)) = nl::link_by_name(host, hv).await {
-        host.link()
-            .del(old.header.index)
-            .execute()
-            .await
-            .map_err(|e| DataplaneError::DeleteOldHostVeth {
-                name: hv.to_string(),
-                reason: nl_text(&e),
-            })?;
-        tracing::info!("Cleaning old hostVeth: {hv}");
-    }
-
-    // 2. Into the pod netns; from here on this thread's /proc/sys is the pod's.
-    let pod_ns =
-        open_netns(&req.netns_path).map_err(|e| DataplaneError::Netns(e.into_message()))?;
-    sys::enter_netns(&pod_ns, &req.netns_path).map_err(DataplaneError::Netns)?;
-    let pod = connect().map_err(|e| internal(format!("failed to open netlink in netns: {e}")))?;
-
-    create_veth(req, host_ns, &pod).await?;
-    // From here on the pair is ours: any failure removes it again (deleting the container
-    // end takes the host end and its routes with it).
-    let cont_idx = lookup(&pod, cv)
-        .await
-        .map_err(|r| lookup_err(cv, r))?
-        .header
-        .index;
-    match configure(req, host_ns, host, &pod, cont_idx).await {
-        Ok(r) => Ok(r),
-        Err(e) => {
-            tracing::info!("Removing the veth pair this call created after: {e}");
-            if let Err(del) = pod.link().del(cont_idx).execute().await {
-                tracing::warn!("failed to remove the veth {cv}: {}", nl_text(&del));
-            }
-            Err(e)
-        }
-    }
+/// Moves this (worker) thread into the pod netns and opens a netlink handle there; from then
+/// on the thread's /proc/sys is the pod's. The thread exits when its work is done.
+fn enter_pod(path: &str) -> Result<Handle> {
+    let pod_ns = open_netns(path).map_err(|e| DataplaneError::Netns(e.into_message()))?;
+    sys::enter_netns(&pod_ns, path).map_err(DataplaneError::Netns)?;
+    connect().map_err(|e| internal(format!("failed to open netlink in netns: {e}")))
 }
 
-/// Steps 3–13 of `DoNetworking`, on the veth pair `create_veth` just made.
-async fn configure(
-    req: &NetworkingRequest,
-    host_ns: &std::fs::File,
-    host: &Handle,
-    pod: &Handle,
-    cont_idx: u32,
-) -> Result<NetworkingResult> {
-    let hv = req.host_veth.as_str();
-    let cv = req.ifname.as_str();
-
-    // 3. Host-side MAC, read back until the kernel shows it.
-    let mut host_link = lookup(host, hv).await.map_err(|r| lookup_err(hv, r))?;
-    let host_idx = host_link.header.index;
-    let mut expected_ll = None;
-    let (mac_wait, mac_capped) = crate::deadline::cap(MAC_TIMEOUT);
-    let mac_deadline = Instant::now() + mac_wait;
-    loop {
-        if let Err(e) = nl::set_mac(host, host_idx, &HOST_SIDE_MAC).await {
-            tracing::warn!(
-                "failed to Set MAC of {hv:?}: {}. Using kernel generated MAC.",
-                nl_text(&e)
-            );
-            break;
-        }
-        host_link = lookup(host, hv).await.map_err(|r| lookup_err(hv, r))?;
-        let mac = link_mac(&host_link).unwrap_or_default();
-        if mac == HOST_SIDE_MAC {
-            tracing::info!("Read back correct host-side MAC.");
-            expected_ll = Some(HOST_SIDE_LL);
-            break;
-        }
-        tracing::warn!(
-            "Host-side veth MAC {} does not match expected ee:ee:ee:ee:ee:ee. Retrying...",
-            format_mac(&mac)
-        );
-        if Instant::now() >= mac_deadline {
-            if mac_capped {
-                return Err(crate::deadline::expired(format!(
-                    "waiting for host veth {hv:?} to accept MAC ee:ee:ee:ee:ee:ee"
-                ))
-                .into());
-            }
-            return Err(DataplaneError::MacTimeout(hv.to_string()));
-        }
-        tokio::time::sleep(MAC_RETRY_INTERVAL).await;
-    }
-
-    // 4. Address families, masks forced to the host prefix.
-    let ips: Vec<IpNet> = req.ips.iter().map(|ip| IpNet::host(ip.addr)).collect();
-    let has_v4 = ips.iter().any(IpNet::is_ipv4);
-    let has_v6 = ips.iter().any(|ip| !ip.is_ipv4());
-
-    // 5. No DAD on the container side (must precede link up).
-    if has_v6 {
-        let path = format!("/proc/sys/net/ipv6/conf/{cv}/accept_dad");
-        write_proc_sys(&path, "0").map_err(|reason| DataplaneError::DisableDad {
-            name: cv.to_string(),
-            reason,
-        })?;
-    }
-
-    // 6. Host-side sysctls, written from a thread in the host netns.
-    sys::run_in_netns(host_ns, "/proc/thread-self/ns/net", || {
-        host_sysctls(hv, has_v4, has_v6)
-    })
-    .map_err(internal)?
-    .map_err(|reason| DataplaneError::HostSysctls {
-        iface: hv.to_string(),
-        reason,
-    })?;
-
-    // 7. Both ends up.
-    nl::set_up(host, host_idx)
-        .await
-        .map_err(|e| up_err(hv, &e))?;
-    let cont_link = lookup(pod, cv).await.map_err(|r| lookup_err(cv, r))?;
-    nl::set_up(pod, cont_idx)
-        .await
-        .map_err(|e| up_err(cv, &e))?;
-
-    // 8. Container MAC: the annotated one, else the kernel's.
-    let container_mac = match req.container_mac {
-        Some(mac) => {
-            nl::set_mac(pod, cont_idx, &mac)
-                .await
-                .map_err(|e| DataplaneError::ContainerMac {
-                    mac: format_mac(&mac),
-                    reason: nl_text(&e),
-                })?;
+/// Body of `build`'s worker thread: starts in the host netns, ends in the pod netns.
+fn build_worker(req: &VethRequest, host_ns: &std::fs::File) -> Result<Option<veth::Made>> {
+    with_host(host_ns, async |host| {
+        if veth::host_link_exists(host, &req.host_veth).await {
             tracing::info!(
-                "successfully configured container veth MAC to {} as requested via cni.projectcalico.org/hwAddr",
-                format_mac(&mac)
+                "A link named {} exists; it is replaced once the addresses are known.",
+                req.host_veth
             );
-            format_mac(&mac)
+            return Ok(None);
         }
-        None => format_mac(&link_mac(&cont_link).unwrap_or_default()),
-    };
-
-    // 9. IPv4: link route to the dummy gateway, then each route through it.
-    if has_v4 {
-        let gw_net = IpNet::host(IpAddr::V4(IPV4_GATEWAY));
-        pod.route()
-            .add(route_message(gw_net, None, cont_idx, RouteScope::Link))
-            .execute()
-            .await
-            .map_err(|e| DataplaneError::GatewayRoute(nl_text(&e)))?;
-        for r in req.routes.iter().filter(|r| r.is_ipv4()) {
-            add_container_route(pod, cont_idx, *r, IpAddr::V4(IPV4_GATEWAY)).await?;
-        }
-    }
-
-    // 10. IPv6: enable it in the pod, wait for the host side's link-local address, route via it.
-    if has_v6 {
-        for conf in ["all", "default", "lo"] {
-            let path = format!("/proc/sys/net/ipv6/conf/{conf}/disable_ipv6");
-            write_proc_sys(&path, "0")
-                .map_err(|reason| DataplaneError::ContainerEnableIpv6 { conf, reason })?;
-        }
-        let gw = wait_host_link_local(host, hv, host_idx, expected_ll).await?;
-        for r in req.routes.iter().filter(|r| !r.is_ipv4()) {
-            add_container_route(pod, cont_idx, *r, IpAddr::V6(gw)).await?;
-        }
-    }
-
-    // 11. Addresses.
-    for ip in &ips {
-        pod.address()
-            .add(cont_idx, ip.addr, ip.prefix)
-            .execute()
-            .await
-            .map_err(|e| DataplaneError::AddAddr {
-                name: cv.to_string(),
-                reason: nl_text(&e),
-            })?;
-    }
-
-    // 12. Forwarding inside the pod.
-    container_sysctls(has_v4, has_v6, req.allow_ip_forwarding)
-        .map_err(DataplaneError::ContainerSysctls)?;
-
-    // 13. Host-side routes to the pod.
-    let host_link = lookup(host, hv).await.map_err(|r| lookup_err(hv, r))?;
-    if req.skip_host_routes {
-        tracing::info!("Skipping host-side route setup (skipHostSideRoutes=true)");
-    } else {
-        route::setup_host_routes(host, hv, host_link.header.index, &ips)
-            .await
-            .map_err(|reason| DataplaneError::HostRoutes {
-                iface: hv.to_string(),
-                reason,
-            })?;
-    }
-
-    Ok(NetworkingResult {
-        host_veth: req.host_veth.clone(),
-        container_mac,
-        container_index: cont_idx,
+        let pod = enter_pod(&req.netns_path)?;
+        let cx = veth::Ctx {
+            req,
+            host_ns,
+            host,
+            pod: &pod,
+        };
+        veth::create(&cx, req.families).await.map(Some)
     })
 }
 
-/// One RTM_NEWLINK from inside the pod netns: container end `ifname`, peer `host_veth` placed
-/// straight into the host netns; MTU and queue counts on both ends.
-async fn create_veth(req: &NetworkingRequest, host_ns: &std::fs::File, pod: &Handle) -> Result<()> {
-    use std::os::fd::AsRawFd;
-
-    let mut peer = LinkUnspec::new_with_name(&req.host_veth);
-    let mut veth = LinkVeth::new(&req.ifname, &req.host_veth);
-    if req.mtu > 0 {
-        peer = peer.mtu(req.mtu);
-        veth = veth.mtu(req.mtu);
-    }
-    if req.num_queues > 0 {
-        peer = peer
-            .append_extra_attribute(LinkAttribute::NumTxQueues(req.num_queues))
-            .append_extra_attribute(LinkAttribute::NumRxQueues(req.num_queues));
-        veth = veth
-            .append_extra_attribute(LinkAttribute::NumTxQueues(req.num_queues))
-            .append_extra_attribute(LinkAttribute::NumRxQueues(req.num_queues));
-    }
-    // `host_ns` outlives this call, so the raw fd stays valid while the kernel reads it.
-    let peer = peer
-        .append_extra_attribute(LinkAttribute::NetNsFd(host_ns.as_raw_fd()))
-        .build();
-    let msg = veth
-        .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
-        .build();
-    pod.link().add(msg).execute().await.map_err(|e| {
-        tracing::error!("Error adding veth {}/{}: {e}", req.ifname, req.host_veth);
-        DataplaneError::CreateVeth(nl_text(&e))
+/// Body of `finish`'s worker thread: starts in the host netns, ends in the pod netns.
+fn finish_worker(
+    req: &VethRequest,
+    made: Option<veth::Made>,
+    addrs: &AddressRequest,
+    host_ns: &std::fs::File,
+) -> Result<NetworkingResult> {
+    with_host(host_ns, async |host| {
+        if made.is_none() {
+            veth::delete_old_host_link(host, &req.host_veth).await?;
+        }
+        let pod = enter_pod(&req.netns_path)?;
+        let cx = veth::Ctx {
+            req,
+            host_ns,
+            host,
+            pod: &pod,
+        };
+        let made = match made {
+            Some(m) => m,
+            None => veth::create(&cx, None).await?,
+        };
+        veth::finish(&cx, made, addrs).await
     })
-}
-
-async fn add_container_route(pod: &Handle, cont_idx: u32, dst: IpNet, gw: IpAddr) -> Result<()> {
-    // Go's ParseCIDR hands upstream the network address; do the same for unmasked input.
-    let dst = dst.masked();
-    tracing::info!(route = %dst, "Adding IPv{} route (inside container)", dst.version());
-    pod.route()
-        .add(route_message(dst, Some(gw), cont_idx, RouteScope::Universe))
-        .execute()
-        .await
-        .map_err(|e| DataplaneError::ContainerRoute {
-            version: dst.version(),
-            dst,
-            gw,
-            reason: nl_text(&e),
-        })
-}
-
-/// Polls the host end for its IPv6 link-local address (10 × 50 ms). If it was derived from the
-/// kernel's random MAC instead of ee:ee:.., toggles the link down/up to regenerate it.
-async fn wait_host_link_local(
-    host: &Handle,
-    hv: &str,
-    host_idx: u32,
-    expected: Option<Ipv6Addr>,
-) -> Result<Ipv6Addr> {
-    let mut last_err = DataplaneError::NoHostIpv6;
-    for attempt in 0..LL_ATTEMPTS {
-        if attempt > 0 {
-            tokio::time::sleep(LL_RETRY_INTERVAL).await;
-            crate::deadline::check(format!(
-                "waiting for the IPv6 link-local address of host veth {hv:?}"
-            ))?;
-            tracing::info!("Retry lookup of host-side IPv6 link local address...");
-        }
-        let addrs = match nl::ipv6_addresses(host, host_idx).await {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::error!(
-                    "Error listing IPv6 addresses for the host side of the veth pair: {}",
-                    nl_text(&e)
-                );
-                Vec::new()
-            }
-        };
-        let Some(&first) = addrs.first() else {
-            last_err = DataplaneError::NoHostIpv6;
-            continue;
-        };
-        if expected.is_some_and(|want| want != first) {
-            tracing::warn!(
-                "Host-side veth received unexpected link-local IP; toggling it down/up to reset the IP."
-            );
-            let down_err = |e: rtnetlink::Error| DataplaneError::LinkDown {
-                name: hv.to_string(),
-                reason: nl_text(&e),
-            };
-            nl::set_down(host, host_idx).await.map_err(down_err)?;
-            if nl::set_mac(host, host_idx, &HOST_SIDE_MAC).await.is_err() {
-                tracing::warn!(
-                    "Failed to set the host-side MAC (while trying to reset the link local IP)."
-                );
-            }
-            tokio::time::sleep(LL_RETRY_INTERVAL).await;
-            nl::set_up(host, host_idx).await.map_err(down_err)?;
-            last_err = DataplaneError::WrongLinkLocal(first);
-            continue;
-        }
-        tracing::info!("Host-side veth link-local IP found: {first}");
-        return Ok(first);
-    }
-    tracing::error!("Gave up waiting for host-side link local address: {last_err}.");
-    Err(last_err)
-}
-
-/// Host-side sysctls for the host veth (`configureSysctls`); returns the inner error text.
-/// Must run on a thread in the host netns.
-fn host_sysctls(hv: &str, has_v4: bool, has_v6: bool) -> Result<(), String> {
-    let set = |family: &str, kind: &str, key: &str, value: &str| {
-        let path = format!("/proc/sys/net/{family}/{kind}/{hv}/{key}");
-        write_proc_sys(&path, value)
-            .map_err(|e| format!("failed to set net.{family}.{kind}.{hv}.{key}={value}: {e}"))
-    };
-    if has_v4 {
-        set("ipv4", "conf", "route_localnet", "1")?;
-        if let Err(e) = set("ipv4", "neigh", "proxy_delay", "0") {
-            tracing::warn!("{e}");
-        }
-        set("ipv4", "conf", "proxy_arp", "1")?;
-        set("ipv4", "conf", "forwarding", "1")?;
-    }
-    if has_v6 {
-        set("ipv6", "conf", "accept_dad", "0")?;
-        set("ipv6", "conf", "disable_ipv6", "0")?;
-        set("ipv6", "conf", "proxy_ndp", "1")?;
-        set("ipv6", "conf", "forwarding", "1")?;
-    }
-    if let Err(e) = set("ipv6", "conf", "accept_ra", "0") {
-        tracing::warn!("{e}");
-    }
-    Ok(())
-}
-
-/// Forwarding inside the pod (`configureContainerSysctls`); must run in the pod netns.
-fn container_sysctls(has_v4: bool, has_v6: bool, allow: bool) -> Result<(), String> {
-    let value = if allow { "1" } else { "0" };
-    if has_v4 {
-        write_proc_sys("/proc/sys/net/ipv4/ip_forward", value)?;
-    }
-    if has_v6 {
-        write_proc_sys("/proc/sys/net/ipv6/conf/all/forwarding", value)?;
-    }
-    Ok(())
-}
-
-fn lookup_err(name: &str, reason: String) -> DataplaneError {
-    DataplaneError::Lookup {
-        name: name.to_string(),
-        reason,
-    }
-}
-
-fn up_err(name: &str, e: &rtnetlink::Error) -> DataplaneError {
-    DataplaneError::LinkUp {
-        name: name.to_string(),
-        reason: nl_text(e),
-    }
 }
 
 #[cfg(test)]
@@ -730,7 +546,11 @@ mod tests {
     #[test]
     fn host_sysctl_error_text() {
         // The link does not exist, so the first (fatal) write fails with Go's PathError text.
-        let err = host_sysctls("calidoesnotexist", true, false).unwrap_err();
+        let v4 = Families {
+            v4: true,
+            v6: false,
+        };
+        let err = veth::host_sysctls("calidoesnotexist", v4).unwrap_err();
         assert_eq!(
             err,
             "failed to set net.ipv4.conf.calidoesnotexist.route_localnet=1: open \
