@@ -1,38 +1,37 @@
 //! The Linux dataplane: veth pair, MACs, addresses, routes and sysctls inside and outside the
 //! pod's network namespace. Entry points: `build` then `PodLink::finish` (ADD, in two parts
 //! so that the first runs while IPAM allocates; `veth.rs`), `do_networking` (both at once),
-//! `clean_up_namespace` (DEL).
+//! `start_clean_up` / `clean_up_namespace` (DEL), `check::verify` (CHECK).
 //!
-//! Threading model. The functions never create a runtime on the calling thread (they may be
-//! called from inside a tokio `block_on`). All netlink work happens on short-lived spawned
-//! threads, each with its own current-thread runtime:
-//! * the "host" netns is whatever netns the *calling thread* is in (`/proc/thread-self/ns/net`);
-//! * the ADD workers first open a netlink socket in the host netns, then `setns()` into the
-//!   pod netns and open a second socket there. A netlink socket stays bound to the netns it
-//!   was created in, so a worker drives both sides, like upstream's host handle plus
-//!   in-netns calls;
-//! * `/proc/sys/net` resolves against the opening thread's netns, so host-side sysctls are
-//!   written from a further helper thread that joins the host netns;
-//! * every thread that entered the pod netns exits when its work is done.
+//! Threading model (`netns.rs`). A call opens one netlink handle per side and drives both
+//! from its own (current-thread) runtime; the async functions here must run on it:
+//! * the "host" netns is whatever netns the *calling thread* is in (`/proc/thread-self/ns/net`),
+//!   and host-side sysctls are written from that thread;
+//! * the pod handle is opened by a short-lived thread that entered the pod netns (a netlink
+//!   socket stays bound to the netns it was created in), which exits right after; pod
+//!   sysctls that name the new interface take one more such trip (IPv6 only);
+//! * deleting a link (DEL, and undoing an ADD) runs on a thread of its own, bounded;
+//! * no thread is ever left in the pod netns: each exits when its work is done.
 //!
 //! Every wait here (the MAC read-back, the link-local retry, the bounded netns deletion) also
 //! ends at the call's deadline (`crate::deadline`).
 
 pub mod check;
+mod netns;
 mod nl;
 mod route;
 mod sys;
 mod veth;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
-
-use rtnetlink::Handle;
+use std::time::Duration;
 
 use crate::net::IpNet;
+use netns::{Netns, OpenError, Target};
 use nl::nl_text;
-use sys::{block_on, connect, open_netns, NsOpenError};
+use sys::{block_on, connect, open_netns};
+
+pub use netns::Teardown;
 
 /// MAC given to every host-side veth.
 const HOST_SIDE_MAC: [u8; 6] = [0xee; 6];
@@ -44,7 +43,6 @@ const MAC_RETRY_INTERVAL: Duration = Duration::from_millis(100);
 const MAC_TIMEOUT: Duration = Duration::from_secs(5);
 const LL_ATTEMPTS: usize = 10;
 const LL_RETRY_INTERVAL: Duration = Duration::from_millis(50);
-const CLEANUP_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// What `do_networking` sets up for one pod interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -225,50 +223,99 @@ impl NetworkingRequest {
     }
 }
 
-/// A veth pair built (by `build`) before the pod's addresses were known.
-#[derive(Debug)]
+/// A veth pair built (by `build`) before the pod's addresses were known, with the call's
+/// handles on both sides.
 pub struct PodLink {
     req: VethRequest,
-    /// `None` when a link with the host-side name already existed: deleting it (upstream's
-    /// "old hostVeth") waits until the addresses are there, so an ADD that fails in IPAM
-    /// leaves it alone; the pair is then built by `finish`.
+    ns: Netns,
+    /// What this call made. `None` when a link with the host-side name already existed:
+    /// deleting it (upstream's "old hostVeth") waits until the addresses are there, so an ADD
+    /// that fails in IPAM leaves it alone; `finish` builds the pair then. Also `None` once a
+    /// failure has removed the pair.
     made: Option<veth::Made>,
 }
 
-/// The first half of Calico's `DoNetworking`, run while IPAM allocates: the veth pair and
-/// whatever of its set-up needs no address (`veth.rs`). A failure removes what it made.
+/// The first half of Calico's `DoNetworking`, run while IPAM allocates: the call's handles
+/// on both sides, the veth pair and whatever of its set-up needs no address (`veth.rs`). A
+/// failure removes what it made. Must run on the call's runtime, from a thread in the host
+/// netns.
 pub async fn build(req: VethRequest) -> Result<PodLink> {
     tracing::info!("Setting the host side veth name to {}", req.host_veth);
-    let host_ns = sys::current_thread_netns().map_err(DataplaneError::Netns)?;
-    let r = req.clone();
-    let made = on_thread("calico-veth", move || build_worker(&r, &host_ns)).await?;
-    Ok(PodLink { req, made })
+    let pod_ns =
+        open_netns(&req.netns_path).map_err(|e| DataplaneError::Netns(e.into_message()))?;
+    // Forwarding is set for the expected families; unknown: either may be.
+    let forwarding = req.families.unwrap_or(Families { v4: true, v6: true });
+    let ns = Netns::open(&req.netns_path, pod_ns, forwarding)
+        .await
+        .map_err(|e| match e {
+            OpenError::Host(e) => DataplaneError::HostHandle(e),
+            OpenError::Enter(e) => DataplaneError::Netns(e),
+            OpenError::Pod(e) => internal(format!("failed to open netlink in netns: {e}")),
+        })?;
+    if veth::host_link_exists(&ns.host, &req.host_veth).await {
+        tracing::info!(
+            "A link named {} exists; it is replaced once the addresses are known.",
+            req.host_veth
+        );
+        return Ok(PodLink {
+            req,
+            ns,
+            made: None,
+        });
+    }
+    let cx = veth::Ctx { req: &req, ns: &ns };
+    let made = veth::create(&cx, req.families).await?;
+    Ok(PodLink {
+        req,
+        ns,
+        made: Some(made),
+    })
 }
 
 impl PodLink {
     /// The second half of `DoNetworking`, once the addresses are known. Unlike upstream, a
     /// failure removes the veth pair again: only what this call created, never an
     /// interface that was there before (a pod's running `eth0`, another call's veth).
-    pub async fn finish(self, addrs: &AddressRequest) -> Result<NetworkingResult> {
-        let host_ns = sys::current_thread_netns().map_err(DataplaneError::Netns)?;
-        let addrs = addrs.clone();
-        on_thread("calico-veth", move || {
-            finish_worker(&self.req, self.made, &addrs, &host_ns)
-        })
-        .await
+    pub async fn finish(&mut self, addrs: &AddressRequest) -> Result<NetworkingResult> {
+        let cx = veth::Ctx {
+            req: &self.req,
+            ns: &self.ns,
+        };
+        let mut made = match self.made.take() {
+            Some(m) => m,
+            None => {
+                veth::delete_old_host_link(&self.ns.host, &self.req.host_veth).await?;
+                veth::create(&cx, None).await?
+            }
+        };
+        let net = veth::finish(&cx, &mut made, addrs).await?;
+        self.made = Some(made);
+        Ok(net)
     }
 
-    /// Removes what `build` made (the ADD failed in IPAM).
-    pub async fn discard(self) -> Result<()> {
-        match self.made {
-            Some(m) => remove_created_interface(&self.req.netns_path, &self.req.ifname, m.cont_idx),
-            None => Ok(()),
-        }
+    /// Removes the veth pair this call made (the ADD failed after all), if it is still
+    /// there: deleting the container end by its ifindex takes the host end and its routes
+    /// with it; an interface that replaced it meanwhile is left alone.
+    pub async fn remove(self) -> Result<()> {
+        let Some(made) = self.made else {
+            return Ok(());
+        };
+        tracing::info!(
+            netns = self.req.netns_path,
+            iface = self.req.ifname,
+            index = made.cont_idx,
+            "Removing the interface this call created."
+        );
+        let cx = veth::Ctx {
+            req: &self.req,
+            ns: &self.ns,
+        };
+        veth::remove_pair(&cx, made.cont_idx).await
     }
 }
 
 /// Calico's `DoNetworking` in one go (`build`, then `finish`), for callers outside a tokio
-/// runtime: it runs on a scoped thread of its own.
+/// runtime: it runs on a scoped thread (in the caller's netns) with a runtime of its own.
 pub fn do_networking(req: &NetworkingRequest) -> Result<NetworkingResult> {
     let (veth, addrs) = req.parts();
     std::thread::scope(|s| {
@@ -278,82 +325,30 @@ pub fn do_networking(req: &NetworkingRequest) -> Result<NetworkingResult> {
     })
 }
 
-/// Runs `f` on a thread of its own and waits for it without blocking the runtime.
-async fn on_thread<T: Send + 'static>(
-    name: &str,
-    f: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    let (tx, rx) = futures::channel::oneshot::channel();
-    std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || {
-            let _ = tx.send(f());
-        })
-        .map_err(|e| internal(format!("failed to spawn a thread: {e}")))?;
-    rx.await
-        .unwrap_or_else(|_| Err(internal("dataplane worker thread panicked")))
-}
-
-/// Calico's `CleanUpNamespace`: deletes `ifname` inside the pod netns (which removes the host
-/// end and its routes). A missing netns or interface is success. Bounded by 20 s and the
-/// call's deadline; on timeout the deleting thread is abandoned (the process is about to exit
-/// anyway).
-pub fn clean_up_namespace(netns_path: &str, ifname: &str) -> Result<()> {
+/// Calico's `CleanUpNamespace` started: deletes `ifname` inside the pod netns (which removes
+/// the host end and its routes) on a thread of its own, at once; `Teardown::finish` waits
+/// for it (bounded by 20 s and the call's deadline). A missing netns or interface is
+/// success.
+pub fn start_clean_up(netns_path: &str, ifname: &str) -> Teardown {
     if netns_path.is_empty() {
         tracing::info!("CleanUpNamespace called with no netns name, ignoring.");
-        return Ok(());
+        return Teardown::done();
     }
     tracing::info!(
         netns = netns_path,
         iface = ifname,
         "Deleting workload's device in netns."
     );
-    delete_in_netns_bounded(netns_path, ifname, None)
+    netns::start_delete(Target::Path, netns_path, ifname, 0)
 }
 
-/// Removes the container end this call created (after a later step of ADD failed), only if
-/// `ifname` in the pod netns still is that very link (same ifindex): if something else has
-/// replaced it meanwhile, it is left alone.
-pub fn remove_created_interface(netns_path: &str, ifname: &str, index: u32) -> Result<()> {
-    tracing::info!(
-        netns = netns_path,
-        iface = ifname,
-        index,
-        "Removing the interface this call created."
-    );
-    delete_in_netns_bounded(netns_path, ifname, Some(index))
-}
-
-/// Deletes `ifname` in the netns on a helper thread, bounded by 20 s and the call's deadline
-/// (in an undo: plus its grace); on timeout the thread is abandoned (the process is about to
-/// exit anyway).
-fn delete_in_netns_bounded(netns_path: &str, ifname: &str, index: Option<u32>) -> Result<()> {
-    let started = Instant::now();
-    let (wait, capped) = crate::deadline::cap(CLEANUP_TIMEOUT);
-    let (tx, rx) = mpsc::channel();
-    let (path, name) = (netns_path.to_string(), ifname.to_string());
-    std::thread::Builder::new()
-        .name("calico-netns-del".into())
-        .spawn(move || {
-            let _ = tx.send(delete_in_netns(&path, &name, index));
-        })
-        .map_err(|e| internal(format!("failed to spawn a thread: {e}")))?;
-    match rx.recv_timeout(wait) {
-        Ok(r) => {
-            if r.is_ok() {
-                tracing::info!(after = ?started.elapsed(), "Deleted device in netns.");
-            }
-            r
-        }
-        Err(mpsc::RecvTimeoutError::Timeout) if capped => Err(crate::deadline::expired(format!(
-            "deleting device {ifname:?} in netns {netns_path}"
-        ))
-        .into()),
-        Err(mpsc::RecvTimeoutError::Timeout) => {
-            Err(DataplaneError::CleanUpTimeout(netns_path.to_string()))
-        }
-        Err(mpsc::RecvTimeoutError::Disconnected) => Err(internal("netns cleanup thread panicked")),
-    }
+/// `start_clean_up` and its outcome, for callers outside a tokio runtime.
+pub fn clean_up_namespace(netns_path: &str, ifname: &str) -> Result<()> {
+    std::thread::scope(|s| {
+        s.spawn(|| block_on(start_clean_up(netns_path, ifname).finish()).map_err(internal)?)
+            .join()
+            .unwrap_or_else(|_| Err(internal("netns cleanup thread panicked")))
+    })
 }
 
 /// Whether a link with this name exists in the calling thread's netns.
@@ -379,107 +374,6 @@ pub fn host_link_exists(name: &str) -> Result<bool> {
 
 fn internal(msg: impl Into<String>) -> DataplaneError {
     DataplaneError::Internal(msg.into())
-}
-
-/// Deletes `ifname` (only when its ifindex is `index`, if given) inside the netns at `path`.
-fn delete_in_netns(path: &str, ifname: &str, index: Option<u32>) -> Result<()> {
-    let ns = match open_netns(path) {
-        Ok(f) => f,
-        Err(NsOpenError::NotExist(_)) => {
-            tracing::info!("Workload's netns already gone.  Nothing to do.");
-            return Ok(());
-        }
-        Err(NsOpenError::Other(m)) => return Err(DataplaneError::EnterNetns(m)),
-    };
-    sys::enter_netns(&ns, path).map_err(DataplaneError::EnterNetns)?;
-    block_on(async {
-        let h = connect().map_err(|e| DataplaneError::CleanUpLink(e.to_string()))?;
-        let link = match nl::link_by_name(&h, ifname).await {
-            Ok(Some(l)) => l,
-            Ok(None) => {
-                tracing::info!("Workload's veth was already gone.  Nothing to do.");
-                return Ok(());
-            }
-            Err(e) => return Err(DataplaneError::CleanUpLink(nl_text(&e))),
-        };
-        if index.is_some_and(|i| i != link.header.index) {
-            tracing::info!("Workload's veth was replaced by another; leaving it.");
-            return Ok(());
-        }
-        h.link()
-            .del(link.header.index)
-            .execute()
-            .await
-            .map_err(|e| DataplaneError::CleanUpLink(nl_text(&e)))
-    })
-    .map_err(internal)?
-}
-
-/// Joins the host netns (the spawned thread inherits the caller's; joining it explicitly
-/// makes sure the host socket and the host fd given to the kernel name the same namespace),
-/// then runs `f` with a host handle on a runtime of this thread.
-fn with_host<T>(host_ns: &std::fs::File, f: impl AsyncFnOnce(&Handle) -> Result<T>) -> Result<T> {
-    sys::enter_netns(host_ns, "/proc/thread-self/ns/net").map_err(DataplaneError::Netns)?;
-    block_on(async {
-        let host = connect().map_err(|e| DataplaneError::HostHandle(e.to_string()))?;
-        f(&host).await
-    })
-    .map_err(internal)?
-}
-
-/// Moves this (worker) thread into the pod netns and opens a netlink handle there; from then
-/// on the thread's /proc/sys is the pod's. The thread exits when its work is done.
-fn enter_pod(path: &str) -> Result<Handle> {
-    let pod_ns = open_netns(path).map_err(|e| DataplaneError::Netns(e.into_message()))?;
-    sys::enter_netns(&pod_ns, path).map_err(DataplaneError::Netns)?;
-    connect().map_err(|e| internal(format!("failed to open netlink in netns: {e}")))
-}
-
-/// Body of `build`'s worker thread: starts in the host netns, ends in the pod netns.
-fn build_worker(req: &VethRequest, host_ns: &std::fs::File) -> Result<Option<veth::Made>> {
-    with_host(host_ns, async |host| {
-        if veth::host_link_exists(host, &req.host_veth).await {
-            tracing::info!(
-                "A link named {} exists; it is replaced once the addresses are known.",
-                req.host_veth
-            );
-            return Ok(None);
-        }
-        let pod = enter_pod(&req.netns_path)?;
-        let cx = veth::Ctx {
-            req,
-            host_ns,
-            host,
-            pod: &pod,
-        };
-        veth::create(&cx, req.families).await.map(Some)
-    })
-}
-
-/// Body of `finish`'s worker thread: starts in the host netns, ends in the pod netns.
-fn finish_worker(
-    req: &VethRequest,
-    made: Option<veth::Made>,
-    addrs: &AddressRequest,
-    host_ns: &std::fs::File,
-) -> Result<NetworkingResult> {
-    with_host(host_ns, async |host| {
-        if made.is_none() {
-            veth::delete_old_host_link(host, &req.host_veth).await?;
-        }
-        let pod = enter_pod(&req.netns_path)?;
-        let cx = veth::Ctx {
-            req,
-            host_ns,
-            host,
-            pod: &pod,
-        };
-        let made = match made {
-            Some(m) => m,
-            None => veth::create(&cx, None).await?,
-        };
-        veth::finish(&cx, made, addrs).await
-    })
 }
 
 #[cfg(test)]

@@ -10,31 +10,36 @@
 //! The steps and their texts are upstream's `DoNetworking` (dataplane_linux.go); the step
 //! numbers in the comments are its order. A failure in either part removes the pair this
 //! call created (deleting the container end takes the host end and its routes with it).
+//!
+//! Everything runs on the caller's runtime through the call's `Netns` handles; only the
+//! pod's IPv6 sysctls take a thread into the pod netns (they name the new interface), and
+//! removing the pair runs on a thread of its own (`Netns::start_delete`).
 
-use std::fs::File;
 use std::net::{IpAddr, Ipv6Addr};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use netlink_packet_route::link::{InfoData, InfoVeth, LinkAttribute};
 use netlink_packet_route::route::RouteScope;
 use rtnetlink::{Handle, LinkUnspec, LinkVeth};
 
+use super::netns::Netns;
 use super::nl::{self, link_mac, lookup, nl_text, route_message};
-use super::sys::{self, write_proc_sys};
+use super::sys::{set_sysctl, SysctlFile};
 use super::{
-    internal, route, AddressRequest, DataplaneError, Families, NetworkingResult, Result,
-    VethRequest, HOST_SIDE_LL, HOST_SIDE_MAC, IPV4_GATEWAY, LL_ATTEMPTS, LL_RETRY_INTERVAL,
-    MAC_RETRY_INTERVAL, MAC_TIMEOUT,
+    route, AddressRequest, DataplaneError, Families, NetworkingResult, Result, VethRequest,
+    HOST_SIDE_LL, HOST_SIDE_MAC, IPV4_GATEWAY, LL_ATTEMPTS, LL_RETRY_INTERVAL, MAC_RETRY_INTERVAL,
+    MAC_TIMEOUT,
 };
 use crate::net::{format_mac, IpNet};
 
-/// What one ADD's dataplane works with: the request, the host netns (for the peer's
-/// placement and the host sysctls) and a netlink handle on each side.
+/// How often the host side is looked at for its IPv6 link-local address until the first
+/// retry: the kernel adds it moments after link up.
+const LL_FIRST_POLL: Duration = Duration::from_millis(2);
+
+/// What one ADD's dataplane works with: the request and the call's handles on both sides.
 pub(super) struct Ctx<'a> {
     pub req: &'a VethRequest,
-    pub host_ns: &'a File,
-    pub host: &'a Handle,
-    pub pod: &'a Handle,
+    pub ns: &'a Netns,
 }
 
 /// The pair `create` made.
@@ -86,7 +91,7 @@ pub(super) async fn create(cx: &Ctx<'_>, families: Option<Families>) -> Result<M
     create_veth(cx).await?;
     // From here on the pair is ours.
     let cv = cx.req.ifname.as_str();
-    let cont_idx = lookup(cx.pod, cv)
+    let cont_idx = lookup(&cx.ns.pod, cv)
         .await
         .map_err(|r| lookup_err(cv, r))?
         .header
@@ -105,7 +110,7 @@ pub(super) async fn create(cx: &Ctx<'_>, families: Option<Families>) -> Result<M
 /// Completes the pair for `addrs`. A failure removes it.
 pub(super) async fn finish(
     cx: &Ctx<'_>,
-    mut made: Made,
+    made: &mut Made,
     addrs: &AddressRequest,
 ) -> Result<NetworkingResult> {
     let families = Families::of(&addrs.ips);
@@ -116,38 +121,34 @@ pub(super) async fn finish(
             ?families,
             "The addresses' families differ from the expected ones; building the veth pair again."
         );
-        remove_pair(cx.pod, made.cont_idx).await?;
-        made = create(cx, Some(families)).await?;
+        remove_pair(cx, made.cont_idx).await?;
+        *made = create(cx, Some(families)).await?;
     }
-    let cont_idx = made.cont_idx;
     let done = async {
-        let linked = match made.linked.take() {
+        let linked = match made.linked.clone() {
             Some(l) => l,
-            None => link_up(cx, &made, families).await?,
+            None => link_up(cx, made, families).await?,
         };
-        address(cx, &made, &linked, addrs).await
+        address(cx, made, &linked, addrs).await
     }
     .await;
-    undo_on_error(cx, cont_idx, done).await
+    undo_on_error(cx, made.cont_idx, done).await
 }
 
 /// Removes the pair after `result` failed, and passes `result` on.
 async fn undo_on_error<T>(cx: &Ctx<'_>, cont_idx: u32, result: Result<T>) -> Result<T> {
     if let Err(e) = &result {
         tracing::info!("Removing the veth pair this call created after: {e}");
-        if let Err(del) = remove_pair(cx.pod, cont_idx).await {
+        if let Err(del) = remove_pair(cx, cont_idx).await {
             tracing::warn!("failed to remove veth {}: {del}", cx.req.ifname);
         }
     }
     result
 }
 
-async fn remove_pair(pod: &Handle, cont_idx: u32) -> Result<()> {
-    pod.link()
-        .del(cont_idx)
-        .execute()
-        .await
-        .map_err(|e| DataplaneError::CleanUpLink(nl_text(&e)))
+/// Removes the pair by its container end (bounded, on a thread of its own).
+pub(super) async fn remove_pair(cx: &Ctx<'_>, cont_idx: u32) -> Result<()> {
+    cx.ns.start_delete(&cx.req.ifname, cont_idx).finish().await
 }
 
 /// One RTM_NEWLINK from inside the pod netns: container end `ifname`, peer `host_veth` placed
@@ -172,12 +173,12 @@ async fn create_veth(cx: &Ctx<'_>) -> Result<()> {
     }
     // `host_ns` outlives this call, so the raw fd stays valid while the kernel reads it.
     let peer = peer
-        .append_extra_attribute(LinkAttribute::NetNsFd(cx.host_ns.as_raw_fd()))
+        .append_extra_attribute(LinkAttribute::NetNsFd(cx.ns.host_ns.as_raw_fd()))
         .build();
     let msg = veth
         .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
         .build();
-    cx.pod.link().add(msg).execute().await.map_err(|e| {
+    cx.ns.pod.link().add(msg).execute().await.map_err(|e| {
         tracing::error!("Error adding veth {}/{}: {e}", req.ifname, req.host_veth);
         DataplaneError::CreateVeth(nl_text(&e))
     })
@@ -185,7 +186,7 @@ async fn create_veth(cx: &Ctx<'_>) -> Result<()> {
 
 /// Step 3: the host side's MAC, read back until the kernel shows it.
 async fn host_mac(cx: &Ctx<'_>, cont_idx: u32) -> Result<Made> {
-    let (host, hv) = (cx.host, cx.req.host_veth.as_str());
+    let (host, hv) = (&cx.ns.host, cx.req.host_veth.as_str());
     let mut host_link = lookup(host, hv).await.map_err(|r| lookup_err(hv, r))?;
     let host_idx = host_link.header.index;
     let mut expected_ll = None;
@@ -233,23 +234,17 @@ async fn host_mac(cx: &Ctx<'_>, cont_idx: u32) -> Result<Made> {
 /// the addresses.
 async fn link_up(cx: &Ctx<'_>, made: &Made, families: Families) -> Result<Linked> {
     let (hv, cv) = (cx.req.host_veth.as_str(), cx.req.ifname.as_str());
-    let (host, pod) = (cx.host, cx.pod);
+    let (host, pod) = (&cx.ns.host, &cx.ns.pod);
 
-    // 5. No DAD on the container side (must precede link up).
+    // 5 and 10a's sysctls. IPv6: no DAD on the container side (must precede link up), and
+    // IPv6 enabled in the pod: one trip of a thread into the pod netns.
     if families.v6 {
-        let path = format!("/proc/sys/net/ipv6/conf/{cv}/accept_dad");
-        write_proc_sys(&path, "0").map_err(|reason| DataplaneError::DisableDad {
-            name: cv.to_string(),
-            reason,
-        })?;
+        let cv = cv.to_string();
+        cx.ns.in_pod(move || pod_ipv6_sysctls(&cv)).await??;
     }
 
-    // 6. Host-side sysctls, written from a thread in the host netns.
-    sys::run_in_netns(cx.host_ns, "/proc/thread-self/ns/net", || {
-        host_sysctls(hv, families)
-    })
-    .map_err(internal)?
-    .map_err(|reason| DataplaneError::HostSysctls {
+    // 6. Host-side sysctls: this (the runtime's) thread is in the host netns.
+    host_sysctls(hv, families).map_err(|reason| DataplaneError::HostSysctls {
         iface: hv.to_string(),
         reason,
     })?;
@@ -281,14 +276,9 @@ async fn link_up(cx: &Ctx<'_>, made: &Made, families: Families) -> Result<Linked
         None => format_mac(&link_mac(&cont_link).unwrap_or_default()),
     };
 
-    // 10a. IPv6: enable it in the pod, wait for the host side's link-local address.
+    // 10a. IPv6: wait for the host side's link-local address.
     let mut host_ll = None;
     if families.v6 {
-        for conf in ["all", "default", "lo"] {
-            let path = format!("/proc/sys/net/ipv6/conf/{conf}/disable_ipv6");
-            write_proc_sys(&path, "0")
-                .map_err(|reason| DataplaneError::ContainerEnableIpv6 { conf, reason })?;
-        }
         host_ll = Some(wait_host_link_local(host, hv, made.host_idx, made.expected_ll).await?);
     }
     Ok(Linked {
@@ -306,7 +296,7 @@ async fn address(
     addrs: &AddressRequest,
 ) -> Result<NetworkingResult> {
     let (hv, cv) = (cx.req.host_veth.as_str(), cx.req.ifname.as_str());
-    let (host, pod, cont_idx) = (cx.host, cx.pod, made.cont_idx);
+    let (host, pod, cont_idx) = (&cx.ns.host, &cx.ns.pod, made.cont_idx);
     let families = linked.families;
     // Masks forced to the host prefix.
     let ips: Vec<IpNet> = addrs.ips.iter().map(|ip| IpNet::host(ip.addr)).collect();
@@ -344,7 +334,8 @@ async fn address(
     }
 
     // 12. Forwarding inside the pod.
-    container_sysctls(families, addrs.allow_ip_forwarding)
+    container_sysctls(cx.ns, families, addrs.allow_ip_forwarding)
+        .await
         .map_err(DataplaneError::ContainerSysctls)?;
 
     // 13. Host-side routes to the pod.
@@ -383,8 +374,10 @@ async fn add_container_route(pod: &Handle, cont_idx: u32, dst: IpNet, gw: IpAddr
         })
 }
 
-/// Polls the host end for its IPv6 link-local address (10 × 50 ms). If it was derived from the
-/// kernel's random MAC instead of ee:ee:.., toggles the link down/up to regenerate it.
+/// Polls the host end for its IPv6 link-local address (10 attempts 50 ms apart; the first
+/// one looks every 2 ms meanwhile, as the kernel adds the address moments after link up).
+/// If it was derived from the kernel's random MAC instead of ee:ee:.., toggles the link
+/// down/up to regenerate it.
 async fn wait_host_link_local(
     host: &Handle,
     hv: &str,
@@ -392,26 +385,27 @@ async fn wait_host_link_local(
     expected: Option<Ipv6Addr>,
 ) -> Result<Ipv6Addr> {
     let mut last_err = DataplaneError::NoHostIpv6;
+    let first_retry = Instant::now() + LL_RETRY_INTERVAL;
+    let mut next = first_retry;
     for attempt in 0..LL_ATTEMPTS {
         if attempt > 0 {
-            tokio::time::sleep(LL_RETRY_INTERVAL).await;
+            tokio::time::sleep_until(next.into()).await;
             crate::deadline::check(format!(
                 "waiting for the IPv6 link-local address of host veth {hv:?}"
             ))?;
             tracing::info!("Retry lookup of host-side IPv6 link local address...");
         }
-        let addrs = match nl::ipv6_addresses(host, host_idx).await {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::error!(
-                    "Error listing IPv6 addresses for the host side of the veth pair: {}",
-                    nl_text(&e)
-                );
-                Vec::new()
-            }
-        };
+        let mut addrs = ipv6_addresses(host, host_idx).await;
+        while attempt == 0 && addrs.is_empty() && Instant::now() + LL_FIRST_POLL < first_retry {
+            tokio::time::sleep(LL_FIRST_POLL).await;
+            addrs = ipv6_addresses(host, host_idx).await;
+        }
         let Some(&first) = addrs.first() else {
             last_err = DataplaneError::NoHostIpv6;
+            next = match attempt {
+                0 => first_retry,
+                _ => Instant::now() + LL_RETRY_INTERVAL,
+            };
             continue;
         };
         if expected.is_some_and(|want| want != first) {
@@ -431,6 +425,7 @@ async fn wait_host_link_local(
             tokio::time::sleep(LL_RETRY_INTERVAL).await;
             nl::set_up(host, host_idx).await.map_err(down_err)?;
             last_err = DataplaneError::WrongLinkLocal(first);
+            next = Instant::now() + LL_RETRY_INTERVAL;
             continue;
         }
         tracing::info!("Host-side veth link-local IP found: {first}");
@@ -440,12 +435,39 @@ async fn wait_host_link_local(
     Err(last_err)
 }
 
+/// The IPv6 addresses on a link (none when they cannot be listed: logged).
+async fn ipv6_addresses(host: &Handle, index: u32) -> Vec<Ipv6Addr> {
+    nl::ipv6_addresses(host, index).await.unwrap_or_else(|e| {
+        tracing::error!(
+            "Error listing IPv6 addresses for the host side of the veth pair: {}",
+            nl_text(&e)
+        );
+        Vec::new()
+    })
+}
+
+/// The pod's IPv6 sysctls (`accept_dad` of the container end, `disable_ipv6`); must run on
+/// a thread in the pod netns.
+fn pod_ipv6_sysctls(cv: &str) -> Result<()> {
+    let path = format!("/proc/sys/net/ipv6/conf/{cv}/accept_dad");
+    set_sysctl(&path, "0").map_err(|reason| DataplaneError::DisableDad {
+        name: cv.to_string(),
+        reason,
+    })?;
+    for conf in ["all", "default", "lo"] {
+        let path = format!("/proc/sys/net/ipv6/conf/{conf}/disable_ipv6");
+        set_sysctl(&path, "0")
+            .map_err(|reason| DataplaneError::ContainerEnableIpv6 { conf, reason })?;
+    }
+    Ok(())
+}
+
 /// Host-side sysctls for the host veth (`configureSysctls`); returns the inner error text.
 /// Must run on a thread in the host netns.
 pub(super) fn host_sysctls(hv: &str, families: Families) -> Result<(), String> {
     let set = |family: &str, kind: &str, key: &str, value: &str| {
         let path = format!("/proc/sys/net/{family}/{kind}/{hv}/{key}");
-        write_proc_sys(&path, value)
+        set_sysctl(&path, value)
             .map_err(|e| format!("failed to set net.{family}.{kind}.{hv}.{key}={value}: {e}"))
     };
     if families.v4 {
@@ -468,16 +490,39 @@ pub(super) fn host_sysctls(hv: &str, families: Families) -> Result<(), String> {
     Ok(())
 }
 
-/// Forwarding inside the pod (`configureContainerSysctls`); must run in the pod netns.
-fn container_sysctls(families: Families, allow: bool) -> Result<(), String> {
+/// Forwarding inside the pod (`configureContainerSysctls`), through the files `Netns` opened
+/// in the pod netns (a thread goes in for a family it did not open them for).
+async fn container_sysctls(ns: &Netns, families: Families, allow: bool) -> Result<(), String> {
     let value = if allow { "1" } else { "0" };
     if families.v4 {
-        write_proc_sys("/proc/sys/net/ipv4/ip_forward", value)?;
+        set_in_pod(
+            ns,
+            &ns.forwarding_v4,
+            "/proc/sys/net/ipv4/ip_forward",
+            value,
+        )
+        .await?;
     }
     if families.v6 {
-        write_proc_sys("/proc/sys/net/ipv6/conf/all/forwarding", value)?;
+        let path = "/proc/sys/net/ipv6/conf/all/forwarding";
+        set_in_pod(ns, &ns.forwarding_v6, path, value).await?;
     }
     Ok(())
+}
+
+async fn set_in_pod(
+    ns: &Netns,
+    file: &Option<SysctlFile>,
+    path: &'static str,
+    value: &'static str,
+) -> Result<(), String> {
+    match file {
+        Some(f) => f.set(value),
+        None => ns
+            .in_pod(move || set_sysctl(path, value))
+            .await
+            .map_err(|e| e.to_string())?,
+    }
 }
 
 pub(super) fn lookup_err(name: &str, reason: String) -> DataplaneError {

@@ -542,7 +542,7 @@ async fn alongside(
         (Ok(result), Ok(link)) => Ok((result, link)),
         (Err(e), Ok(link)) => {
             undo("removing the veth pair after IPAM failed", async {
-                if let Err(undo) = link.discard().await {
+                if let Err(undo) = link.remove().await {
                     warn!(error = %undo, "failed to remove the pod interface after IPAM failed");
                 }
             })
@@ -572,7 +572,7 @@ async fn network_and_write(
     args: &CmdArgs,
     call: &Call,
     mut result: CniResult,
-    link: PodLink,
+    mut link: PodLink,
     mut wep: WorkloadEndpoint,
     routes: Vec<IpNet>,
     extras: Extras,
@@ -604,10 +604,9 @@ async fn network_and_write(
     let new_endpoint = wep.metadata.resource_version.is_empty();
     if let Err(e) = endpoint::write(&call.ds, &mut wep).await {
         undo("undoing a failed ADD", async {
-            // The interface first: it is local and always possible.
-            if let Err(undo) =
-                dataplane::remove_created_interface(&args.netns, &args.ifname, net.container_index)
-            {
+            // The interface first: it is local and always possible (and its host route must
+            // be gone before the address can go to another pod).
+            if let Err(undo) = link.remove().await {
                 warn!(error = %undo, "failed to remove the pod interface after a failed ADD");
             }
             if new_endpoint && outcome_unknown(&e) {
