@@ -16,9 +16,10 @@ use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkFlags, LinkInfo, L
 use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, RouteMessage};
 use rtnetlink::{Handle, RouteMessageBuilder};
 
+use super::netns::{Netns, OpenError};
 use super::nl::{link_mac, lookup, nl_text};
-use super::sys::{block_on, connect, open_netns, run_in_netns, NsOpenError};
-use super::{DataplaneError, HOST_SIDE_LL, HOST_SIDE_MAC, IPV4_GATEWAY};
+use super::sys::{open_netns, NsOpenError};
+use super::{DataplaneError, Families, HOST_SIDE_LL, HOST_SIDE_MAC, IPV4_GATEWAY};
 use crate::net::{format_mac, IpNet};
 
 /// What ADD made, as the previous result and the config describe it.
@@ -54,25 +55,23 @@ fn mismatch(msg: impl Into<String>) -> DataplaneError {
     DataplaneError::Check(msg.into())
 }
 
-/// Compares the kernel with `e`; `DataplaneError::Check` names the first difference.
-pub fn verify(e: &Expected) -> Result<()> {
-    verify_pod_side(e)?;
-    verify_host_side(e)
-}
-
-fn verify_pod_side(e: &Expected) -> Result<()> {
-    let ns = open_netns(&e.netns_path).map_err(|err| match err {
+/// Compares the kernel with `e`; `DataplaneError::Check` names the first difference. Runs
+/// on the call's runtime (the pod side through the call's pod handle, `netns.rs`), from a
+/// thread in the host netns.
+pub async fn verify(e: &Expected) -> Result<()> {
+    let pod_ns = open_netns(&e.netns_path).map_err(|err| match err {
         NsOpenError::NotExist(_) => mismatch(format!("netns {} does not exist", e.netns_path)),
         NsOpenError::Other(m) => DataplaneError::EnterNetns(m),
     })?;
-    run_in_netns(&ns, &e.netns_path, || {
-        block_on(async {
-            let h = connect().map_err(|err| DataplaneError::Internal(err.to_string()))?;
-            pod_side(&h, e).await
-        })
-        .map_err(DataplaneError::Internal)?
-    })
-    .map_err(DataplaneError::EnterNetns)?
+    let ns = Netns::open(&e.netns_path, pod_ns, Families::default())
+        .await
+        .map_err(|err| match err {
+            OpenError::Host(m) => DataplaneError::HostHandle(m),
+            OpenError::Enter(m) => DataplaneError::EnterNetns(m),
+            OpenError::Pod(m) => DataplaneError::Internal(m),
+        })?;
+    pod_side(&ns.pod, e).await?;
+    host_side(&ns.host, e).await
 }
 
 async fn pod_side(h: &Handle, e: &Expected) -> Result<()> {
@@ -148,20 +147,6 @@ async fn pod_side(h: &Handle, e: &Expected) -> Result<()> {
         }
     }
     Ok(())
-}
-
-fn verify_host_side(e: &Expected) -> Result<()> {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            block_on(async {
-                let h = connect().map_err(|err| DataplaneError::HostHandle(err.to_string()))?;
-                host_side(&h, e).await
-            })
-            .map_err(DataplaneError::Internal)?
-        })
-        .join()
-        .unwrap_or_else(|_| Err(DataplaneError::Internal("check thread panicked".into())))
-    })
 }
 
 async fn host_side(h: &Handle, e: &Expected) -> Result<()> {

@@ -1,5 +1,6 @@
 //! Thin rtnetlink wrappers: link lookup/set, address and route dumps, and route messages built
-//! the way Go's vishvananda/netlink builds them (protocol `boot`, main table, unicast).
+//! the way Go's vishvananda/netlink builds them (protocol `boot`, main table, unicast); and
+//! one blocking link deletion (`del_link_blocking`) for threads that have no runtime.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -102,6 +103,57 @@ pub(crate) async fn set_down(h: &Handle, index: u32) -> Result<(), rtnetlink::Er
         .set(LinkUnspec::new_with_index(index).down().build())
         .execute()
         .await
+}
+
+/// Deletes a link on a blocking netlink socket of the calling thread's netns, by `index`
+/// or, when it is 0, by `name`: one RTM_DELLINK and its answer, no runtime. The kernel does
+/// the whole teardown before it answers. `Ok(false)`: there is no such link.
+pub(crate) fn del_link_blocking(name: &str, index: u32) -> Result<bool, String> {
+    use netlink_packet_route::RouteNetlinkMessage;
+    use rtnetlink::packet_core::{NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_REQUEST};
+    use rtnetlink::sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
+
+    let io_text = |e: std::io::Error| match e.raw_os_error() {
+        Some(code) => errno_text(code),
+        None => e.to_string(),
+    };
+    let mut socket = Socket::new(NETLINK_ROUTE).map_err(io_text)?;
+    socket.bind_auto().map_err(io_text)?;
+    socket.connect(&SocketAddr::new(0, 0)).map_err(io_text)?;
+
+    let mut link = LinkMessage::default();
+    link.header.index = index;
+    if index == 0 {
+        link.attributes
+            .push(LinkAttribute::IfName(name.to_string()));
+    }
+    let mut req = NetlinkMessage::from(RouteNetlinkMessage::DelLink(link));
+    req.header.flags = NLM_F_REQUEST | NLM_F_ACK;
+    req.header.sequence_number = 1;
+    req.finalize();
+    let mut buf = vec![0; req.buffer_len()];
+    req.serialize(&mut buf);
+    socket.send(&buf, 0).map_err(io_text)?;
+    loop {
+        let (data, _) = socket.recv_from_full().map_err(io_text)?;
+        let mut rest = &data[..];
+        while !rest.is_empty() {
+            let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(rest)
+                .map_err(|e| format!("decoding a netlink answer: {e}"))?;
+            let len = (msg.header.length as usize).next_multiple_of(4);
+            if let NetlinkPayload::Error(e) = msg.payload {
+                return match e.code.map(|c| c.get().abs()) {
+                    None => Ok(true),
+                    Some(libc::ENODEV) => Ok(false),
+                    Some(code) => Err(errno_text(code)),
+                };
+            }
+            if len == 0 || len >= rest.len() {
+                break;
+            }
+            rest = &rest[len..];
+        }
+    }
 }
 
 /// The IPv6 addresses on a link, in kernel dump order.

@@ -1,12 +1,12 @@
-//! OS-level helpers: Go-style error texts, `/proc/sys` writes, entering network namespaces on
-//! dedicated threads, and the per-thread tokio runtime plus netlink connection.
+//! OS-level helpers: Go-style error texts, `/proc/sys` writes (read before write), entering
+//! network namespaces on dedicated threads, and netlink connections.
 //!
 //! Upstream is Go, so its error strings embed Go's renderings of OS errors (`file exists`,
 //! `open /proc/sys/...: no such file or directory`); the helpers here reproduce those forms.
 
 use std::fs::{File, OpenOptions};
 use std::future::Future;
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::AsFd;
 
 use nix::sched::CloneFlags;
@@ -32,15 +32,52 @@ pub(crate) fn path_error(op: &str, path: &str, err: &io::Error) -> String {
     }
 }
 
-/// Writes a sysctl through `/proc/sys`. `/proc/sys/net` resolves against the network namespace
-/// of the *calling thread*, so the caller must be on a thread inside the right netns.
-pub(crate) fn write_proc_sys(path: &str, value: &str) -> Result<(), String> {
-    let mut f = OpenOptions::new()
-        .write(true)
-        .open(path)
-        .map_err(|e| path_error("open", path, &e))?;
-    f.write_all(value.as_bytes())
-        .map_err(|e| path_error("write", path, &e))
+/// Sets a sysctl through `/proc/sys`, unless it already holds `value` (read before write).
+/// `/proc/sys/net` resolves against the network namespace of the *calling thread*, so the
+/// caller must be on a thread inside the right netns.
+pub(crate) fn set_sysctl(path: &str, value: &str) -> Result<(), String> {
+    SysctlFile::open(path).set(value)
+}
+
+/// A `/proc/sys` file opened for reading and writing. The open file stays bound to the
+/// netns of the thread that opened it, so it can be opened by a thread inside the pod netns
+/// and set later from any thread; an open failure is reported by `set`, as a write would
+/// have reported it.
+#[derive(Debug)]
+pub(crate) struct SysctlFile {
+    path: String,
+    file: Result<File, String>,
+}
+
+impl SysctlFile {
+    pub(crate) fn open(path: &str) -> SysctlFile {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| path_error("open", path, &e));
+        SysctlFile {
+            path: path.to_string(),
+            file,
+        }
+    }
+
+    /// Writes `value` unless the sysctl holds it already (a value that cannot be read is
+    /// written).
+    pub(crate) fn set(&self, value: &str) -> Result<(), String> {
+        use std::os::unix::fs::FileExt;
+
+        let file = self.file.as_ref().map_err(Clone::clone)?;
+        let mut buf = [0u8; 64];
+        if let Ok(n) = file.read_at(&mut buf, 0) {
+            if buf[..n].trim_ascii() == value.as_bytes() {
+                return Ok(());
+            }
+        }
+        file.write_at(value.as_bytes(), 0)
+            .map(|_| ())
+            .map_err(|e| path_error("write", &self.path, &e))
+    }
 }
 
 /// Why a netns path could not be opened (containernetworking's `ns.GetNS`).
@@ -100,7 +137,9 @@ pub(crate) fn enter_netns(ns: &File, path: &str) -> Result<(), String> {
 }
 
 /// Runs `f` on a short-lived scoped thread that has joined the netns `ns`; the thread exits
-/// afterwards, so no thread is ever left behind in that namespace.
+/// afterwards, so no thread is ever left behind in that namespace. (Tests only: the plugin
+/// goes through `netns::Netns`.)
+#[cfg(test)]
 pub(crate) fn run_in_netns<T: Send>(
     ns: &File,
     path: &str,
@@ -116,7 +155,8 @@ pub(crate) fn run_in_netns<T: Send>(
     })
 }
 
-/// Builds a current-thread runtime on the calling (dedicated) thread and drives `fut` on it.
+/// Builds a current-thread runtime on the calling (dedicated) thread and drives `fut` on it
+/// (the blocking entry points used outside the plugin's own runtime).
 pub(crate) fn block_on<F: Future>(fut: F) -> Result<F::Output, String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -152,8 +192,33 @@ mod tests {
             path_error("open", "/proc/sys/x", &e),
             "open /proc/sys/x: no such file or directory"
         );
-        let err = write_proc_sys("/nonexistent-dir/file", "1").unwrap_err();
+        let err = set_sysctl("/nonexistent-dir/file", "1").unwrap_err();
         assert_eq!(err, "open /nonexistent-dir/file: no such file or directory");
+    }
+
+    #[test]
+    fn sysctl_files_write_only_what_differs() {
+        let path = std::env::temp_dir().join(format!("calico-sysctl-{}", std::process::id()));
+        std::fs::write(&path, "1\n").unwrap();
+        let p = path.to_str().unwrap();
+        let f = SysctlFile::open(p);
+        // Already 1: not written (a write at 0 would leave "1\n" too, so look at the mtime).
+        let before = std::fs::metadata(&path).unwrap().modified().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        f.set("1").unwrap();
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().modified().unwrap(),
+            before
+        );
+        f.set("0").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "0\n");
+        std::fs::remove_file(&path).unwrap();
+        // An open failure is reported by `set`, as Go's write would report it.
+        let missing = SysctlFile::open("/proc/sys/net/ipv4/conf/calinotthere/forwarding");
+        assert_eq!(
+            missing.set("1").unwrap_err(),
+            "open /proc/sys/net/ipv4/conf/calinotthere/forwarding: no such file or directory"
+        );
     }
 
     #[test]

@@ -10,6 +10,11 @@
 //! pre-existing interface, never an address another ADD of the same sandbox holds under the
 //! same handle.
 //!
+//! The veth pair is built while IPAM allocates (`alongside`): it is started only once
+//! everything before IPAM has passed, and the addresses, routes and endpoint follow once
+//! both are done. A failure of either undoes the other's work (IPAM failed: the pair is
+//! removed; the pair failed: the addresses are given back).
+//!
 //! The undo runs within the call's grace (`deadline::cleanup_bound`): after a failure at the
 //! deadline it may go on for `deadline::GRACE` more, so an ADD returns within its budget plus
 //! the grace, having undone what the datastore let it undo.
@@ -21,7 +26,8 @@ use std::net::IpAddr;
 use serde_json::Value;
 use tracing::{info, warn};
 
-use crate::dataplane::{self, NetworkingRequest};
+use crate::config::NetConf;
+use crate::dataplane::{self, AddressRequest, Families, PodLink, VethRequest};
 use crate::datastore::model::{IpNat, Profile, WorkloadEndpoint, WorkloadEndpointSpec};
 use crate::datastore::resources::{delete_resource, get_resource};
 use crate::datastore::{validate, DatastoreError, Kind};
@@ -202,15 +208,26 @@ async fn add_cni(
     wep.spec.interface_name = ids.host_veth_name();
     validate_and_ensure_profile(call, &wep, profile).await?;
 
-    let result = ipam_add(
+    let veth = veth_request(args, call, &wep, mtu, None, expected_families(conf, args));
+    let ipam = ipam_add(
         call,
         args,
         Prepared::default(),
         "IPAM plugin returned no IP addresses in result",
-    )
-    .await?;
+    );
+    let (result, link) = alongside(call, args, veth, ipam).await?;
     let routes = default_routes();
-    network_and_write(args, call, result, wep, routes, Extras::default(), mtu).await
+    network_and_write(
+        args,
+        call,
+        result,
+        link,
+        wep,
+        routes,
+        Extras::default(),
+        mtu,
+    )
+    .await
 }
 
 async fn add_k8s(
@@ -256,12 +273,16 @@ async fn add_k8s(
     let args = &args;
     validate_and_ensure_profile(call, &wep, profile).await?;
 
-    let result = match source {
+    let veth = |families| veth_request(args, call, &wep, mtu, extras.container_mac, families);
+    let (result, link) = match source {
         AddressSource::Ipam => {
             let mut ipam_args = args.clone();
+            // With the pool and family annotations, the families are IPAM's to tell.
+            let mut families = expected_families(conf, args);
             if conf.ipam.ipam_type == "calico-ipam" {
                 if let Some(stdin) = pod.ipam_stdin(&args.stdin_data)? {
                     ipam_args.stdin_data = stdin;
+                    families = None;
                 }
             }
             let prepared = Prepared {
@@ -269,23 +290,27 @@ async fn add_k8s(
                 reads: early.reads,
                 lock: early.lock,
             };
-            ipam_add(
+            let ipam = ipam_add(
                 call,
                 &ipam_args,
                 prepared,
                 "IPAM plugin returned missing IP config",
-            )
-            .await?
+            );
+            alongside(call, args, veth(families), ipam).await?
         }
         AddressSource::IpAddrs(ips) => {
             // Each address is assigned by its own calico-ipam call, which takes the lock.
             drop(early);
-            release_old_addresses(call, args, &old_addresses).await?;
-            assign_each(call, args, &ips, namespace_labels(call, &pod).await?).await?
+            let labels = namespace_labels(call, &pod).await?;
+            let ipam = async {
+                release_old_addresses(call, args, &old_addresses).await?;
+                assign_each(call, args, &ips, labels).await
+            };
+            alongside(call, args, veth(Some(families_of(&ips))), ipam).await?
         }
         AddressSource::NoIpam(ips) => {
             drop(early);
-            CniResult {
+            let result = CniResult {
                 ips: ips
                     .iter()
                     .map(|ip| IpConfig {
@@ -295,12 +320,14 @@ async fn add_k8s(
                     })
                     .collect(),
                 ..Default::default()
-            }
+            };
+            let families = Some(families_of(&ips));
+            alongside(call, args, veth(families), async { Ok(result) }).await?
         }
     };
     // A calico-ipam result without routes is a KubeVirt migration target: no host routes.
     extras.skip_host_routes = conf.ipam.ipam_type == "calico-ipam" && result.routes.is_empty();
-    let result = network_and_write(args, call, result, wep, routes, extras, mtu).await?;
+    let result = network_and_write(args, call, result, link, wep, routes, extras, mtu).await?;
     endpoint_status::wait_for_policy(
         &conf.endpoint_status_dir,
         &ids.namespace,
@@ -453,12 +480,99 @@ async fn ipam_add(
     Ok(result)
 }
 
-/// The common tail of both modes: build the interface, write the endpoint, shape the result.
-/// A failure gives back this call's addresses and removes the veth pair it created.
+/// What `dataplane::build` makes for this endpoint: the pair, named `CNI_IFNAME` in the pod
+/// and the endpoint's interface name on the host.
+fn veth_request(
+    args: &CmdArgs,
+    call: &Call,
+    wep: &WorkloadEndpoint,
+    mtu: u32,
+    container_mac: Option<[u8; 6]>,
+    families: Option<Families>,
+) -> VethRequest {
+    VethRequest {
+        netns_path: args.netns.clone(),
+        ifname: args.ifname.clone(),
+        host_veth: wep.spec.interface_name.clone(),
+        mtu,
+        num_queues: call.conf.num_queues(),
+        container_mac,
+        families,
+    }
+}
+
+/// The families calico-ipam's answer will have, as the configuration tells them: the
+/// family of `IP=` in CNI_ARGS, else `assign_ipv4`/`assign_ipv6` (calico-ipam fails rather
+/// than return fewer). `None` for other IPAM plugins.
+fn expected_families(conf: &NetConf, args: &CmdArgs) -> Option<Families> {
+    if conf.ipam.ipam_type != "calico-ipam" {
+        return None;
+    }
+    let requested = args
+        .args
+        .split(';')
+        .find_map(|kv| kv.strip_prefix("IP="))
+        .filter(|v| !v.is_empty());
+    match requested {
+        Some(ip) => ip.parse::<IpAddr>().ok().map(|ip| families_of(&[ip])),
+        None => Some(Families {
+            v4: conf.assign_ipv4(),
+            v6: conf.assign_ipv6(),
+        }),
+    }
+}
+
+fn families_of(ips: &[IpAddr]) -> Families {
+    Families {
+        v4: ips.iter().any(IpAddr::is_ipv4),
+        v6: ips.iter().any(IpAddr::is_ipv6),
+    }
+}
+
+/// Runs IPAM (`ipam`) and builds the veth pair at the same time. A failure of either undoes
+/// the other: addresses without a pair are given back, a pair without addresses is removed.
+/// When both fail, IPAM's error is the call's (it is what the sequential order reported).
+async fn alongside(
+    call: &Call,
+    args: &CmdArgs,
+    veth: VethRequest,
+    ipam: impl Future<Output = Result<CniResult>>,
+) -> Result<(CniResult, PodLink)> {
+    match tokio::join!(ipam, dataplane::build(veth)) {
+        (Ok(result), Ok(link)) => Ok((result, link)),
+        (Err(e), Ok(link)) => {
+            undo("removing the veth pair after IPAM failed", async {
+                if let Err(undo) = link.remove().await {
+                    warn!(error = %undo, "failed to remove the pod interface after IPAM failed");
+                }
+            })
+            .await;
+            Err(e)
+        }
+        (Err(e), Err(net)) => {
+            warn!(error = %net, "the veth pair failed too (and was removed)");
+            Err(e)
+        }
+        (Ok(result), Err(e)) => {
+            let assigned: Vec<IpAddr> = result.ips.iter().map(|ip| ip.address.addr).collect();
+            undo(
+                "releasing the addresses after a failed dataplane setup",
+                ipam_exec::release_assigned(&call.ds, &call.conf, args, &assigned),
+            )
+            .await;
+            Err(e.into())
+        }
+    }
+}
+
+/// The common tail of both modes: finish the interface, write the endpoint, shape the
+/// result. A failure gives back this call's addresses and removes the veth pair it created.
+#[allow(clippy::too_many_arguments)]
 async fn network_and_write(
     args: &CmdArgs,
     call: &Call,
     mut result: CniResult,
+    mut link: PodLink,
     mut wep: WorkloadEndpoint,
     routes: Vec<IpNet>,
     extras: Extras,
@@ -467,19 +581,13 @@ async fn network_and_write(
     wep.spec.ip_networks = endpoint::ip_networks(&result);
     wep.spec.ip_nats = floating_nats(&result, &extras.floating_ips);
     let assigned: Vec<IpAddr> = result.ips.iter().map(|ip| ip.address.addr).collect();
-    let req = NetworkingRequest {
-        netns_path: args.netns.clone(),
-        ifname: args.ifname.clone(),
-        host_veth: wep.spec.interface_name.clone(),
-        mtu,
-        num_queues: call.conf.num_queues(),
+    let addrs = AddressRequest {
         ips: assigned.iter().map(|ip| IpNet::host(*ip)).collect(),
         routes,
         allow_ip_forwarding: call.conf.container_settings.allow_ip_forwarding,
-        container_mac: extras.container_mac,
         skip_host_routes: extras.skip_host_routes,
     };
-    let net = match dataplane::do_networking(&req) {
+    let net = match link.finish(&addrs).await {
         Ok(n) => n,
         Err(e) => {
             undo(
@@ -496,10 +604,9 @@ async fn network_and_write(
     let new_endpoint = wep.metadata.resource_version.is_empty();
     if let Err(e) = endpoint::write(&call.ds, &mut wep).await {
         undo("undoing a failed ADD", async {
-            // The interface first: it is local and always possible.
-            if let Err(undo) =
-                dataplane::remove_created_interface(&args.netns, &args.ifname, net.container_index)
-            {
+            // The interface first: it is local and always possible (and its host route must
+            // be gone before the address can go to another pod).
+            if let Err(undo) = link.remove().await {
                 warn!(error = %undo, "failed to remove the pod interface after a failed ADD");
             }
             if new_endpoint && outcome_unknown(&e) {

@@ -46,11 +46,10 @@ pub async fn cmd_check(args: &CmdArgs) -> Result<()> {
     conf.check_dataplane()?;
     let call = connect(args, conf, false).await?;
     let expected = expected(args, &call, &prev)?;
-    let kernel = tokio::task::spawn_blocking(move || dataplane::check::verify(&expected));
-    let endpoint = check_endpoint(args, &call, &prev).await;
-    let kernel = kernel
-        .await
-        .map_err(|e| Error::msg(format!("CHECK of the interfaces failed: {e}")))?;
+    let (kernel, endpoint) = tokio::join!(
+        dataplane::check::verify(&expected),
+        check_endpoint(args, &call, &prev)
+    );
     kernel?;
     endpoint?;
     check_ipam(args, &call, &prev).await

@@ -30,10 +30,9 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
     // refused by the ready gate, or by an unreachable datastore, has still removed the
     // interface of a sandbox that is going away, and its retry finds nothing to remove.
     let dataplane = conf.check_dataplane();
-    let teardown = dataplane.is_ok().then(|| {
-        let (netns, ifname) = (args.netns.clone(), args.ifname.clone());
-        tokio::task::spawn_blocking(move || dataplane::clean_up_namespace(&netns, &ifname))
-    });
+    let teardown = dataplane
+        .is_ok()
+        .then(|| dataplane::start_clean_up(&args.netns, &args.ifname));
     let mut teardown = Teardown(teardown);
     let mut failures = Failures::default();
     let call = match connect(args, conf, false).await {
@@ -157,22 +156,15 @@ impl Failures {
     }
 }
 
-/// The pod interface's removal, running on a blocking thread.
-struct Teardown(
-    Option<tokio::task::JoinHandle<std::result::Result<(), crate::dataplane::DataplaneError>>>,
-);
+/// The pod interface's removal, running on a thread of its own.
+struct Teardown(Option<dataplane::Teardown>);
 
 impl Teardown {
     /// Waits for the removal (once) and gives its outcome.
     async fn finish(&mut self) -> Result<()> {
         match self.0.take() {
             None => Ok(()),
-            Some(handle) => match handle.await {
-                Ok(r) => Ok(r?),
-                Err(e) => Err(Error::msg(format!(
-                    "removing the pod interface failed: {e}"
-                ))),
-            },
+            Some(t) => Ok(t.finish().await?),
         }
     }
 }
