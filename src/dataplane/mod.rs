@@ -235,23 +235,38 @@ pub struct PodLink {
     made: Option<veth::Made>,
 }
 
-/// The first half of Calico's `DoNetworking`, run while IPAM allocates: the call's handles
-/// on both sides, the veth pair and whatever of its set-up needs no address (`veth.rs`). A
-/// failure removes what it made. Must run on the call's runtime, from a thread in the host
-/// netns.
-pub async fn build(req: VethRequest) -> Result<PodLink> {
+/// ADD's netlink handles on both sides (`netns.rs`), opened ahead of their use: opening
+/// them creates nothing, so ADD opens them while its first datastore round trip is under
+/// way; a failure to open them is `build`'s error.
+pub struct Handles(Result<Netns>);
+
+impl Handles {
+    /// Opens the handles for the pod netns at `netns_path`, and the pod's forwarding sysctls
+    /// of the `expected` families (either, when unknown). Must run on the call's runtime,
+    /// from a thread in the host netns.
+    pub async fn open(netns_path: String, expected: Option<Families>) -> Handles {
+        let forwarding = expected.unwrap_or(Families { v4: true, v6: true });
+        let opened = async {
+            let pod_ns =
+                open_netns(&netns_path).map_err(|e| DataplaneError::Netns(e.into_message()))?;
+            Netns::open(&netns_path, pod_ns, forwarding)
+                .await
+                .map_err(|e| match e {
+                    OpenError::Host(e) => DataplaneError::HostHandle(e),
+                    OpenError::Enter(e) => DataplaneError::Netns(e),
+                    OpenError::Pod(e) => internal(format!("failed to open netlink in netns: {e}")),
+                })
+        };
+        Handles(opened.await)
+    }
+}
+
+/// The first half of Calico's `DoNetworking`, run while IPAM allocates: the veth pair and
+/// whatever of its set-up needs no address (`veth.rs`), through `handles`. A failure
+/// removes what it made. Must run on the call's runtime, from a thread in the host netns.
+pub async fn build(req: VethRequest, handles: Handles) -> Result<PodLink> {
     tracing::info!("Setting the host side veth name to {}", req.host_veth);
-    let pod_ns =
-        open_netns(&req.netns_path).map_err(|e| DataplaneError::Netns(e.into_message()))?;
-    // Forwarding is set for the expected families; unknown: either may be.
-    let forwarding = req.families.unwrap_or(Families { v4: true, v6: true });
-    let ns = Netns::open(&req.netns_path, pod_ns, forwarding)
-        .await
-        .map_err(|e| match e {
-            OpenError::Host(e) => DataplaneError::HostHandle(e),
-            OpenError::Enter(e) => DataplaneError::Netns(e),
-            OpenError::Pod(e) => internal(format!("failed to open netlink in netns: {e}")),
-        })?;
+    let ns = handles.0?;
     if veth::host_link_exists(&ns.host, &req.host_veth).await {
         tracing::info!(
             "A link named {} exists; it is replaced once the addresses are known.",
@@ -319,9 +334,15 @@ impl PodLink {
 pub fn do_networking(req: &NetworkingRequest) -> Result<NetworkingResult> {
     let (veth, addrs) = req.parts();
     std::thread::scope(|s| {
-        s.spawn(|| block_on(async { build(veth).await?.finish(&addrs).await }).map_err(internal)?)
-            .join()
-            .unwrap_or_else(|_| Err(internal("dataplane thread panicked")))
+        s.spawn(|| {
+            block_on(async {
+                let handles = Handles::open(veth.netns_path.clone(), veth.families).await;
+                build(veth, handles).await?.finish(&addrs).await
+            })
+            .map_err(internal)?
+        })
+        .join()
+        .unwrap_or_else(|_| Err(internal("dataplane thread panicked")))
     })
 }
 

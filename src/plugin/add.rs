@@ -27,7 +27,7 @@ use serde_json::Value;
 use tracing::{info, warn};
 
 use crate::config::NetConf;
-use crate::dataplane::{self, AddressRequest, Families, PodLink, VethRequest};
+use crate::dataplane::{self, AddressRequest, DataplaneError, Families, PodLink, VethRequest};
 use crate::datastore::model::{IpNat, Profile, WorkloadEndpoint, WorkloadEndpointSpec};
 use crate::datastore::resources::{delete_resource, get_resource};
 use crate::datastore::{validate, DatastoreError, Kind};
@@ -51,6 +51,13 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     let conf = load(args)?;
     let mtu = conf.resolve_mtu()?;
     refuse_name_template(&args.ifname)?;
+    // The netlink handles on both sides are opened while the datastore is connected to and
+    // read (opening them creates nothing; their error, if any, is reported where the veth
+    // pair is built).
+    let handles = tokio::spawn(dataplane::Handles::open(
+        args.netns.clone(),
+        expected_families(&conf, args),
+    ));
     let call = connect(args, conf, true).await?;
     let conf = &call.conf;
 
@@ -121,9 +128,9 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     };
 
     let mut result = if call.ids.is_k8s() {
-        add_k8s(args, &call, existing, profile, mtu, pod, early).await?
+        add_k8s(args, &call, existing, profile, mtu, pod, early, handles).await?
     } else {
-        add_cni(args, &call, existing, profile, mtu).await?
+        add_cni(args, &call, existing, profile, mtu, handles).await?
     };
     // Calico IPAM sets no gateway; host-local's is meaningless for a /32 interface.
     for ip in &mut result.ips {
@@ -175,6 +182,7 @@ async fn add_cni(
     existing: Option<WorkloadEndpoint>,
     profile: Option<Profile>,
     mtu: u32,
+    handles: Handles,
 ) -> Result<CniResult> {
     let conf = &call.conf;
     if conf.feature_control.ip_addrs_no_ipam {
@@ -215,7 +223,7 @@ async fn add_cni(
         Prepared::default(),
         "IPAM plugin returned no IP addresses in result",
     );
-    let (result, link) = alongside(call, args, veth, ipam).await?;
+    let (result, link) = alongside(call, args, handles, veth, ipam).await?;
     let routes = default_routes();
     network_and_write(
         args,
@@ -230,6 +238,7 @@ async fn add_cni(
     .await
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn add_k8s(
     args: &CmdArgs,
     call: &Call,
@@ -238,6 +247,7 @@ async fn add_k8s(
     mtu: u32,
     pod: Option<PodInfo>,
     early: EarlyIpam,
+    handles: Handles,
 ) -> Result<CniResult> {
     let conf = &call.conf;
     let ids = &call.ids;
@@ -296,7 +306,7 @@ async fn add_k8s(
                 prepared,
                 "IPAM plugin returned missing IP config",
             );
-            alongside(call, args, veth(families), ipam).await?
+            alongside(call, args, handles, veth(families), ipam).await?
         }
         AddressSource::IpAddrs(ips) => {
             // Each address is assigned by its own calico-ipam call, which takes the lock.
@@ -306,7 +316,8 @@ async fn add_k8s(
                 release_old_addresses(call, args, &old_addresses).await?;
                 assign_each(call, args, &ips, labels).await
             };
-            alongside(call, args, veth(Some(families_of(&ips))), ipam).await?
+            let families = Some(families_of(&ips));
+            alongside(call, args, handles, veth(families), ipam).await?
         }
         AddressSource::NoIpam(ips) => {
             drop(early);
@@ -322,7 +333,7 @@ async fn add_k8s(
                 ..Default::default()
             };
             let families = Some(families_of(&ips));
-            alongside(call, args, veth(families), async { Ok(result) }).await?
+            alongside(call, args, handles, veth(families), async { Ok(result) }).await?
         }
     };
     // A calico-ipam result without routes is a KubeVirt migration target: no host routes.
@@ -413,6 +424,9 @@ async fn assign_each(
     }
     Ok(result)
 }
+
+/// The netlink handles, being opened (`cmd_add`).
+type Handles = tokio::task::JoinHandle<dataplane::Handles>;
 
 /// The host's IPAM lock and AutoAssign's reads, taken in the first round trip.
 struct EarlyIpam {
@@ -535,10 +549,17 @@ fn families_of(ips: &[IpAddr]) -> Families {
 async fn alongside(
     call: &Call,
     args: &CmdArgs,
+    handles: Handles,
     veth: VethRequest,
     ipam: impl Future<Output = Result<CniResult>>,
 ) -> Result<(CniResult, PodLink)> {
-    match tokio::join!(ipam, dataplane::build(veth)) {
+    let build = async {
+        let handles = handles
+            .await
+            .map_err(|e| DataplaneError::Internal(format!("opening the netlink handles: {e}")))?;
+        dataplane::build(veth, handles).await
+    };
+    match tokio::join!(ipam, build) {
         (Ok(result), Ok(link)) => Ok((result, link)),
         (Err(e), Ok(link)) => {
             undo("removing the veth pair after IPAM failed", async {
