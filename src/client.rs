@@ -17,10 +17,12 @@ pub async fn connect(conf: &NetConf) -> Result<Backend> {
 }
 
 /// Runs one plugin call on a fresh current-thread runtime (one short-lived process per call).
+/// The call's future (tens of KB: every step's state) goes to the heap, not onto the main
+/// thread's stack once more.
 pub fn block_on<F: std::future::Future>(f: F) -> std::result::Result<F::Output, Error> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| Error::msg(format!("failed to start the async runtime: {e}")))?;
-    Ok(rt.block_on(f))
+    Ok(rt.block_on(Box::pin(f)))
 }

@@ -135,8 +135,12 @@ where
 }
 
 /// Installs the global subscriber for this process. `component` is `cni-plugin` or `ipam`.
-/// A second call in one process (calico running calico-ipam in-process) changes nothing.
+/// A second call in one process (calico running calico-ipam in-process) changes nothing,
+/// and does nothing: the log file is not opened again.
 pub fn init(conf: &NetConf, component: &'static str) {
+    if tracing::dispatcher::has_been_set() {
+        return;
+    }
     let level = parse_level(&conf.log_level);
     let file = if conf.log_file_path.is_empty() {
         None

@@ -18,6 +18,7 @@ use calico_cni::skel::{self, CniError};
 fn main() -> ExitCode {
     // A CNI call's deadline counts from process start (armed below, for CNI calls only).
     let started = Instant::now();
+    one_malloc_arena();
     let args: Vec<String> = std::env::args().collect();
     let argv0 = args.first().map(String::as_str).unwrap_or_default();
     let name = Path::new(argv0)
@@ -78,13 +79,28 @@ fn main() -> ExitCode {
         return ExitCode::from(upgrade::run(opts, &env));
     }
     deadline::arm(started);
-    deadline::spawn_watchdog(end_overdue_call);
+    // VERSION (and a call without a command, refused at once) waits for nothing: no watchdog
+    // thread, which would cost a VERSION call a good part of its start-up time.
+    if std::env::var_os("CNI_COMMAND").is_some_and(|c| c != "VERSION") {
+        deadline::spawn_watchdog(end_overdue_call);
+    }
     let code = if is_ipam {
         skel::run(&IpamPlugin)
     } else {
         skel::run(&CalicoPlugin)
     };
     ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// One malloc arena for the whole process. glibc gives every thread that allocates its own
+/// arena (a 128 MiB reservation, mapped and later unmapped); a call's few short-lived helper
+/// threads (deadline watchdog, netns work, lock wait) allocate little and rarely at once.
+fn one_malloc_arena() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator parameter; called before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
 }
 
 /// The watchdog's end of a call that outlived its deadline and grace: the error JSON, exit 1.

@@ -78,6 +78,65 @@ fn create_update_delete_semantics() {
 }
 
 #[test]
+fn create_and_update_writes_both_or_neither() {
+    let etcd = EtcdServer::start();
+    let rt = rt();
+    rt.block_on(async {
+        let ds = connect(&etcd.endpoint()).await;
+        let block = Key::Block {
+            cidr: "10.0.0.0/26".parse().unwrap(),
+        };
+        let handle = |id: &str| Key::Handle { id: id.into() };
+        let h1 = json!({"block":{"10.0.0.0/26":1},"deleted":false});
+        let b0 = ds
+            .create(&block, &json!({"cidr":"10.0.0.0/26","seq":0}))
+            .await
+            .unwrap();
+        let b1 = json!({"cidr":"10.0.0.0/26","seq":1});
+        // Both written, at one revision.
+        let rev = ds
+            .create_and_update((&handle("a"), &h1), (&block, &b1, &b0))
+            .await
+            .expect("etcd writes two keys at once")
+            .unwrap();
+        assert_eq!(ds.get(&handle("a")).await.unwrap().revision, rev);
+        let stored = ds.get(&block).await.unwrap();
+        assert_eq!(
+            (stored.revision.as_str(), &stored.value),
+            (rev.as_str(), &b1)
+        );
+        // A stale block revision, an existing handle, a missing block: nothing written, and
+        // the refusal names the first compare that failed.
+        let b2 = json!({"cidr":"10.0.0.0/26","seq":2});
+        let e = ds
+            .create_and_update((&handle("b"), &h1), (&block, &b2, &b0))
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(e.is_conflict(), "{e}");
+        assert!(ds.get(&handle("b")).await.unwrap_err().is_not_found());
+        let e = ds
+            .create_and_update((&handle("a"), &h1), (&block, &b2, &rev))
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(e.is_already_exists(), "{e}");
+        assert_eq!(ds.get(&block).await.unwrap().value, b1);
+        let other = Key::Block {
+            cidr: "10.0.0.64/26".parse().unwrap(),
+        };
+        let e = ds
+            .create_and_update((&handle("c"), &h1), (&other, &b2, &rev))
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(e.is_not_found(), "{e}");
+        assert!(ds.get(&handle("c")).await.unwrap_err().is_not_found());
+    });
+    assert_eq!(etcd.keys("/calico/ipam/v2/handle/").len(), 1);
+}
+
+#[test]
 fn stored_bytes_and_lists() {
     let etcd = EtcdServer::start();
     rt().block_on(async {

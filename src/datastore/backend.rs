@@ -85,6 +85,10 @@ async fn etcd_endpoints(s: &DatastoreSettings) -> Result<Vec<String>, DatastoreE
     Ok(endpoints)
 }
 
+/// The backends' request futures are boxed here: an etcd request's future is ~3.5 KB (tonic
+/// and tower state), and a call keeps many of them in its state machine at once (joined
+/// reads), which lived on the main thread's stack (an ADD touched ~0.7 MB of it). One small
+/// allocation per request instead.
 impl Datastore for Backend {
     fn nodes_always_exist(&self) -> bool {
         self.is_kubernetes()
@@ -92,20 +96,20 @@ impl Datastore for Backend {
 
     async fn get(&self, key: &Key) -> Result<KvPair, DatastoreError> {
         match self {
-            Backend::Etcd(d) => d.get(key).await,
-            Backend::Kubernetes(d) => d.get(key).await,
+            Backend::Etcd(d) => Box::pin(d.get(key)).await,
+            Backend::Kubernetes(d) => Box::pin(d.get(key)).await,
         }
     }
     async fn list(&self, what: &ListKind) -> Result<Vec<KvPair>, DatastoreError> {
         match self {
-            Backend::Etcd(d) => d.list(what).await,
-            Backend::Kubernetes(d) => d.list(what).await,
+            Backend::Etcd(d) => Box::pin(d.list(what)).await,
+            Backend::Kubernetes(d) => Box::pin(d.list(what)).await,
         }
     }
     async fn create(&self, key: &Key, value: &Value) -> Result<Revision, DatastoreError> {
         match self {
-            Backend::Etcd(d) => d.create(key, value).await,
-            Backend::Kubernetes(d) => d.create(key, value).await,
+            Backend::Etcd(d) => Box::pin(d.create(key, value)).await,
+            Backend::Kubernetes(d) => Box::pin(d.create(key, value)).await,
         }
     }
     async fn update(
@@ -115,14 +119,24 @@ impl Datastore for Backend {
         revision: &str,
     ) -> Result<Revision, DatastoreError> {
         match self {
-            Backend::Etcd(d) => d.update(key, value, revision).await,
-            Backend::Kubernetes(d) => d.update(key, value, revision).await,
+            Backend::Etcd(d) => Box::pin(d.update(key, value, revision)).await,
+            Backend::Kubernetes(d) => Box::pin(d.update(key, value, revision)).await,
         }
     }
     async fn delete(&self, key: &Key, revision: Option<&str>) -> Result<(), DatastoreError> {
         match self {
-            Backend::Etcd(d) => d.delete(key, revision).await,
-            Backend::Kubernetes(d) => d.delete(key, revision).await,
+            Backend::Etcd(d) => Box::pin(d.delete(key, revision)).await,
+            Backend::Kubernetes(d) => Box::pin(d.delete(key, revision)).await,
+        }
+    }
+    async fn create_and_update(
+        &self,
+        create: (&Key, &Value),
+        update: (&Key, &Value, &str),
+    ) -> Option<Result<Revision, DatastoreError>> {
+        match self {
+            Backend::Etcd(d) => Box::pin(d.create_and_update(create, update)).await,
+            Backend::Kubernetes(d) => Box::pin(d.create_and_update(create, update)).await,
         }
     }
 }

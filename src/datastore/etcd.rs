@@ -141,8 +141,14 @@ impl EtcdDatastore {
             attempt += 1;
             deadline::check(waiting())?;
             let (wait, capped) = deadline::cap(per_attempt);
+            // One debug line per request (the round trips of a call, in order, with their
+            // times: BENCHMARKS.md counts them from these).
+            let sent = std::time::Instant::now();
             let err = match tokio::time::timeout(wait, op()).await {
-                Ok(Ok(v)) => return Ok((v, attempt)),
+                Ok(Ok(v)) => {
+                    debug!(what, attempt, took = ?sent.elapsed(), "etcd request");
+                    return Ok((v, attempt));
+                }
                 Ok(Err(e)) if is_transport_error(&e) => e.to_string(),
                 Ok(Err(e)) => return Err(unavailable(e)),
                 Err(_) if capped => return Err(deadline::expired(waiting()).into()),
@@ -481,6 +487,72 @@ impl Datastore for EtcdDatastore {
             Err(DatastoreError::NotFound { .. }) if attempts > 1 => Ok(()),
             other => other,
         }
+    }
+
+    /// One transaction: `If(version(create) == 0 && mod_revision(update) == rev) Put both
+    /// Else Get both`.
+    async fn create_and_update(
+        &self,
+        (ckey, cvalue): (&Key, &Value),
+        (ukey, uvalue, revision): (&Key, &Value, &str),
+    ) -> Option<Result<Revision, DatastoreError>> {
+        Some(self.pair_txn(ckey, cvalue, ukey, uvalue, revision).await)
+    }
+}
+
+impl EtcdDatastore {
+    async fn pair_txn(
+        &self,
+        ckey: &Key,
+        cvalue: &Value,
+        ukey: &Key,
+        uvalue: &Value,
+        revision: &str,
+    ) -> Result<Revision, DatastoreError> {
+        let (cpath, upath) = (key_path(ckey), key_path(ukey));
+        let rev = parse_rev(ukey, revision)?;
+        let (cbytes, ubytes) = (encode_value(ckey, cvalue)?, encode_value(ukey, uvalue)?);
+        let txn = Txn::new()
+            .when(vec![
+                Compare::version(cpath.clone(), CompareOp::Equal, 0),
+                Compare::mod_revision(upath.clone(), CompareOp::Equal, rev),
+            ])
+            .and_then(vec![
+                TxnOp::put(cpath.clone(), cbytes.clone(), None),
+                TxnOp::put(upath.clone(), ubytes.clone(), None),
+            ])
+            .or_else(vec![
+                TxnOp::get(cpath.clone(), None),
+                TxnOp::get(upath.clone(), None),
+            ]);
+        let (resp, attempts) = self.txn_counted(&format!("{cpath} + {upath}"), txn).await?;
+        if resp.succeeded() {
+            return Ok(header_revision(&resp));
+        }
+        // The Else gets, in order: the created key, the updated key.
+        let answers = resp.op_responses();
+        let stored: Vec<Option<&KeyValue>> = answers
+            .iter()
+            .map(|r| match r {
+                TxnOpResponse::Get(g) => g.kvs().first(),
+                _ => None,
+            })
+            .collect();
+        let created = stored.first().copied().flatten();
+        let updated = stored.get(1).copied().flatten();
+        // Retried after a lost answer, and both keys hold what we wrote: it was applied.
+        if attempts > 1 {
+            if let (Some(c), Some(u)) = (created, updated) {
+                if c.value() == cbytes && u.value() == ubytes {
+                    return Ok(u.mod_revision().to_string());
+                }
+            }
+        }
+        Err(match (created, updated) {
+            (Some(_), _) => DatastoreError::AlreadyExists(ckey.describe()),
+            (None, Some(_)) => DatastoreError::Conflict(ukey.describe()),
+            (None, None) => DatastoreError::not_found(ukey),
+        })
     }
 }
 

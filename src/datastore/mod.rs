@@ -246,6 +246,21 @@ pub trait Datastore {
     /// Delete, compare-and-swap when a revision is given.
     async fn delete(&self, key: &Key, revision: Option<&str>) -> Result<(), DatastoreError>;
 
+    /// Creates `create` (absent) and compare-and-swaps `update` on its revision, both or
+    /// neither, in one request, where the backend can (etcd: one transaction); `None` where
+    /// it cannot (the caller then writes them one after the other). Returns the revision of
+    /// the write. A refusal names the first compare that failed: `AlreadyExists` for the
+    /// created key, else `Conflict` or `NotFound` for the updated one; any other error leaves
+    /// the outcome unknown, as for any write.
+    async fn create_and_update(
+        &self,
+        create: (&Key, &Value),
+        update: (&Key, &Value, &str),
+    ) -> Option<Result<Revision, DatastoreError>> {
+        let _ = (create, update);
+        None
+    }
+
     /// Whether this host's Node object always exists (Kubernetes: the kubelet registered
     /// it), so IPAM may skip reading it when no pool's node selector needs its labels.
     fn nodes_always_exist(&self) -> bool {

@@ -15,7 +15,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::fcntl::{Flock, FlockArg};
 use tracing::{debug, info, warn};
@@ -28,9 +28,26 @@ const LOCK_DIR_MODE: u32 = 0o755;
 /// Held while alive; dropping it unlocks.
 pub struct IpamLock {
     _lock: Option<Flock<File>>,
+    /// When it was taken (how long it was held is logged at debug level).
+    since: Instant,
+}
+
+impl Drop for IpamLock {
+    fn drop(&mut self) {
+        if self._lock.is_some() {
+            debug!(held = ?self.since.elapsed(), "Released host-wide IPAM lock.");
+        }
+    }
 }
 
 impl IpamLock {
+    fn held(lock: Option<Flock<File>>) -> IpamLock {
+        IpamLock {
+            _lock: lock,
+            since: Instant::now(),
+        }
+    }
+
     /// Takes the lock, waiting at most `min(LOCK_WAIT, what is left of the call's budget)`.
     pub fn acquire(path: &str) -> IpamLock {
         let (wait, capped) = crate::deadline::cap(LOCK_WAIT);
@@ -42,7 +59,7 @@ impl IpamLock {
 
     /// `acquire` with an explicit bound on the wait.
     pub fn acquire_within(path: &str, wait: Duration) -> IpamLock {
-        let unlocked = IpamLock { _lock: None };
+        let unlocked = IpamLock::held(None);
         if let Err(e) = create_dirs(Path::new(path).parent()) {
             warn!(path, error = %e, "Failed to make directory for IPAM lock; continuing unlocked");
             return unlocked;
@@ -58,7 +75,7 @@ impl IpamLock {
         let file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(l) => {
                 debug!(path, "Acquired host-wide IPAM lock.");
-                return IpamLock { _lock: Some(l) };
+                return IpamLock::held(Some(l));
             }
             Err((f, nix::errno::Errno::EWOULDBLOCK)) => f,
             Err((_, e)) => {
@@ -70,7 +87,7 @@ impl IpamLock {
         match wait_for_lock(file, wait) {
             Some(l) => {
                 info!(path, "Acquired host-wide IPAM lock.");
-                IpamLock { _lock: Some(l) }
+                IpamLock::held(Some(l))
             }
             None => {
                 warn!(
@@ -147,7 +164,6 @@ fn wait_for_lock(file: File, wait: Duration) -> Option<Flock<File>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Instant;
 
     fn scratch(name: &str) -> std::path::PathBuf {
         std::env::temp_dir().join(format!("ipamlock-{name}-{}", std::process::id()))

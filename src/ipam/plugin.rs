@@ -4,6 +4,7 @@
 //! result's addresses; STATUS is Calico's readiness; GC releases this node's handles of
 //! containers that are gone (`ipam::allocator::gc`).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
@@ -82,10 +83,23 @@ impl Plugin for IpamPlugin {
 /// `K8S_*` keys without `IgnoreUnknown=1` fail there (`calico` always prepends it).
 const IPAM_ARGS: &[(&str, ArgKind)] = &[IGNORE_UNKNOWN, ("IP", ArgKind::Ip)];
 
-/// What one calico-ipam call works with.
-struct Call {
-    conf: NetConf,
-    ids: WepIdentifiers,
+/// What one calico-ipam call works with: parsed here, or borrowed from the `calico` plugin
+/// that runs this one in-process.
+struct Call<'a> {
+    conf: Cow<'a, NetConf>,
+    ids: Cow<'a, WepIdentifiers>,
+}
+
+/// What the `calico` plugin has already made of the same stdin and CNI_ARGS: an in-process
+/// calico-ipam uses it instead of parsing the NetConf, reading the nodename file, building
+/// the identifiers and setting up logging and the deadline again.
+#[derive(Clone, Copy)]
+pub struct Known<'a> {
+    /// The NetConf parsed from the very stdin calico-ipam is given.
+    pub conf: &'a NetConf,
+    /// The identifiers from the same node name, container ID, interface and CNI_ARGS (with
+    /// `IgnoreUnknown=1` prepended, as calico-ipam sees them).
+    pub ids: &'a WepIdentifiers,
 }
 
 /// ipam_plugin.go's first steps: the config and logging (the client comes next).
@@ -96,22 +110,41 @@ fn load(args: &CmdArgs) -> Result<NetConf> {
     Ok(conf)
 }
 
-/// Then the node name and the identifiers (`K8sArgs`). ADD also needs a buildable
-/// WorkloadEndpoint name (upstream fails there before any IPAM work); DEL does not, so an
-/// address allocated under a name that cannot be built is still released (upstream's DEL
-/// fails there forever).
-fn identify(args: &CmdArgs, conf: NetConf, for_add: bool) -> Result<Call> {
+/// Then the node name and the identifiers (`K8sArgs`), and the checks both paths make.
+fn identify(args: &CmdArgs, conf: NetConf, for_add: bool) -> Result<Call<'static>> {
     let node = conf.node_name();
     let ids = WepIdentifiers::from_cni_args(&node, &args.container_id, &args.ifname, &args.args)?;
-    if for_add {
-        ids.wep_name()?;
-    }
-    Ok(Call { conf, ids })
+    checked(
+        Call {
+            conf: Cow::Owned(conf),
+            ids: Cow::Owned(ids),
+        },
+        for_add,
+    )
 }
 
-/// `load` and `identify` together, for the in-process entry points.
-fn prepare(args: &CmdArgs, for_add: bool) -> Result<Call> {
-    identify(args, load(args)?, for_add)
+/// ADD also needs a buildable WorkloadEndpoint name (upstream fails there before any IPAM
+/// work); DEL does not, so an address allocated under a name that cannot be built is still
+/// released (upstream's DEL fails there forever).
+fn checked(call: Call<'_>, for_add: bool) -> Result<Call<'_>> {
+    if for_add {
+        call.ids.wep_name()?;
+    }
+    Ok(call)
+}
+
+/// The in-process entry points' `load` and `identify`: what the caller knows, else parsed.
+fn prepare<'a>(args: &CmdArgs, known: Option<Known<'a>>, for_add: bool) -> Result<Call<'a>> {
+    match known {
+        Some(k) => checked(
+            Call {
+                conf: Cow::Borrowed(k.conf),
+                ids: Cow::Borrowed(k.ids),
+            },
+            for_add,
+        ),
+        None => identify(args, load(args)?, for_add),
+    }
 }
 
 /// The `IP=` of ADD's second CNI_ARGS pass.
@@ -173,19 +206,25 @@ pub struct Prepared {
 }
 
 /// calico-ipam ADD on an open datastore (the `calico` plugin calls this in-process when
-/// `ipam.type` is this very binary, with what it has already read and locked).
+/// `ipam.type` is this very binary, with what it has already parsed, read and locked). The
+/// second CNI_ARGS pass (`IP=`, checked as upstream's `ipamArgs`) is made either way.
 pub async fn add_with<D: Datastore>(
     ds: &D,
+    known: Option<Known<'_>>,
     args: &CmdArgs,
     prepared: Prepared,
 ) -> Result<CniResult> {
-    let call = prepare(args, true)?;
+    let call = prepare(args, known, true)?;
     assign(ds, &call, requested_ip(args)?, prepared).await
 }
 
 /// calico-ipam DEL on an open datastore.
-pub async fn del_with<D: Datastore>(ds: &D, args: &CmdArgs) -> Result<()> {
-    release(ds, &prepare(args, false)?).await
+pub async fn del_with<D: Datastore>(
+    ds: &D,
+    known: Option<Known<'_>>,
+    args: &CmdArgs,
+) -> Result<()> {
+    release(ds, &prepare(args, known, false)?).await
 }
 
 /// Gives back exactly these addresses, and only where they still belong to this call's
@@ -193,7 +232,7 @@ pub async fn del_with<D: Datastore>(ds: &D, args: &CmdArgs) -> Result<()> {
 /// handle `<network>.<containerID>`), this never frees an address that another ADD of the
 /// same sandbox holds under the same handle.
 pub async fn release_addresses<D: Datastore>(ds: &D, args: &CmdArgs, ips: &[IpAddr]) -> Result<()> {
-    let call = prepare(args, false)?;
+    let call = prepare(args, None, false)?;
     let handle = call.ids.handle_id(&call.conf.name);
     let ipam = Ipam::new(ds, &call.ids.node);
     let _lock = IpamLock::acquire(call.conf.ipam_lock_file());
@@ -211,7 +250,7 @@ pub async fn release_addresses<D: Datastore>(ds: &D, args: &CmdArgs, ips: &[IpAd
 /// Releases these addresses whoever holds them (upstream `releaseIPAddrs` before an
 /// `ipAddrs` re-ADD). Addresses not allocated are only logged.
 pub async fn release_any<D: Datastore>(ds: &D, args: &CmdArgs, ips: &[IpAddr]) -> Result<()> {
-    let call = prepare(args, false)?;
+    let call = prepare(args, None, false)?;
     let ipam = Ipam::new(ds, &call.ids.node);
     let _lock = IpamLock::acquire(call.conf.ipam_lock_file());
     let unallocated = with_timeout(ipam.release_ips(ips, None)).await??;
@@ -226,7 +265,7 @@ pub async fn release_any<D: Datastore>(ds: &D, args: &CmdArgs, ips: &[IpAddr]) -
 
 async fn assign<D: Datastore>(
     ds: &D,
-    call: &Call,
+    call: &Call<'_>,
     ip: Option<IpAddr>,
     prepared: Prepared,
 ) -> Result<CniResult> {
@@ -327,19 +366,40 @@ async fn cmd_del(args: &CmdArgs) -> Result<()> {
     release(&ds, &identify(args, conf, false)?).await
 }
 
-/// DEL's release: the handle `<network>.<containerID>`, then the legacy one, under the IPAM
-/// lock and within one 90 s budget; a handle that does not exist is success.
-async fn release<D: Datastore>(ds: &D, call: &Call) -> Result<()> {
-    let (conf, ids) = (&call.conf, &call.ids);
+/// DEL's release: the handle `<network>.<containerID>`, then the legacy one, within one 90 s
+/// budget; a handle that does not exist is success.
+///
+/// Both handles are read together (one round trip) before the host's IPAM lock is taken:
+/// a handle belongs to one container (a write to one that moved meanwhile loses its
+/// compare-and-swap and reads it again), while the lock only spares contention on the host's
+/// blocks. It is then held for the block reads and writes, one round trip shorter than
+/// upstream's (which takes it first), and not at all when neither handle exists (a repeated
+/// DEL).
+async fn release<D: Datastore>(ds: &D, call: &Call<'_>) -> Result<()> {
+    let (conf, ids) = (&*call.conf, &*call.ids);
     let ipam = Ipam::new(ds, &ids.node);
+    let handles = [ids.handle_id(&conf.name), ids.legacy_handle_id()];
+    let keys = handles.clone().map(|id| Key::Handle { id });
+    let (first, legacy) =
+        with_timeout(async { tokio::join!(ds.get(&keys[0]), ds.get(&keys[1])) }).await?;
+    let held = [first, legacy]
+        .into_iter()
+        .zip(&handles)
+        .filter_map(|(read, handle)| match read {
+            Err(e) if e.is_not_found() => {
+                info!(handle, "no addresses held by this handle");
+                None
+            }
+            read => Some((handle, read)),
+        })
+        .collect::<Vec<_>>();
+    if held.is_empty() {
+        return Ok(());
+    }
     let _lock = IpamLock::acquire(conf.ipam_lock_file());
     with_timeout(async {
-        // Both handles are read together (one round trip), then released in upstream's
-        // order: `<network>.<containerID>`, then the legacy one.
-        let handles = [ids.handle_id(&conf.name), ids.legacy_handle_id()];
-        let keys = handles.clone().map(|id| Key::Handle { id });
-        let (first, legacy) = tokio::join!(ds.get(&keys[0]), ds.get(&keys[1]));
-        for (handle, read) in handles.iter().zip([first, legacy]) {
+        // In upstream's order: `<network>.<containerID>`, then the legacy one.
+        for (handle, read) in held {
             info!(handle, "releasing addresses");
             let released = match read {
                 Ok(kv) => ipam.release_read_handle(handle, kv).await,

@@ -397,7 +397,7 @@ async fn assign_each(
             namespace_labels: labels.clone(),
             ..Default::default()
         };
-        let got = ipam_exec::exec_add(&call.ds, &call.conf.ipam.ipam_type, &one, prepared)
+        let got = ipam_exec::exec_add(call, &call.conf.ipam.ipam_type, &one, prepared)
             .await
             .and_then(|r| {
                 if r.ips.is_empty() {
@@ -481,7 +481,7 @@ async fn ipam_add(
     empty: &str,
 ) -> Result<CniResult> {
     let ipam_type = &call.conf.ipam.ipam_type;
-    let result = ipam_exec::exec_add(&call.ds, ipam_type, args, prepared).await?;
+    let result = ipam_exec::exec_add(call, ipam_type, args, prepared).await?;
     info!(ips = ?result.ips.iter().map(|i| i.address.to_string()).collect::<Vec<_>>(), "Got result from IPAM plugin");
     if result.ips.is_empty() {
         undo(

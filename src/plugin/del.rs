@@ -81,7 +81,7 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
             );
         }
         match teardown.finish().await {
-            Ok(()) => failures.add(ipam_exec::exec_del(&call.ds, ipam_type, args).await),
+            Ok(()) => failures.add(ipam_exec::exec_del(&call, ipam_type, args).await),
             Err(e) => {
                 warn!("the pod's addresses are kept until its interface is gone (a retried DEL releases them)");
                 failures.push(e);
@@ -90,7 +90,7 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
         return failures.into_result();
     }
 
-    failures.add(ipam_exec::exec_del(&call.ds, ipam_type, args).await);
+    failures.add(ipam_exec::exec_del(&call, ipam_type, args).await);
     if let Some(name) = &name {
         match delete_resource(
             &call.ds,

@@ -3,7 +3,8 @@
 //! `IgnoreUnknown=1` prepended), its result parsed from any CNI version and its error JSON
 //! passed through unchanged. When `ipam.type` is `calico-ipam` and that file is this very
 //! binary, the IPAM runs in-process on the already open datastore: the same code and the
-//! same stdin, without a second process start and datastore connection.
+//! same stdin, without a second process start and datastore connection, and with the NetConf
+//! and identifiers the caller has already made of that stdin (`ipam::plugin::Known`).
 //!
 //! A child plugin runs within the call's deadline (`crate::deadline`): it is given a budget
 //! (`CALICO_CALL_TIMEOUT_SECONDS`) of what is left minus the grace, in whole seconds and at
@@ -18,7 +19,7 @@ use std::io::{Read, Write};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
@@ -26,7 +27,8 @@ use tracing::{debug, warn};
 use crate::config::NetConf;
 use crate::datastore::Datastore;
 use crate::error::{Error, Result};
-use crate::ipam::plugin::Prepared;
+use crate::ipam::plugin::{Known, Prepared};
+use crate::plugin::Call;
 use crate::skel::{CmdArgs, CniError, CniResult};
 
 /// CHECK, STATUS or GC of an external IPAM plugin: same stdin, no output expected; its CNI
@@ -177,18 +179,50 @@ fn wait_for_child(child: &mut Child, path: &Path, stdin: &[u8], what: &str) -> R
 }
 
 /// Whether `plugin` in CNI_PATH is this executable under its IPAM name (then it runs
-/// in-process).
+/// in-process). The answer is kept for the rest of the call (one process is one call), so
+/// the lookup and the two path resolutions are made once, not at every step that asks.
 pub fn is_own_ipam(plugin: &str, cni_path: &str) -> bool {
     if plugin != "calico-ipam" {
         return false;
     }
-    let (Ok(found), Ok(me)) = (find_plugin(plugin, cni_path), std::env::current_exe()) else {
+    static SEEN: Mutex<Option<(String, bool)>> = Mutex::new(None);
+    if let Ok(seen) = SEEN.lock() {
+        if let Some((path, own)) = seen.as_ref().filter(|(p, _)| p == cni_path) {
+            debug!(cni_path = %path, own, "calico-ipam lookup (kept)");
+            return *own;
+        }
+    }
+    let own = resolve_own_ipam(plugin, cni_path);
+    if let Ok(mut seen) = SEEN.lock() {
+        *seen = Some((cni_path.to_string(), own));
+    }
+    own
+}
+
+/// The same file: the plugin found (through its symlinks) and this executable
+/// (`/proc/self/exe`) have the same device and inode. Two `stat`s, where resolving both
+/// paths component by component took a dozen `readlink`s.
+fn resolve_own_ipam(plugin: &str, cni_path: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(found) = find_plugin(plugin, cni_path) else {
         return false;
     };
-    match (found.canonicalize(), me.canonicalize()) {
-        (Ok(a), Ok(b)) => a == b,
+    match (
+        std::fs::metadata(found),
+        std::fs::metadata("/proc/self/exe"),
+    ) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
         _ => false,
     }
+}
+
+/// What `call` has made of `args`, when `args` carries the very stdin it was parsed from
+/// (ADD rewrites the IPAM's stdin for some pod annotations: that one is parsed anew).
+fn known<'a>(call: &'a Call, args: &CmdArgs) -> Option<Known<'a>> {
+    (args.stdin_data == call.stdin).then_some(Known {
+        conf: &call.conf,
+        ids: &call.ids,
+    })
 }
 
 /// The arguments the IPAM plugin sees (calico runs with `IgnoreUnknown=1` prepended).
@@ -200,16 +234,18 @@ fn ipam_args(args: &CmdArgs) -> CmdArgs {
 }
 
 /// IPAM ADD: the plugin's result, converted to the 1.0 model. In-process calico-ipam gets
-/// what the caller has already read and locked (a separate calico-ipam does it itself).
-pub async fn exec_add<D: Datastore>(
-    ds: &D,
+/// what the caller has already parsed, read and locked (a separate calico-ipam does it
+/// itself).
+pub async fn exec_add(
+    call: &Call,
     plugin: &str,
     args: &CmdArgs,
     prepared: Prepared,
 ) -> Result<CniResult> {
     if is_own_ipam(plugin, &args.path) {
         debug!("running calico-ipam ADD in-process");
-        return crate::ipam::plugin::add_with(ds, &ipam_args(args), prepared).await;
+        let known = known(call, args);
+        return crate::ipam::plugin::add_with(&call.ds, known, &ipam_args(args), prepared).await;
     }
     drop(prepared);
     let out = exec(plugin, "ADD", args, &args.stdin_data)?;
@@ -217,10 +253,20 @@ pub async fn exec_add<D: Datastore>(
 }
 
 /// IPAM DEL.
-pub async fn exec_del<D: Datastore>(ds: &D, plugin: &str, args: &CmdArgs) -> Result<()> {
+pub async fn exec_del(call: &Call, plugin: &str, args: &CmdArgs) -> Result<()> {
+    del(&call.ds, known(call, args), plugin, args).await
+}
+
+/// IPAM DEL, in-process with what the caller knows, if anything.
+async fn del<D: Datastore>(
+    ds: &D,
+    known: Option<Known<'_>>,
+    plugin: &str,
+    args: &CmdArgs,
+) -> Result<()> {
     if is_own_ipam(plugin, &args.path) {
         debug!("running calico-ipam DEL in-process");
-        return crate::ipam::plugin::del_with(ds, &ipam_args(args)).await;
+        return crate::ipam::plugin::del_with(ds, known, &ipam_args(args)).await;
     }
     if plugin == "host-local" {
         let stdin = host_local_del_stdin(&args.stdin_data)?;
@@ -355,7 +401,7 @@ pub async fn release_assigned<D: Datastore>(
 /// Rollback after a failed ADD ("ReleaseIPAllocation"): failures are only logged.
 pub async fn release<D: Datastore>(ds: &D, plugin: &str, args: &CmdArgs) {
     debug!("releasing IPAM allocation after a failed ADD");
-    if let Err(e) = exec_del(ds, plugin, args).await {
+    if let Err(e) = del(ds, None, plugin, args).await {
         warn!(error = %e, "failed to release IPAM allocation");
     }
 }

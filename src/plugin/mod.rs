@@ -81,6 +81,9 @@ pub struct Call {
     pub conf: NetConf,
     pub ids: WepIdentifiers,
     pub ds: Backend,
+    /// The stdin `conf` was parsed from (an in-process calico-ipam given the same bytes uses
+    /// `conf` and `ids` instead of parsing them again).
+    pub stdin: Vec<u8>,
 }
 
 /// The first steps of every call: the config, logging, and the nodename-file gate.
@@ -119,7 +122,12 @@ pub async fn connect(args: &CmdArgs, conf: NetConf, for_add: bool) -> Result<Cal
             e
         }
     })?;
-    Ok(Call { conf, ids, ds })
+    Ok(Call {
+        conf,
+        ids,
+        ds,
+        stdin: args.stdin_data.clone(),
+    })
 }
 
 /// `load` then `connect`: what DEL starts from.

@@ -6,21 +6,28 @@ use tracing::{debug, warn};
 
 use super::{Ipam, IpamError, Landed, DATASTORE_RETRIES};
 use crate::datastore::model::IpamHandle;
-use crate::datastore::{to_value, Datastore, Key, KvPair};
+use crate::datastore::{to_value, Datastore, DatastoreError, Key, KvPair};
 use crate::net::IpNet;
 
 impl<'a, D: Datastore> Ipam<'a, D> {
+    /// Adds `n` addresses in `cidr` to the handle's count. `exists`: the handle was just
+    /// found to exist, so the first attempt reads it instead of trying to create it.
     pub(super) async fn increment_handle(
         &self,
         id: &str,
         cidr: IpNet,
         n: usize,
+        exists: bool,
     ) -> Result<(), IpamError> {
         let key = Key::Handle { id: id.to_string() };
         // Most handles are new: try the create first (one round trip), else read-modify-write.
         let mut fresh = IpamHandle::default();
         fresh.block.insert(cidr.to_string(), n as i64);
-        match self.ds.create(&key, &to_value(&fresh)?).await {
+        let created = match exists {
+            true => Err(DatastoreError::AlreadyExists(key.describe())),
+            false => self.ds.create(&key, &to_value(&fresh)?).await,
+        };
+        match created {
             Ok(_) => return Ok(()),
             Err(e) if e.is_already_exists() => {}
             // The create may have been applied and only its answer lost: re-read before the

@@ -1,0 +1,16 @@
+//! Links the `calico` binary as a position-dependent executable (`-no-pie`), as Go links
+//! upstream's plugins. A position-independent one makes the dynamic loader apply ~18,000
+//! relocations at every start, writing (and so copying) ~90 pages of `.data.rel.ro`: about a
+//! fifth of a VERSION call's time and 80 of its 177 page faults (BENCHMARKS.md). The cost is
+//! the executable's own load-address randomisation (libraries, heap and stacks keep theirs).
+//! Set `CALICO_PIE=1` to build a position-independent binary instead.
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-env-changed=CALICO_PIE");
+    let linux = std::env::var("CARGO_CFG_TARGET_OS").is_ok_and(|os| os == "linux");
+    let pie = std::env::var("CALICO_PIE").is_ok_and(|v| v == "1");
+    if linux && !pie {
+        println!("cargo:rustc-link-arg-bins=-no-pie");
+    }
+}
