@@ -245,7 +245,11 @@ pub async fn exec_add(
     if is_own_ipam(plugin, &args.path) {
         debug!("running calico-ipam ADD in-process");
         let known = known(call, args);
-        return crate::ipam::plugin::add_with(&call.ds, known, &ipam_args(args), prepared).await;
+        // Boxed (as below): the IPAM's state machine is large, and the poll functions of
+        // every future holding it inline reserve (and probe, page by page) stack for it.
+        let ipam_args = ipam_args(args);
+        let add = crate::ipam::plugin::add_with(&call.ds, known, &ipam_args, prepared);
+        return Box::pin(add).await;
     }
     drop(prepared);
     let out = exec(plugin, "ADD", args, &args.stdin_data)?;
@@ -266,7 +270,8 @@ async fn del<D: Datastore>(
 ) -> Result<()> {
     if is_own_ipam(plugin, &args.path) {
         debug!("running calico-ipam DEL in-process");
-        return crate::ipam::plugin::del_with(ds, known, &ipam_args(args)).await;
+        let ipam_args = ipam_args(args);
+        return Box::pin(crate::ipam::plugin::del_with(ds, known, &ipam_args)).await;
     }
     if plugin == "host-local" {
         let stdin = host_local_del_stdin(&args.stdin_data)?;
@@ -388,8 +393,12 @@ pub async fn release_assigned<D: Datastore>(
             ?addresses,
             "releasing this call's addresses after a failed ADD"
         );
-        if let Err(e) =
-            crate::ipam::plugin::release_addresses(ds, &ipam_args(args), addresses).await
+        if let Err(e) = Box::pin(crate::ipam::plugin::release_addresses(
+            ds,
+            &ipam_args(args),
+            addresses,
+        ))
+        .await
         {
             warn!(error = %e, "failed to release IPAM allocation");
         }
