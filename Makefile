@@ -13,9 +13,10 @@ CONF_EXAMPLE ?= conf-examples/10-calico-kubernetes.conflist
 # (e.g. BIN=target/debug/calico) is installed as it is.
 BIN ?= target/release/calico
 # Debian packages for the build and the tests: etcd, protoc, the reference CNI plugins
-# (portmap, bandwidth, host-local), iptables for portmap, Go + libcni for the libcni driver
-# (tests/libcni), podman + runc + a static busybox for the podman test.
-APT_PACKAGES := etcd-server etcd-client protobuf-compiler libprotobuf-dev \
+# (portmap, bandwidth, host-local), iptables for portmap, GNU time for the bench's peak RSS,
+# Go + libcni for the libcni driver (tests/libcni), podman + runc + a static busybox for the
+# podman test.
+APT_PACKAGES := etcd-server etcd-client protobuf-compiler libprotobuf-dev time \
 	containernetworking-plugins iproute2 iputils-ping iptables \
 	golang-go golang-github-appc-cni-dev podman runc busybox-static
 

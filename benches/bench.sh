@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# make bench: bench.py (ADD/DEL vs ptp+host-local, VERSION, RSS) and ipam_bench.py
-# (allocations/s, empty vs 90 %-full pool). Usage: benches/bench.sh path/to/calico [runs]
+# make bench: bench.py (ADD/DEL vs ptp+host-local interleaved, N concurrent ADDs, datastore
+# requests per call, VERSION start-up, peak RSS) and ipam_bench.py (allocations/s, empty vs
+# 90 %-full pool). Usage: benches/bench.sh path/to/calico [runs]
 set -euo pipefail
 # The test API server for the Kubernetes-datastore rows (a test binary, built as `make test`
 # builds it; see serve_for_bench). Not a real kube-apiserver: compare the rows within a run.

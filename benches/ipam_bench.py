@@ -66,8 +66,10 @@ def ipam_add(bindir, work, port, node, cid):
     conf = json.dumps({"cniVersion": "1.0.0", "name": "net1", "etcd_endpoints": f"http://127.0.0.1:{port}",
                        "nodename": node, "log_level": "warn", "log_file_path": f"{work}/cni.log",
                        "ipam_lock_file": f"{work}/lock-{node}", "ipam": {"type": "calico-ipam"}})
+    # As the calico plugin runs it: CNI_ARGS with IgnoreUnknown=1 (calico-ipam's own pass, like
+    # upstream's, refuses K8S_* keys without it).
     env = dict(os.environ, CNI_COMMAND="ADD", CNI_CONTAINERID=cid, CNI_NETNS="/dev/null", CNI_IFNAME="eth0",
-               CNI_PATH=bindir, CNI_ARGS=f"K8S_POD_NAMESPACE=default;K8S_POD_NAME={cid}")
+               CNI_PATH=bindir, CNI_ARGS=f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={cid}")
     t0 = time.perf_counter_ns()
     p = subprocess.run([f"{bindir}/calico-ipam"], input=conf, env=env, capture_output=True, text=True)
     dt = (time.perf_counter_ns() - t0) / 1e6
@@ -105,9 +107,14 @@ def main():
         print("\n| parallel callers | allocations | wall (s) | allocations/s |\n|---|---|---|---|")
         for callers in (1, 4, 16):
             per = max(1, 192 // callers)
+            failed = []
+
             def worker(k):
-                for j in range(per):
-                    ipam_add(bindir, work, etcd.port, nodes[k], f"tp{callers}-{k}-{j}")
+                try:
+                    for j in range(per):
+                        ipam_add(bindir, work, etcd.port, nodes[k], f"tp{callers}-{k}-{j}")
+                except SystemExit as e:
+                    failed.append(str(e))
             t0 = time.perf_counter()
             ts = [threading.Thread(target=worker, args=(k,)) for k in range(callers)]
             for t in ts:
@@ -115,6 +122,8 @@ def main():
             for t in ts:
                 t.join()
             wall = time.perf_counter() - t0
+            if failed:
+                raise SystemExit(failed[0])
             print(f"| {callers} | {per * callers} | {wall:.2f} | {per * callers / wall:.0f} |")
         etcd.stop()
         shutil.rmtree(f"{work}/etcd", ignore_errors=True)
