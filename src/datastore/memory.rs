@@ -18,6 +18,11 @@
 //! // The second write to a block is applied, but its caller gets `Unavailable`.
 //! store.inject(Fault::on(KeyClass::Block, Fault::LoseAnswerOfWrite(2)));
 //! ```
+//!
+//! A store made with [`MemoryDatastore::transactional`] also answers `create_and_update` as
+//! etcd's transaction does (both writes or neither, at one revision). That pair is one write
+//! call, numbered in the class of the updated key; a store made with `new` answers `None`
+//! there, as the Kubernetes backend does, so its callers write the two keys one by one.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -31,9 +36,9 @@ use super::{Datastore, DatastoreError, Key, Kind, KvPair, ListKind, Revision};
 /// What a fault does to the write it hits. `n` counts from 1.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fault {
-    /// The n-th write is not applied and fails as a lost race would: `Conflict` for an update
-    /// or a delete, `AlreadyExists` for a create (etcd and Kubernetes never answer a create
-    /// with a conflict).
+    /// The n-th write is not applied and fails as a lost race would: `Conflict` for an update,
+    /// a delete or a `create_and_update` (its compare-and-swap lost), `AlreadyExists` for a
+    /// create (etcd and Kubernetes never answer a create with a conflict).
     ConflictOnWrite(u64),
     /// The n-th write is applied (if it can be), but its caller gets `Unavailable`, as when
     /// the connection drops after the request reached the server.
@@ -105,6 +110,9 @@ pub enum WriteOp {
     Create,
     Update,
     Delete,
+    /// `create_and_update`, recorded under the updated key (the created key is in
+    /// [`WriteRecord::created`]).
+    CreateAndUpdate,
 }
 
 /// One write call, as the store saw it.
@@ -120,6 +128,8 @@ pub struct WriteRecord {
     pub applied: bool,
     /// What the caller got back, when it was an error.
     pub error: Option<DatastoreError>,
+    /// The key a `CreateAndUpdate` created (or would have).
+    pub created: Option<Key>,
 }
 
 struct Entry {
@@ -187,6 +197,31 @@ impl State {
         Ok(self.store(path, bytes))
     }
 
+    /// etcd's `If(version(create) == 0 && mod_revision(update) == rev) Put both`: both at
+    /// one new revision, or neither with the first compare that failed.
+    fn apply_pair(
+        &mut self,
+        (ckey, cbytes): (&Key, Vec<u8>),
+        (ukey, ubytes, rev): (&Key, Vec<u8>, i64),
+    ) -> Result<Revision, DatastoreError> {
+        let (cpath, upath) = (key_path(ckey), key_path(ukey));
+        if self.objects.contains_key(&cpath) {
+            return Err(DatastoreError::AlreadyExists(ckey.describe()));
+        }
+        self.compare(ukey, &upath, Some(rev))?;
+        let mod_revision = self.bump();
+        for (path, bytes) in [(cpath, cbytes), (upath, ubytes)] {
+            self.objects.insert(
+                path,
+                Entry {
+                    bytes,
+                    mod_revision,
+                },
+            );
+        }
+        Ok(mod_revision.to_string())
+    }
+
     fn apply_delete(&mut self, key: &Key, rev: Option<i64>) -> Result<Revision, DatastoreError> {
         let path = key_path(key);
         self.compare(key, &path, rev)?;
@@ -223,6 +258,8 @@ impl State {
 #[derive(Default)]
 pub struct MemoryDatastore {
     state: Mutex<State>,
+    /// Whether `create_and_update` is answered (etcd) or refused with `None` (Kubernetes).
+    transactions: bool,
 }
 
 fn to_pair(key: Key, entry: &Entry) -> Result<KvPair, DatastoreError> {
@@ -293,6 +330,14 @@ fn key_of_path(path: &str) -> Option<Key> {
 impl MemoryDatastore {
     pub fn new() -> MemoryDatastore {
         MemoryDatastore::default()
+    }
+
+    /// A store that also answers `create_and_update`, as etcd does.
+    pub fn transactional() -> MemoryDatastore {
+        MemoryDatastore {
+            transactions: true,
+            ..MemoryDatastore::default()
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -386,6 +431,7 @@ impl MemoryDatastore {
         op: WriteOp,
         key: &Key,
         value: Option<&Value>,
+        created: Option<&Key>,
         apply: F,
     ) -> Result<Revision, DatastoreError>
     where
@@ -433,6 +479,7 @@ impl MemoryDatastore {
             value: value.cloned(),
             applied,
             error: result.as_ref().err().cloned(),
+            created: created.cloned(),
         });
         result
     }
@@ -464,7 +511,7 @@ impl Datastore for MemoryDatastore {
 
     async fn create(&self, key: &Key, value: &Value) -> Result<Revision, DatastoreError> {
         let bytes = encode_value(key, value)?;
-        self.write(WriteOp::Create, key, Some(value), |st| {
+        self.write(WriteOp::Create, key, Some(value), None, |st| {
             st.apply_create(key, bytes)
         })
         .await
@@ -478,7 +525,7 @@ impl Datastore for MemoryDatastore {
     ) -> Result<Revision, DatastoreError> {
         let rev = parse_rev(key, revision)?;
         let bytes = encode_value(key, value)?;
-        self.write(WriteOp::Update, key, Some(value), |st| {
+        self.write(WriteOp::Update, key, Some(value), None, |st| {
             st.apply_update(key, bytes, rev)
         })
         .await
@@ -489,9 +536,39 @@ impl Datastore for MemoryDatastore {
             Some(r) => Some(parse_rev(key, r)?),
             None => None,
         };
-        self.write(WriteOp::Delete, key, None, |st| st.apply_delete(key, rev))
-            .await
-            .map(|_| ())
+        self.write(WriteOp::Delete, key, None, None, |st| {
+            st.apply_delete(key, rev)
+        })
+        .await
+        .map(|_| ())
+    }
+
+    async fn create_and_update(
+        &self,
+        (ckey, cvalue): (&Key, &Value),
+        (ukey, uvalue, revision): (&Key, &Value, &str),
+    ) -> Option<Result<Revision, DatastoreError>> {
+        if !self.transactions {
+            return None;
+        }
+        let prepared = parse_rev(ukey, revision).and_then(|rev| {
+            Ok((
+                rev,
+                encode_value(ckey, cvalue)?,
+                encode_value(ukey, uvalue)?,
+            ))
+        });
+        let (rev, cbytes, ubytes) = match prepared {
+            Ok(p) => p,
+            Err(e) => return Some(Err(e)),
+        };
+        let op = WriteOp::CreateAndUpdate;
+        Some(
+            self.write(op, ukey, Some(uvalue), Some(ckey), |st| {
+                st.apply_pair((ckey, cbytes), (ukey, ubytes, rev))
+            })
+            .await,
+        )
     }
 }
 

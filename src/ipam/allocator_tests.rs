@@ -12,7 +12,7 @@ use serde_json::json;
 
 use super::release::parse_affinity;
 use super::*;
-use crate::datastore::memory::{Fault, FaultRule, KeyClass, MemoryDatastore, WriteOp};
+use crate::datastore::memory::{Fault, FaultRule, KeyClass, MemoryDatastore, WriteOp, WriteRecord};
 use crate::datastore::model::{AllocationBlock, IpamHandle};
 use crate::datastore::{to_value, Key, Kind};
 
@@ -32,8 +32,16 @@ fn store() -> MemoryDatastore {
     store_with_pool(POOL, 29)
 }
 
+/// `store()` that also answers `create_and_update` as etcd does (one transaction).
+fn transactional_store() -> MemoryDatastore {
+    seed(MemoryDatastore::transactional(), POOL, 29)
+}
+
 fn store_with_pool(cidr: &str, block_size: u8) -> MemoryDatastore {
-    let ds = MemoryDatastore::new();
+    seed(MemoryDatastore::new(), cidr, block_size)
+}
+
+fn seed(ds: MemoryDatastore, cidr: &str, block_size: u8) -> MemoryDatastore {
     for n in ["node1", "node2"] {
         ds.put_raw(
             &Key::resource(Kind::Node, None, n),
@@ -397,6 +405,96 @@ async fn lost_answer_on_the_block_write_does_not_double_allocate() {
     assert_eq!(ips.len(), 1);
     assert_eq!(allocations(&ds), [(ips[0].addr, "h1".to_string())]);
     assert_consistent(&ds);
+}
+
+#[tokio::test]
+async fn a_new_handle_and_its_block_are_one_write_on_a_transactional_store() {
+    let ds = transactional_store();
+    let first = assign(&ds, "node1", "h1", 1).await;
+    let pair: Vec<WriteRecord> = ds
+        .write_log()
+        .into_iter()
+        .filter(|r| matches!(r.key, Key::Block { .. } | Key::Handle { .. }))
+        .collect();
+    // The claim creates the block; then one transaction creates the handle and assigns.
+    let shape: Vec<_> = pair
+        .iter()
+        .map(|r| (r.op, KeyClass::of(&r.key), r.created.clone()))
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            (WriteOp::Create, KeyClass::Block, None),
+            (
+                WriteOp::CreateAndUpdate,
+                KeyClass::Block,
+                Some(Key::Handle { id: "h1".into() })
+            ),
+        ]
+    );
+    assert_eq!(
+        ds.peek(&Key::Handle { id: "h1".into() }),
+        Some(json!({"block":{POOL:1},"deleted":false}))
+    );
+    // An existing handle (a second family, a re-ADD) is updated, not created again.
+    let second = assign(&ds, "node1", "h1", 1).await;
+    assert_eq!(addrs(&first), ["10.80.0.0".parse::<IpAddr>().unwrap()]);
+    assert_eq!(addrs(&second), ["10.80.0.1".parse::<IpAddr>().unwrap()]);
+    assert_eq!(
+        ds.peek(&Key::Handle { id: "h1".into() }),
+        Some(json!({"block":{POOL:2},"deleted":false}))
+    );
+    assert_consistent(&ds);
+}
+
+#[tokio::test]
+async fn a_failed_handle_and_block_transaction_neither_leaks_nor_double_counts() {
+    // The transaction (the block's second write) loses its race, loses its answer after
+    // being applied, or is not applied at all. The ADD then either holds exactly what the
+    // store says it holds, or fails and its DEL leaves nothing; the next ADD works.
+    for fault in [
+        Fault::ConflictOnWrite(2),
+        Fault::LoseAnswerOfWrite(2),
+        Fault::UnavailableOnWrite(2),
+    ] {
+        let ds = transactional_store();
+        ds.inject(Fault::on(KeyClass::Block, fault));
+        let first = Ipam::new(&ds, "node1")
+            .auto_assign(&args("h1", "node1", 1))
+            .await;
+        assert!(ds.pending_faults().is_empty(), "{fault:?} did not fire");
+        assert_consistent(&ds);
+        match &first {
+            Ok((v4, _)) if v4.ips.len() == 1 => {
+                assert_eq!(
+                    allocations(&ds),
+                    [(v4.ips[0].addr, "h1".to_string())],
+                    "{fault:?}"
+                );
+                assert_eq!(
+                    ds.peek(&Key::Handle { id: "h1".into() }),
+                    Some(json!({"block":{POOL:1},"deleted":false})),
+                    "{fault:?}"
+                );
+            }
+            _ => {
+                assert!(allocations(&ds).iter().all(|(_, h)| h != "h1"), "{fault:?}");
+            }
+        }
+        // A lost race and a lost answer both end in an assignment.
+        if !matches!(fault, Fault::UnavailableOnWrite(_)) {
+            assert!(
+                matches!(&first, Ok((v4, _)) if v4.ips.len() == 1),
+                "{fault:?}: {first:?}"
+            );
+        }
+        del(&ds, "node1", "h1").await.unwrap();
+        assert!(allocations(&ds).is_empty(), "{fault:?}");
+        assert!(handles(&ds).is_empty(), "{fault:?}: {:?}", handles(&ds));
+        let ips = assign(&ds, "node1", "h2", 1).await;
+        assert_eq!(allocations(&ds), [(ips[0].addr, "h2".to_string())]);
+        assert_consistent(&ds);
+    }
 }
 
 /// The plugin's DEL: release by handle, a missing handle being success.
