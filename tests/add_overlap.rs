@@ -253,3 +253,66 @@ fn a_del_whose_datastore_fails_still_removes_the_interface() {
         w.assert_clean();
     }
 }
+
+/// A dual-stack ADD whose IPv6 half fails after the IPv4 half was assigned (no IPv6 pool, an
+/// exhausted IPv6 pool), from `calico` and from `calico-ipam` on its own: the IPv4 address
+/// and the handle are given back, nothing else is left, and the next ADD gets that address.
+#[test]
+fn a_dual_stack_add_whose_ipv6_half_fails_leaves_no_address_and_no_handle() {
+    let w = World::bare();
+    w.seed_cluster_information(true);
+    w.seed_node(NODE);
+    w.seed_pool("v4", "10.65.9.0/30", 30);
+    let dual = json!({"ipam": {"assign_ipv4": "true", "assign_ipv6": "true"}});
+    let conf = w.conf(dual.clone());
+    let pod = w.pod();
+    for (i, inv) in invocations("nov6", &pod).iter().enumerate() {
+        let out = w.calico(inv, &conf);
+        let err = fails_fast(&out);
+        assert_eq!(err["msg"], "cannot find a qualified ippool", "{i}");
+        assert!(!pod.has_link("eth0"));
+        w.assert_clean();
+        // calico-ipam run by hand (CNI_ARGS without K8S_* keys, which it refuses alone).
+        if i == 0 {
+            let ipam = w.ipam(inv, &conf);
+            assert_eq!(fails_fast(&ipam)["msg"], "cannot find a qualified ippool");
+            w.assert_clean();
+        }
+    }
+
+    // An IPv6 pool of one /127 block: two pods fill it, the third ADD's IPv6 half fails.
+    w.seed_pool("v6", "fd80:9::/127", 127);
+    let mut held = Vec::new();
+    for i in 0..2 {
+        let pod = w.pod();
+        let inv = Invocation::new("ADD", &format!("v6full{i}"), pod.path())
+            .k8s("default", &format!("v6full{i}"));
+        ok_fast(&w.calico(&inv, &conf));
+        held.push((pod, inv));
+    }
+    let before = w.keys("/calico/ipam/v2/handle/");
+    let pod = w.pod();
+    for inv in invocations("v6full2", &pod) {
+        let out = w.calico(&inv, &conf);
+        let err = fails_fast(&out);
+        assert!(
+            err["msg"]
+                .as_str()
+                .unwrap()
+                .starts_with("failed to request IPv6 addresses"),
+            "{err}"
+        );
+        assert!(!pod.has_link("eth0"));
+        assert_eq!(w.keys("/calico/ipam/v2/handle/"), before);
+    }
+    let by_hand = Invocation::new("ADD", "v6full2h", pod.path());
+    assert!(fails_fast(&w.ipam(&by_hand, &conf))["msg"]
+        .as_str()
+        .unwrap()
+        .starts_with("failed to request IPv6 addresses"));
+    assert_eq!(w.keys("/calico/ipam/v2/handle/"), before);
+    for (_, inv) in &held {
+        ok_fast(&w.calico(&inv.as_del(), &conf));
+    }
+    w.assert_clean();
+}

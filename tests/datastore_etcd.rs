@@ -361,3 +361,78 @@ fn calico_ipam_over_tls_from_netconf() {
     run("DEL").assert_ok();
     assert!(etcd.keys("/calico/ipam/v2/handle/").is_empty());
 }
+
+/// Requests etcd answered, by KV method, since `before`.
+fn requests_since(
+    etcd: &EtcdServer,
+    before: &std::collections::BTreeMap<String, u64>,
+) -> Vec<(String, u64)> {
+    etcd.kv_requests()
+        .into_iter()
+        .map(|(m, n)| (m.clone(), n - before.get(&m).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+/// Reads made together (one `join!`) go as one read-only transaction, at most 16 reads
+/// each, with the answers each read alone gets; a lone read stays one range request; a read
+/// whose batch was taken by a future that was then dropped is sent again on its own.
+#[test]
+fn reads_made_together_are_one_request_with_the_same_answers() {
+    let etcd = EtcdServer::start();
+    rt().block_on(async {
+        let ds = connect(&etcd.endpoint()).await;
+        let handles: Vec<Key> = (0..40)
+            .map(|i| Key::Handle {
+                id: format!("net1.c{i:02}"),
+            })
+            .collect();
+        for (i, k) in handles.iter().enumerate() {
+            ds.create(k, &json!({"block":{"10.0.0.0/26":i},"deleted":false}))
+                .await
+                .unwrap();
+        }
+        let missing = Key::Handle {
+            id: "net1.none".into(),
+        };
+        let mut alone = Vec::new();
+        for k in &handles {
+            alone.push(ds.get(k).await.unwrap());
+        }
+        let listed_alone = ds.list(&ListKind::Handles).await.unwrap();
+
+        let before = etcd.kv_requests();
+        let (one, none, listed) = tokio::join!(
+            ds.get(&handles[0]),
+            ds.get(&missing),
+            ds.list(&ListKind::Handles)
+        );
+        assert_eq!(requests_since(&etcd, &before), [("Txn".to_string(), 1)]);
+        assert_eq!(one.unwrap(), alone[0]);
+        assert!(
+            matches!(none, Err(DatastoreError::NotFound { .. })),
+            "{none:?}"
+        );
+        assert_eq!(listed.unwrap(), listed_alone);
+
+        // 40 reads at once: three transactions (16 + 16 + 8).
+        let before = etcd.kv_requests();
+        let many = futures::future::join_all(handles.iter().map(|k| ds.get(k))).await;
+        assert_eq!(requests_since(&etcd, &before), [("Txn".to_string(), 3)]);
+        let many: Vec<_> = many.into_iter().map(Result::unwrap).collect();
+        assert_eq!(many, alone);
+
+        let before = etcd.kv_requests();
+        assert_eq!(ds.get(&handles[1]).await.unwrap(), alone[1]);
+        assert_eq!(requests_since(&etcd, &before), [("Range".to_string(), 1)]);
+
+        // The future that took both reads is dropped mid-request: the other read is answered.
+        let mut first = Box::pin(ds.get(&handles[2]));
+        let mut second = Box::pin(ds.get(&handles[3]));
+        assert!(futures::poll!(first.as_mut()).is_pending());
+        assert!(futures::poll!(second.as_mut()).is_pending());
+        assert!(futures::poll!(first.as_mut()).is_pending());
+        drop(first);
+        assert_eq!(second.await.unwrap(), alone[3]);
+    });
+}

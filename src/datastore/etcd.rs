@@ -5,13 +5,21 @@
 //! by the call's deadline (`crate::deadline`), so a dead or frozen etcd fails a call instead
 //! of hanging it: an attempt gets `min(its timeout, what is left)`, and once the deadline has
 //! passed a request is not even sent, which also ends the IPAM's compare-and-swap loops.
+//!
+//! Reads made together (the branches of one `join!`, such as ADD's first round trip: the
+//! ready gate, the endpoint and profile lookups and AutoAssign's reads) go to etcd as one
+//! read-only transaction: one request instead of one each, all read at one revision, with
+//! the same answers (see `ReadQueue`).
 
 use std::future::Future;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use futures::channel::oneshot;
+
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, KeyValue,
-    KvClient, TlsOptions, Txn, TxnOp, TxnOpResponse,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, GetResponse, Identity,
+    KeyValue, KvClient, TlsOptions, Txn, TxnOp, TxnOpResponse,
 };
 use serde_json::Value;
 use tracing::debug;
@@ -41,6 +49,45 @@ pub struct EtcdConfig {
 pub struct EtcdDatastore {
     kv: KvClient,
     timeout: Duration,
+    reads: ReadQueue,
+}
+
+/// At most this many reads go in one transaction (etcd refuses more than `--max-txn-ops`,
+/// 128 by default, and one answer carries all of them).
+const MAX_READS_PER_TXN: usize = 16;
+
+/// One read (a key, or a prefix), waiting to be sent.
+struct QueuedRead {
+    /// `get <key>` or `list <prefix>`, for the debug log.
+    what: String,
+    path: String,
+    prefix: bool,
+    answer: oneshot::Sender<Result<GetResponse, DatastoreError>>,
+}
+
+/// Reads waiting to be sent together. A read joins the queue and yields once, so the other
+/// reads of the same poll of the call's task (the branches of a `join!`) join it too; the
+/// first of them to run again takes the whole queue and sends it: alone as a range request,
+/// or several as one transaction of ranges without compares (etcd serves a read-only
+/// transaction as it serves a range: linearizable, at one revision). Every read gets its own
+/// answer, or the request's error. A read whose sender was dropped before answering (its
+/// future cancelled) is sent again on its own.
+#[derive(Default)]
+struct ReadQueue {
+    pending: Mutex<Vec<QueuedRead>>,
+}
+
+impl ReadQueue {
+    fn push(&self, read: QueuedRead) {
+        self.pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(read);
+    }
+
+    fn take(&self) -> Vec<QueuedRead> {
+        std::mem::take(&mut *self.pending.lock().unwrap_or_else(PoisonError::into_inner))
+    }
 }
 
 /// Attempts per request when the transport fails.
@@ -106,7 +153,109 @@ impl EtcdDatastore {
         Ok(EtcdDatastore {
             kv: client.kv_client(),
             timeout,
+            reads: ReadQueue::default(),
         })
+    }
+
+    /// A range read of `path` (a prefix when `prefix`), sent together with the reads made in
+    /// the same poll (see `ReadQueue`).
+    async fn range(
+        &self,
+        what: String,
+        path: String,
+        prefix: bool,
+    ) -> Result<GetResponse, DatastoreError> {
+        let (answer, answered) = oneshot::channel();
+        self.reads.push(QueuedRead {
+            what: what.clone(),
+            path: path.clone(),
+            prefix,
+            answer,
+        });
+        tokio::task::yield_now().await;
+        let batch = self.reads.take();
+        if !batch.is_empty() {
+            self.send_reads(batch).await;
+        }
+        match answered.await {
+            Ok(answer) => answer,
+            Err(oneshot::Canceled) => self.range_alone(&what, &path, prefix).await,
+        }
+    }
+
+    /// One range request.
+    async fn range_alone(
+        &self,
+        what: &str,
+        path: &str,
+        prefix: bool,
+    ) -> Result<GetResponse, DatastoreError> {
+        self.bounded(what, || {
+            let mut kv = self.kv.clone();
+            let path = path.to_string();
+            async move {
+                kv.get(path, prefix.then(|| GetOptions::new().with_prefix()))
+                    .await
+            }
+        })
+        .await
+    }
+
+    /// Sends queued reads (one range request, or transactions of at most
+    /// `MAX_READS_PER_TXN`, at once) and answers each.
+    async fn send_reads(&self, mut batch: Vec<QueuedRead>) {
+        if batch.len() > MAX_READS_PER_TXN {
+            let mut chunks = Vec::new();
+            while batch.len() > MAX_READS_PER_TXN {
+                let rest = batch.split_off(MAX_READS_PER_TXN);
+                chunks.push(std::mem::replace(&mut batch, rest));
+            }
+            chunks.push(batch);
+            futures::future::join_all(chunks.into_iter().map(|c| Box::pin(self.send_reads(c))))
+                .await;
+            return;
+        }
+        if batch.len() == 1 {
+            if let Some(read) = batch.pop() {
+                let answer = self.range_alone(&read.what, &read.path, read.prefix).await;
+                let _ = read.answer.send(answer);
+            }
+            return;
+        }
+        let ops: Vec<TxnOp> = batch
+            .iter()
+            .map(|r| {
+                let opts = r.prefix.then(|| GetOptions::new().with_prefix());
+                TxnOp::get(r.path.clone(), opts)
+            })
+            .collect();
+        let txn = Txn::new().and_then(ops);
+        let whats: Vec<&str> = batch.iter().map(|r| r.what.as_str()).collect();
+        let what = format!("reads [{}]", whats.join(", "));
+        let sent = self
+            .bounded(&what, || {
+                let mut kv = self.kv.clone();
+                let txn = txn.clone();
+                async move { kv.txn(txn).await }
+            })
+            .await;
+        let mut answers = match sent {
+            Ok(resp) => resp
+                .op_responses()
+                .into_iter()
+                .map(|r| match r {
+                    TxnOpResponse::Get(g) => Ok(g),
+                    other => Err(unavailable(format!("unexpected answer {other:?}"))),
+                })
+                .collect(),
+            Err(e) => vec![Err(e); batch.len()],
+        };
+        answers.resize_with(batch.len(), || {
+            Err(unavailable("etcd answered fewer reads than were sent"))
+        });
+        for (read, answer) in batch.into_iter().zip(answers) {
+            let _ = read.answer.send(answer);
+        }
     }
 
     /// Runs one request (`what`: `get <key>`, `txn <key>`, …) with the per-request timeout.
@@ -377,13 +526,7 @@ fn header_revision(resp: &etcd_client::TxnResponse) -> Revision {
 impl Datastore for EtcdDatastore {
     async fn get(&self, key: &Key) -> Result<KvPair, DatastoreError> {
         let path = key_path(key);
-        let resp = self
-            .bounded(&format!("get {path}"), || {
-                let mut kv = self.kv.clone();
-                let path = path.clone();
-                async move { kv.get(path, None).await }
-            })
-            .await?;
+        let resp = self.range(format!("get {path}"), path, false).await?;
         match resp.kvs().first() {
             Some(item) => to_pair(key.clone(), item),
             None => Err(DatastoreError::not_found(key)),
@@ -393,11 +536,7 @@ impl Datastore for EtcdDatastore {
     async fn list(&self, what: &ListKind) -> Result<Vec<KvPair>, DatastoreError> {
         let prefix = list_prefix(what);
         let resp = self
-            .bounded(&format!("list {prefix}"), || {
-                let mut kv = self.kv.clone();
-                let prefix = prefix.clone();
-                async move { kv.get(prefix, Some(GetOptions::new().with_prefix())).await }
-            })
+            .range(format!("list {prefix}"), prefix.clone(), true)
             .await?;
         let mut out = Vec::with_capacity(resp.kvs().len());
         for item in resp.kvs() {

@@ -20,8 +20,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
-use crate::datastore::model::{IpPool, IpamConfig};
-use crate::datastore::{Datastore, DatastoreError, KvPair};
+use crate::datastore::model::{AllocationBlock, IpPool, IpamConfig};
+use crate::datastore::{Datastore, DatastoreError, KvPair, Revision};
 use crate::net::IpNet;
 
 mod assign;
@@ -146,6 +146,11 @@ pub struct Ipam<'a, D: Datastore> {
     /// This host's affinities as AutoAssign listed them: the first look at an affine block
     /// uses the listed affinity instead of reading it again (a retry reads it afresh).
     listed_affinities: std::sync::Mutex<HashMap<IpNet, KvPair>>,
+    /// Blocks read early on the IPAM lock file's hint (`read_view`): the first look at an
+    /// affine block uses its early copy instead of reading it again (a retry reads afresh).
+    prefetched_blocks: std::sync::Mutex<HashMap<IpNet, (AllocationBlock, Revision)>>,
+    /// The blocks this call assigned from, in order (the next call's hint).
+    assigned_blocks: std::sync::Mutex<Vec<IpNet>>,
 }
 
 impl<'a, D: Datastore> Ipam<'a, D> {
@@ -154,6 +159,24 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             ds,
             host: host.to_string(),
             listed_affinities: Default::default(),
+            prefetched_blocks: Default::default(),
+            assigned_blocks: Default::default(),
+        }
+    }
+
+    /// The blocks this call assigned from, in order, each once.
+    pub fn assigned_blocks(&self) -> Vec<IpNet> {
+        self.assigned_blocks
+            .lock()
+            .map(|b| b.clone())
+            .unwrap_or_default()
+    }
+
+    fn note_assigned_block(&self, cidr: IpNet) {
+        if let Ok(mut b) = self.assigned_blocks.lock() {
+            if !b.contains(&cidr) {
+                b.push(cidr);
+            }
         }
     }
 
@@ -172,6 +195,8 @@ pub struct ViewReads {
     labels: Result<Option<BTreeMap<String, String>>, IpamError>,
     pools: Result<Vec<IpPool>, IpamError>,
     affs: Result<Vec<KvPair>, DatastoreError>,
+    /// The hinted blocks that exist, as read.
+    hinted: Vec<(IpNet, (AllocationBlock, Revision))>,
 }
 
 impl ViewReads {

@@ -9,6 +9,13 @@
 //! stuck holder then goes on unlocked too, and its next datastore request reports the
 //! deadline. `LOCK_WAIT` stays shorter than the default deadline on purpose: one stuck holder
 //! must not eat the whole budget of every call queued behind it.
+//!
+//! The file's content is a hint, not state: the holder that assigned addresses leaves there
+//! the blocks it assigned from (one CIDR per line), and the next holder reads those blocks
+//! together with AutoAssign's other first reads instead of one round trip later. The
+//! allocator still walks its blocks exactly as without it (a hinted block is only used where
+//! the walk reads that block anyway, and every write is a compare-and-swap); a missing,
+//! stale or garbled hint costs nothing but a wasted read. Upstream ignores the content.
 
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
@@ -17,8 +24,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
+use std::os::unix::fs::FileExt;
+
 use nix::fcntl::{Flock, FlockArg};
 use tracing::{debug, info, warn};
+
+use crate::net::IpNet;
+
+/// At most this many hinted blocks are read early (one per family, and a spare).
+const MAX_HINTED_BLOCKS: usize = 4;
 
 /// How long a call waits for the lock before going on without it.
 pub const LOCK_WAIT: Duration = Duration::from_secs(10);
@@ -30,6 +44,8 @@ pub struct IpamLock {
     _lock: Option<Flock<File>>,
     /// When it was taken (how long it was held is logged at debug level).
     since: Instant,
+    /// The blocks the previous holder assigned from (the file's content when taken).
+    hint: Vec<IpNet>,
 }
 
 impl Drop for IpamLock {
@@ -42,9 +58,34 @@ impl Drop for IpamLock {
 
 impl IpamLock {
     fn held(lock: Option<Flock<File>>) -> IpamLock {
+        let hint = lock.as_deref().map(read_hint).unwrap_or_default();
         IpamLock {
             _lock: lock,
             since: Instant::now(),
+            hint,
+        }
+    }
+
+    /// The blocks the previous holder assigned from (empty when not locked).
+    pub fn block_hint(&self) -> &[IpNet] {
+        &self.hint
+    }
+
+    /// Leaves `blocks` (those this call assigned from) for the next holder; nothing when
+    /// not locked or when the file already says so. Best effort: a failure is logged.
+    pub fn remember_blocks(&self, blocks: &[IpNet]) {
+        let Some(file) = self._lock.as_deref() else {
+            return;
+        };
+        if blocks.is_empty() || blocks == self.hint.as_slice() {
+            return;
+        }
+        let text: String = blocks.iter().map(|b| format!("{b}\n")).collect();
+        let written = file
+            .set_len(0)
+            .and_then(|()| file.write_all_at(text.as_bytes(), 0));
+        if let Err(e) = written {
+            debug!(error = %e, "could not leave the block hint in the IPAM lock file");
         }
     }
 
@@ -117,12 +158,25 @@ fn create_dirs(dir: Option<&Path>) -> std::io::Result<()> {
     }
 }
 
-/// Opens (creating it 0600 regardless of the umask) the lock file.
+/// The hint in the lock file: the CIDRs of its first lines, garbage skipped.
+fn read_hint(file: &File) -> Vec<IpNet> {
+    let mut buf = [0u8; 256];
+    let n = file.read_at(&mut buf, 0).unwrap_or(0);
+    String::from_utf8_lossy(&buf[..n])
+        .lines()
+        .filter_map(|l| l.trim().parse::<IpNet>().ok())
+        .map(|b| b.masked())
+        .take(MAX_HINTED_BLOCKS)
+        .collect()
+}
+
+/// Opens (creating it 0600 regardless of the umask) the lock file, readable for the hint.
 fn open_lock_file(path: &str) -> std::io::Result<File> {
     let existed = Path::new(path).exists();
     let file = OpenOptions::new()
         .create(true)
         .truncate(false)
+        .read(true)
         .write(true)
         .mode(LOCK_FILE_MODE)
         .open(path)?;
@@ -182,6 +236,43 @@ mod tests {
         assert_eq!(mode(&dir.join("sub")), 0o755);
         assert_eq!(mode(&dir), 0o755);
         drop(lock);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_block_hint_is_left_for_the_next_holder() {
+        let dir = scratch("hint");
+        let path = dir.join("ipam.lock");
+        let p = path.to_str().unwrap();
+        let first = IpamLock::acquire(p);
+        assert!(first.block_hint().is_empty());
+        let blocks: Vec<IpNet> = vec![
+            "10.0.0.64/26".parse().unwrap(),
+            "fd00::/122".parse().unwrap(),
+        ];
+        first.remember_blocks(&blocks);
+        drop(first);
+        let second = IpamLock::acquire(p);
+        assert_eq!(second.block_hint(), blocks.as_slice());
+        // A shorter hint replaces the longer one entirely.
+        second.remember_blocks(&blocks[..1]);
+        drop(second);
+        assert_eq!(IpamLock::acquire(p).block_hint(), &blocks[..1]);
+        // Garbage is skipped; an unlocked caller has no hint and leaves none.
+        std::fs::write(&path, "junk\n10.1.2.3/24\n").unwrap();
+        assert_eq!(
+            IpamLock::acquire(p).block_hint(),
+            ["10.1.2.0/24".parse::<IpNet>().unwrap()]
+        );
+        let holder = IpamLock::acquire(p);
+        let unlocked = IpamLock::acquire_within(p, Duration::from_millis(10));
+        assert!(unlocked.block_hint().is_empty());
+        unlocked.remember_blocks(&blocks);
+        drop(holder);
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "junk\n10.1.2.3/24\n"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -318,11 +318,16 @@ async fn assign<D: Datastore>(
         max_blocks_per_host: 0,
         namespace_labels,
     };
-    let _lock = lock.unwrap_or_else(|| IpamLock::acquire(lock_file));
-    let (v4, v6) = match reads {
-        Some(reads) => with_timeout(ipam.auto_assign_from(&req, reads)).await??,
-        None => with_timeout(ipam.auto_assign(&req)).await??,
-    };
+    let lock = lock.unwrap_or_else(|| IpamLock::acquire(lock_file));
+    let (v4, v6) = with_timeout(async {
+        let reads = match reads {
+            Some(reads) => reads,
+            None => ipam.read_view(lock.block_hint()).await,
+        };
+        ipam.auto_assign_from(&req, reads).await
+    })
+    .await??;
+    lock.remember_blocks(&ipam.assigned_blocks());
     // A family that fell short fails the call; give back what the other family got.
     for short in [&v4, &v6] {
         if let Some(why) = short.shortfall() {

@@ -102,7 +102,10 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
         },
         async {
             match early_ipam {
-                true => Some(Ipam::new(&call.ds, &call.ids.node).read_view().await),
+                true => {
+                    let hint = lock.as_ref().map_or(&[][..], IpamLock::block_hint);
+                    Some(Ipam::new(&call.ds, &call.ids.node).read_view(hint).await)
+                }
                 false => None,
             }
         }

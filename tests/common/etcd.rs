@@ -449,6 +449,40 @@ impl EtcdServer {
     pub fn get_prefix(&self, prefix: &str) -> Vec<(String, String)> {
         key_value_lines(&self.etcdctl(&["get", "--prefix", prefix]))
     }
+
+    /// etcd's own count of the KV requests it has answered, by method (`Range`, `Txn`, …),
+    /// from its `/metrics` (plain HTTP on the client port; not for TLS servers).
+    pub fn kv_requests(&self) -> std::collections::BTreeMap<String, u64> {
+        use std::io::{Read, Write};
+        let mut conn = std::net::TcpStream::connect(("127.0.0.1", self.port()))
+            .expect("connect to etcd's metrics");
+        conn.set_read_timeout(Some(Duration::from_secs(10))).ok();
+        conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+            .expect("ask etcd for its metrics");
+        let mut text = String::new();
+        conn.read_to_string(&mut text).expect("read etcd's metrics");
+        let mut out = std::collections::BTreeMap::new();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("grpc_server_handled_total{") else {
+                continue;
+            };
+            if !rest.contains("grpc_service=\"etcdserverpb.KV\"") {
+                continue;
+            }
+            let method = rest
+                .split("grpc_method=\"")
+                .nth(1)
+                .and_then(|m| m.split('"').next())
+                .unwrap_or_default();
+            let n: u64 = line
+                .rsplit(' ')
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            *out.entry(method.to_string()).or_insert(0) += n;
+        }
+        out
+    }
 }
 
 fn signal_pid(pid: u32, sig: libc::c_int) {

@@ -55,14 +55,15 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         &self,
         args: &AutoAssignArgs,
     ) -> Result<(Assignments, Assignments), IpamError> {
-        let reads = self.read_view().await;
+        let reads = self.read_view(&[]).await;
         self.auto_assign_from(args, reads).await
     }
 
     /// Every read AutoAssign needs up front, together: one round trip. A caller that holds
     /// the host's IPAM lock may issue it early, with its own reads, and hand the answers to
-    /// `auto_assign_from`.
-    pub async fn read_view(&self) -> ViewReads {
+    /// `auto_assign_from`. `hint`: blocks to read meanwhile (the IPAM lock file's, see
+    /// `IpamLock::block_hint`), so that the walk's first block read is already made.
+    pub async fn read_view(&self, hint: &[IpNet]) -> ViewReads {
         let all_affinities = ListKind::Affinities {
             host: self.host.clone(),
             affinity_type: "host".into(),
@@ -71,7 +72,17 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         // A backend whose nodes always exist (Kubernetes: the kubelet's Node) reads the Node
         // only when a pool's node selector needs its labels.
         let node_up_front = !self.ds.nodes_always_exist();
-        let (config, reserved, labels, pools, affs) = tokio::join!(
+        let hinted = futures::future::join_all(hint.iter().map(|&cidr| async move {
+            match self.get_block(cidr).await {
+                Ok(Some(b)) => Some((cidr, b)),
+                Ok(None) => None,
+                Err(e) => {
+                    debug!(%cidr, error = %e, "hinted block not read");
+                    None
+                }
+            }
+        }));
+        let (config, reserved, labels, pools, affs, hinted) = tokio::join!(
             self.stored_config(),
             self.reservations(),
             async {
@@ -82,7 +93,8 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                 }
             },
             self.pools(),
-            self.ds.list(&all_affinities)
+            self.ds.list(&all_affinities),
+            hinted
         );
         ViewReads {
             config,
@@ -90,6 +102,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             labels,
             pools,
             affs,
+            hinted: hinted.into_iter().flatten().collect(),
         }
     }
 
@@ -105,7 +118,11 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             labels,
             pools,
             affs,
+            hinted,
         } = reads;
+        if let Ok(mut early) = self.prefetched_blocks.lock() {
+            early.extend(hinted);
+        }
         let reserved = reserved?;
         let labels = labels?;
         let pools = pools?;
@@ -147,8 +164,35 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             .await?;
         let v6 = self
             .auto_assign_family(args, 6, args.num6, &args.ipv6_pools, &view, &mut config)
-            .await?;
-        Ok((v4, v6))
+            .await;
+        match v6 {
+            Ok(v6) => Ok((v4, v6)),
+            Err(e) => {
+                // Upstream hands the IPv4 addresses back with the error and its plugin leaves
+                // them (and the handle) to the runtime's DEL; nothing of a failed call stays.
+                self.give_back(&v4.ips, &args.handle_id).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Releases what a failed AutoAssign had assigned to `handle` (its handle goes with its
+    /// last address), within the call's clean-up grace; a failure is only logged.
+    async fn give_back(&self, ips: &[IpNet], handle: &str) {
+        if ips.is_empty() {
+            return;
+        }
+        let addrs: Vec<IpAddr> = ips.iter().map(|n| n.addr).collect();
+        let undo = crate::deadline::cleanup_bound(
+            "releasing the addresses of a failed assignment",
+            self.release_ips(&addrs, Some(handle)),
+        );
+        let failed = match undo.await {
+            Ok(Ok(_)) => return,
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        };
+        warn!(handle, error = %failed, "failed to release the addresses of a failed assignment");
     }
 
     async fn auto_assign_family(
@@ -256,7 +300,12 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                 .assign_from_block(block, rev, num, args, affinity_check, reserved)
                 .await
             {
-                Ok(ips) => return Ok(ips),
+                Ok(ips) => {
+                    if !ips.is_empty() {
+                        self.note_assigned_block(cidr);
+                    }
+                    return Ok(ips);
+                }
                 Err(AssignError::Conflict) => continue,
                 Err(AssignError::Failed(e)) => {
                     warn!(%cidr, error = %e, "failed to assign from block");

@@ -94,13 +94,19 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                 continue;
             }
             for _ in 0..DATASTORE_RETRIES {
-                // The affinity (as listed, the first time) and its block in one round trip.
+                // The affinity (as listed, the first time) and its block (as read on the
+                // lock file's hint, the first time) in one round trip.
                 let key = Key::host_affinity(&self.host, cidr);
                 let listed = self
                     .listed_affinities
                     .lock()
                     .ok()
                     .and_then(|mut l| l.remove(&cidr));
+                let early = self
+                    .prefetched_blocks
+                    .lock()
+                    .ok()
+                    .and_then(|mut b| b.remove(&cidr));
                 let (aff, block) = tokio::join!(
                     async {
                         match listed {
@@ -108,7 +114,12 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                             None => self.ds.get(&key).await,
                         }
                     },
-                    self.get_block(cidr)
+                    async {
+                        match early {
+                            Some(b) => Ok(Some(b)),
+                            None => self.get_block(cidr).await,
+                        }
+                    }
                 );
                 let aff = match aff {
                     Ok(kv) => kv,
