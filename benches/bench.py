@@ -342,7 +342,10 @@ def main():
 
         bindir = f"{work}/bin"
         os.makedirs(bindir)
-        os.symlink(BIN, f"{bindir}/calico")
+        # Copies, as an installer puts the plugin in /opt/cni/bin: a binary the linker has
+        # just written sits in the page cache in small pieces, which makes every exec of it
+        # fault more (measured: ~1 ms more CPU per ADD than the same bytes copied).
+        shutil.copy2(BIN, f"{bindir}/calico")
         os.symlink("calico", f"{bindir}/calico-ipam")
         for p in ("ptp", "host-local"):
             os.symlink(f"/usr/lib/cni/{p}", f"{bindir}/{p}")
@@ -351,7 +354,7 @@ def main():
         beforedir = f"{work}/before"
         if BEFORE_BIN:
             os.makedirs(beforedir)
-            os.symlink(BEFORE_BIN, f"{beforedir}/calico")
+            shutil.copy2(BEFORE_BIN, f"{beforedir}/calico")
             os.symlink("calico", f"{beforedir}/calico-ipam")
 
         base = {"cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "calico",

@@ -96,7 +96,7 @@ def main():
     work = tempfile.mkdtemp(prefix="ipam-bench.")
     bindir = f"{work}/bin"
     os.makedirs(bindir)
-    os.symlink(BIN, f"{bindir}/calico")
+    shutil.copy2(BIN, f"{bindir}/calico")  # a copy, as installed (see bench.py)
     os.symlink("calico", f"{bindir}/calico-ipam")
     etcd = None
     try:
