@@ -17,6 +17,7 @@
 //! ends at the call's deadline (`crate::deadline`).
 
 pub mod check;
+pub mod link_watch;
 mod netns;
 mod nl;
 mod route;

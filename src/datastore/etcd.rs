@@ -165,6 +165,9 @@ impl EtcdDatastore {
         path: String,
         prefix: bool,
     ) -> Result<GetResponse, DatastoreError> {
+        // Past the deadline, fail at once, naming this read (not after the yield below,
+        // where a timeout around the caller could fire first and name something vaguer).
+        deadline::check(format!("waiting for etcd ({what})"))?;
         let (answer, answered) = oneshot::channel();
         self.reads.push(QueuedRead {
             what: what.clone(),

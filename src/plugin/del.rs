@@ -8,12 +8,13 @@
 use tracing::{info, warn};
 
 use crate::dataplane;
+use crate::dataplane::link_watch::LinkGoneWatch;
 use crate::datastore::model::{WorkloadEndpoint, WorkloadEndpointSpec};
 use crate::datastore::resources::{delete_resource, get_resource};
 use crate::datastore::{DatastoreError, Kind};
 use crate::error::{Error, Result};
 use crate::plugin::ipam_exec;
-use crate::plugin::{check_datastore_ready, connect, load};
+use crate::plugin::{check_datastore_ready, connect, identifiers, load};
 use crate::skel::error::CODE_TRY_AGAIN_LATER;
 use crate::skel::{CmdArgs, CniError};
 
@@ -26,10 +27,18 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
     // ~15 ms), needs neither the datastore nor its readiness: it runs on its own thread from
     // the start, while the datastore is connected to, read and written; every path waits for
     // it before returning. With k8s, the addresses are still released only once the
-    // interface is gone (a new pod cannot get one while the old host route exists). A DEL
+    // interface's host side is gone (a new pod cannot get one while the old host route
+    // exists). A DEL
     // refused by the ready gate, or by an unreachable datastore, has still removed the
     // interface of a sandbox that is going away, and its retry finds nothing to remove.
     let dataplane = conf.check_dataplane();
+    // With k8s, the host-side veth's removal is watched for (subscribed before the removal
+    // starts): once it is gone, so are the host routes to the pod's addresses, and they are
+    // released while the kernel finishes the teardown (see `dataplane::link_watch`).
+    let host_veth_gone = dataplane
+        .is_ok()
+        .then(|| host_veth_watch(args, &conf))
+        .flatten();
     let teardown = dataplane
         .is_ok()
         .then(|| dataplane::start_clean_up(&args.netns, &args.ifname));
@@ -80,11 +89,30 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
                 delete_k8s_endpoint(&call.ds, &ids.namespace, name, &ids.container_id, first).await,
             );
         }
-        match teardown.finish().await {
-            Ok(()) => failures.add(ipam_exec::exec_del(&call, ipam_type, args).await),
-            Err(e) => {
+        // The addresses are released once the host side of the interface is gone: the
+        // host veth's removal was notified, or the whole removal finished.
+        let finished = teardown.finish();
+        tokio::pin!(finished);
+        let torn = match host_veth_gone {
+            Some(watch) => tokio::select! {
+                biased;
+                torn = &mut finished => Some(torn),
+                () = watch.gone() => None,
+            },
+            None => Some((&mut finished).await),
+        };
+        match torn {
+            Some(Ok(())) => failures.add(ipam_exec::exec_del(&call, ipam_type, args).await),
+            Some(Err(e)) => {
                 warn!("the pod's addresses are kept until its interface is gone (a retried DEL releases them)");
                 failures.push(e);
+            }
+            None => {
+                info!("the host veth is gone; releasing the pod's addresses while the kernel finishes its removal");
+                let (released, torn) =
+                    tokio::join!(ipam_exec::exec_del(&call, ipam_type, args), &mut finished);
+                failures.add(released);
+                failures.add(torn);
             }
         }
         return failures.into_result();
@@ -165,6 +193,22 @@ impl Teardown {
         match self.0.take() {
             None => Ok(()),
             Some(t) => Ok(t.finish().await?),
+        }
+    }
+}
+
+/// With k8s, a watch for the removal of the pod's host-side veth (`None` when it cannot be
+/// made: DEL then waits for the whole removal, as before).
+fn host_veth_watch(args: &CmdArgs, conf: &crate::config::NetConf) -> Option<LinkGoneWatch> {
+    if args.netns.is_empty() {
+        return None;
+    }
+    let ids = identifiers(args, conf).ok().filter(|ids| ids.is_k8s())?;
+    match LinkGoneWatch::subscribe(&ids.host_veth_name()) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            warn!(error = %e, "cannot watch the host veth's removal; waiting for the whole teardown");
+            None
         }
     }
 }

@@ -99,13 +99,7 @@ pub fn load(args: &CmdArgs) -> Result<NetConf> {
 /// prepended, so unknown keys are fine; a bad `IP=` value is not) and the datastore client
 /// (whose errors ADD words as `error creating calico client: <e>`, DEL bare, as upstream).
 pub async fn connect(args: &CmdArgs, conf: NetConf, for_add: bool) -> Result<Call> {
-    let node = conf.node_name();
-    let ids = WepIdentifiers::from_cni_args(
-        &node,
-        &args.container_id,
-        &args.ifname,
-        &prepend_ignore_unknown(&args.args),
-    )?;
+    let ids = identifiers(args, &conf)?;
     info!(
         container_id = %args.container_id,
         node = %ids.node,
@@ -128,6 +122,16 @@ pub async fn connect(args: &CmdArgs, conf: NetConf, for_add: bool) -> Result<Cal
         ds,
         stdin: args.stdin_data.clone(),
     })
+}
+
+/// The call's endpoint identifiers (node, orchestrator, pod or container).
+pub fn identifiers(args: &CmdArgs, conf: &NetConf) -> Result<WepIdentifiers> {
+    Ok(WepIdentifiers::from_cni_args(
+        &conf.node_name(),
+        &args.container_id,
+        &args.ifname,
+        &prepend_ignore_unknown(&args.args),
+    )?)
 }
 
 /// `load` then `connect`: what DEL starts from.
