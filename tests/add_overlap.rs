@@ -316,3 +316,49 @@ fn a_dual_stack_add_whose_ipv6_half_fails_leaves_no_address_and_no_handle() {
     }
     w.assert_clean();
 }
+
+/// k8s DEL releases the addresses once the host veth's removal is notified (its routes are
+/// gone by then), while the kernel finishes the teardown; when there is no host veth to
+/// watch (removed beforehand), it waits for the whole removal as before. Either way nothing
+/// is left.
+#[test]
+fn a_k8s_del_releases_the_addresses_once_the_host_veth_is_gone() {
+    let w = World::new();
+    let conf = w.conf(json!({}));
+    let pod = w.pod();
+    let inv = Invocation::new("ADD", "gone0", pod.path()).k8s("default", "gone0");
+    added(&w.calico(&inv, &conf));
+    let out = w.calico(&inv.as_del(), &conf);
+    ok_fast(&out);
+    let (gone, released, deleted) = (
+        out.stderr
+            .find("the host veth is gone; releasing the pod's addresses")
+            .expect("the host veth's removal was not seen"),
+        out.stderr.find("releasing addresses").expect("no release"),
+        out.stderr
+            .find("Deleted device in netns.")
+            .expect("no removal"),
+    );
+    assert!(gone < released, "{}", out.stderr);
+    assert!(deleted > gone, "{}", out.stderr);
+    assert!(!pod.has_link("eth0"));
+    w.assert_clean();
+
+    // The host veth is already gone: nothing to watch for; the DEL waits for the removal.
+    let pod = w.pod();
+    let inv = Invocation::new("ADD", "gone1", pod.path()).k8s("default", "gone1");
+    let second = added(&w.calico(&inv, &conf));
+    let host_veth = second["interfaces"][0]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    w.host_sh(&format!("ip link del {host_veth}"));
+    let out = w.calico(&inv.as_del(), &conf);
+    ok_fast(&out);
+    assert!(
+        !out.stderr.contains("the host veth is gone"),
+        "{}",
+        out.stderr
+    );
+    w.assert_clean();
+}
