@@ -331,21 +331,8 @@ async fn assign<D: Datastore>(
     // A family that fell short fails the call; give back what the other family got.
     for short in [&v4, &v6] {
         if let Some(why) = short.shortfall() {
-            let got: Vec<IpAddr> = v4.ips.iter().chain(&v6.ips).map(|n| n.addr).collect();
-            if !got.is_empty() {
-                let undo = crate::deadline::cleanup_bound(
-                    "releasing the addresses of a partial assignment",
-                    ipam.release_ips(&got, None),
-                );
-                let failed = match undo.await {
-                    Ok(Ok(_)) => None,
-                    Ok(Err(e)) => Some(e.to_string()),
-                    Err(e) => Some(e.to_string()),
-                };
-                if let Some(e) = failed {
-                    warn!(error = %e, "failed to release addresses after a partial assignment");
-                }
-            }
+            let got: Vec<IpNet> = v4.ips.iter().chain(&v6.ips).copied().collect();
+            ipam.give_back(&got, &handle).await;
             return Err(Error::msg(format!(
                 "failed to request IPv{} addresses: {why}",
                 short.version

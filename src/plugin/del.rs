@@ -28,9 +28,9 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
     // the start, while the datastore is connected to, read and written; every path waits for
     // it before returning. With k8s, the addresses are still released only once the
     // interface's host side is gone (a new pod cannot get one while the old host route
-    // exists). A DEL
-    // refused by the ready gate, or by an unreachable datastore, has still removed the
-    // interface of a sandbox that is going away, and its retry finds nothing to remove.
+    // exists). A DEL refused by the ready gate, or by an unreachable datastore, has still
+    // removed the interface of a sandbox that is going away, and its retry finds nothing to
+    // remove.
     let dataplane = conf.check_dataplane();
     // With k8s, the host-side veth's removal is watched for (subscribed before the removal
     // starts): once it is gone, so are the host routes to the pod's addresses, and they are

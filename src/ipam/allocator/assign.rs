@@ -178,7 +178,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
 
     /// Releases what a failed AutoAssign had assigned to `handle` (its handle goes with its
     /// last address), within the call's clean-up grace; a failure is only logged.
-    async fn give_back(&self, ips: &[IpNet], handle: &str) {
+    pub async fn give_back(&self, ips: &[IpNet], handle: &str) {
         if ips.is_empty() {
             return;
         }
