@@ -16,7 +16,7 @@ Usage: bench.py path/to/calico [runs]   (root; env BENCH_CONCURRENT=100, BENCH_R
 BENCH_BEFORE=path/to/another/calico adds that binary, interleaved the same way, for a
 before/after comparison within one run)
 """
-import json, os, re, resource, shutil, socket, statistics, subprocess, sys, tempfile, time
+import contextlib, json, os, re, resource, shutil, socket, statistics, subprocess, sys, tempfile, time
 
 BIN = os.path.realpath(sys.argv[1] if len(sys.argv) > 1 else "target/release/calico")
 RUNS = int(sys.argv[2]) if len(sys.argv) > 2 else 40
@@ -54,6 +54,16 @@ def netns_batch(verb, names):
     """`ip netns add|del` for many names in one `ip -batch` process."""
     subprocess.run(["ip", "-force", "-batch", "-"], input="".join(f"netns {verb} {n}\n" for n in names),
                    capture_output=True, text=True)
+
+
+@contextlib.contextmanager
+def pod_netns(name):
+    """A fresh pod network namespace for the block; its path. Removed afterwards."""
+    sh("ip", "netns", "add", name)
+    try:
+        yield f"/run/netns/{name}"
+    finally:
+        subprocess.run(["ip", "netns", "del", name])
 
 
 def cni_env(command, cid, netns, cni_path, args):
@@ -96,17 +106,13 @@ class Side:
         return f"K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod};K8S_POD_INFRA_CONTAINER_ID={cid}" if self.k8s else ""
 
     def add_del(self, i, keep):
-        ns = f"{TAG}-p{i}-{self.name}"
-        sh("ip", "netns", "add", ns)
-        try:
+        with pod_netns(f"{TAG}-p{i}-{self.name}") as ns:
             cid = f"{self.name}{i:04d}"
             args = self.args(f"pod-{i}", cid)
-            a, _, _ = run_cni(self.plugin, "ADD", cid, f"/run/netns/{ns}", self.conf, self.cni_path, args)
+            a, _, _ = run_cni(self.plugin, "ADD", cid, ns, self.conf, self.cni_path, args)
             a_cpu = LAST_CPU[0]
-            d, _, _ = run_cni(self.plugin, "DEL", cid, f"/run/netns/{ns}", self.conf, self.cni_path, args)
+            d, _, _ = run_cni(self.plugin, "DEL", cid, ns, self.conf, self.cni_path, args)
             d_cpu = LAST_CPU[0]
-        finally:
-            subprocess.run(["ip", "netns", "del", ns])
         if keep:
             self.adds.append(a)
             self.dels.append(d)
@@ -172,17 +178,13 @@ def peak_rss(side, runs=5):
     across exec, so every child would look at least that big."""
     add, dele = [], []
     for i in range(runs):
-        ns = f"{TAG}-rss{side.name}{i}"
-        sh("ip", "netns", "add", ns)
-        try:
+        with pod_netns(f"{TAG}-rss{side.name}{i}") as ns:
             cid = f"rss{side.name}{i}"
             args = side.args(f"pod-{i}", cid)
             for cmd, out in (("ADD", add), ("DEL", dele)):
-                _, _, err = run_cni(side.plugin, cmd, cid, f"/run/netns/{ns}", side.conf, side.cni_path, args,
+                _, _, err = run_cni(side.plugin, cmd, cid, ns, side.conf, side.cni_path, args,
                                     wrap=(GNU_TIME, "-f", "rss=%M"))
                 out.append(int(re.findall(r"rss=(\d+)", err)[-1]))
-        finally:
-            subprocess.run(["ip", "netns", "del", ns])
     return add, dele
 
 
@@ -232,28 +234,20 @@ def etcd_requests(etcd, side, debug_conf, pods=5):
         return {k: b.get(k, 0) - a.get(k, 0) for k in ("Range", "Txn", "Put", "DeleteRange", "fsync")}
     per = {"ADD": [], "DEL": []}
     for i in range(pods):
-        ns = f"{TAG}-req{i}"
-        sh("ip", "netns", "add", ns)
-        try:
+        with pod_netns(f"{TAG}-req{i}") as ns:
             cid = f"req{i:04d}"
             args = side.args(f"pod-{i}", cid)
             for cmd in ("ADD", "DEL"):
                 before = etcd.counters()
-                run_cni(side.plugin, cmd, cid, f"/run/netns/{ns}", side.conf, side.cni_path, args)
+                run_cni(side.plugin, cmd, cid, ns, side.conf, side.cni_path, args)
                 per[cmd].append(diff(before, etcd.counters()))
-        finally:
-            subprocess.run(["ip", "netns", "del", ns])
     seq = {}
-    ns = f"{TAG}-reqdbg"
-    sh("ip", "netns", "add", ns)
-    try:
+    with pod_netns(f"{TAG}-reqdbg") as ns:
         for cmd in ("ADD", "DEL"):
-            _, _, err = run_cni(side.plugin, cmd, "reqdbg0001", f"/run/netns/{ns}", debug_conf, side.cni_path,
+            _, _, err = run_cni(side.plugin, cmd, "reqdbg0001", ns, debug_conf, side.cni_path,
                                 side.args("pod-dbg", "reqdbg0001"))
             seq[cmd] = [f"{m.group(1)} ({m.group(2)})" for m in
                         re.finditer(r'etcd request what="([^"]+)" attempt=\d+ took=(\S+)', err)]
-    finally:
-        subprocess.run(["ip", "netns", "del", ns])
     return per, seq
 
 

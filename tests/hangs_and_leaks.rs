@@ -8,22 +8,17 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
-use common::cni::{Invocation, Outcome};
+use common::cni::{Invocation, Outcome, FAST};
 use common::netns::Netns;
 use common::world::{World, NODE, WEP_PREFIX};
 use serde_json::{json, Value};
 
-/// The bound on a call that fails fast (not waiting on any timeout of its own).
-const FAST: Duration = Duration::from_secs(20);
-
 fn fails_fast(out: &Outcome) -> Value {
-    assert!(out.elapsed < FAST, "took {:?}", out.elapsed);
-    out.assert_err()
+    out.assert_err_fast()
 }
 
 fn ok_fast(out: &Outcome) {
-    out.assert_ok();
-    assert!(out.elapsed < FAST, "took {:?}", out.elapsed);
+    out.assert_ok_fast()
 }
 
 /// A pod netns that already has an `eth0` (a veth whose peer `keep0` stays in the pod).

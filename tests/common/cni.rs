@@ -164,6 +164,9 @@ pub struct Outcome {
 /// killed and fails the test.
 pub const PLUGIN_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The bound on a call that fails (or succeeds) fast: not waiting on any timeout of its own.
+pub const FAST: Duration = Duration::from_secs(20);
+
 impl Outcome {
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
@@ -181,6 +184,18 @@ impl Outcome {
             self.stdout, self.stderr
         );
         self
+    }
+
+    /// `assert_ok`, within `FAST`.
+    pub fn assert_ok_fast(&self) {
+        self.assert_ok();
+        assert!(self.elapsed < FAST, "took {:?}", self.elapsed);
+    }
+
+    /// `assert_err`, within `FAST`; returns the error object.
+    pub fn assert_err_fast(&self) -> serde_json::Value {
+        assert!(self.elapsed < FAST, "took {:?}", self.elapsed);
+        self.assert_err()
     }
 
     /// Asserts a CNI error JSON and a non-zero exit; returns the error object.
