@@ -9,6 +9,7 @@ pub mod datastore;
 pub mod deadline;
 pub mod error;
 pub mod identifiers;
+pub mod install;
 pub mod ipam;
 pub mod logging;
 pub mod net;

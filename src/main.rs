@@ -1,5 +1,6 @@
-//! One binary, two plugins: run as `calico` it is the network plugin, as `calico-ipam` (a
-//! symlink) the IPAM plugin. Flags: `-v`/`--version` prints the version; `calico -t` tests the
+//! One binary, two plugins and the node installer: run as `calico` it is the network plugin,
+//! as `calico-ipam` (a symlink) the IPAM plugin, as `install` the installer of the calico/cni
+//! image (`install`). Flags: `-v`/`--version` prints the version; `calico -t` tests the
 //! datastore connection (used by installers to gate writing the CNI config); `calico-ipam
 //! -upgrade` migrates this node from host-local IPAM (`ipam::upgrade`).
 
@@ -27,11 +28,21 @@ fn main() -> ExitCode {
         .unwrap_or_default()
         .trim_end_matches(".exe");
     let is_ipam = match name {
+        // The node installer takes its settings from the environment only.
+        "install" if args.len() == 1 => return calico_cni::install::main(),
+        "install" => {
+            if matches!(args[1].as_str(), "-v" | "--v" | "-version" | "--version") {
+                println!("{}", calico_cni::VERSION);
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("install takes no arguments: its settings come from the environment");
+            return ExitCode::from(2);
+        }
         "calico" => false,
         "calico-ipam" => true,
         other => {
             eprintln!(
-                "Unknown binary name: {other:?} (run this binary as \"calico\" or \"calico-ipam\")"
+                "Unknown binary name: {other:?} (run this binary as \"calico\", \"calico-ipam\" or \"install\")"
             );
             return ExitCode::from(2);
         }
