@@ -15,12 +15,16 @@ BIN ?= target/release/calico
 # Debian packages for the build and the tests: etcd, protoc, the reference CNI plugins
 # (portmap, bandwidth, host-local), iptables for portmap, GNU time for the bench's peak RSS,
 # Go + libcni for the libcni driver (tests/libcni), podman + runc + a static busybox for the
-# podman test.
+# podman test; buildah, musl-tools and file for `make image` (the static binary and its check).
 APT_PACKAGES := etcd-server etcd-client protobuf-compiler libprotobuf-dev time \
 	containernetworking-plugins iproute2 iputils-ping iptables \
-	golang-go golang-github-appc-cni-dev podman runc busybox-static
+	golang-go golang-github-appc-cni-dev podman runc busybox-static \
+	buildah musl-tools file
+# The static build of the binary the image ships.
+MUSL_TARGET := x86_64-unknown-linux-musl
+STATIC_BIN := target/$(MUSL_TARGET)/release/calico
 
-.PHONY: all build release deps lint test unit e2e install demo bench clean FORCE
+.PHONY: all build release static image deps lint test unit e2e install demo bench clean FORCE
 
 all: build
 
@@ -29,6 +33,14 @@ build:
 
 release:
 	cargo build --release
+
+# The static (musl) binary the image ships: it runs on any x86-64 node, whatever its libc.
+static:
+	cargo build --release --target $(MUSL_TARGET)
+
+# The calico/cni-compatible OCI image: target/image/calico-cni-rs.oci.tar (image/build.sh).
+image: deps static
+	bash image/build.sh $(STATIC_BIN) target/image
 
 # Install the Debian packages the build and the tests need, only when one is missing.
 deps:
@@ -40,6 +52,7 @@ deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 	@command -v cargo >/dev/null || { echo "cargo (Rust toolchain) is required"; exit 1; }
+	@rustup target list --installed 2>/dev/null | grep -qx $(MUSL_TARGET) || rustup target add $(MUSL_TARGET)
 
 lint:
 	cargo fmt --all -- --check
