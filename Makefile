@@ -19,7 +19,7 @@ BIN ?= target/release/calico
 APT_PACKAGES := etcd-server etcd-client protobuf-compiler libprotobuf-dev time \
 	containernetworking-plugins iproute2 iputils-ping iptables \
 	golang-go golang-github-appc-cni-dev podman runc busybox-static \
-	buildah musl-tools file
+	buildah musl-tools file containerd
 # The static build of the binary the image ships.
 MUSL_TARGET := x86_64-unknown-linux-musl
 STATIC_BIN := target/$(MUSL_TARGET)/release/calico
@@ -59,7 +59,7 @@ lint:
 	cargo clippy --all-targets -- -D warnings
 
 # Unit tests and end-to-end suites (root: they create network namespaces).
-test: deps lint
+test: deps lint image
 	cargo test --all-targets -- --test-threads=2
 
 unit:
