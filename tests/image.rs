@@ -13,7 +13,14 @@ use std::time::{Duration, Instant};
 use common::cni::{report_skip, run_command_within, Outcome, TempDir};
 
 const VERSION: &str = concat!("v", env!("CARGO_PKG_VERSION"));
-const BINARIES: [&str; 6] = ["calico", "host-local", "portmap", "loopback", "tuning", "bandwidth"];
+const BINARIES: [&str; 6] = [
+    "calico",
+    "host-local",
+    "portmap",
+    "loopback",
+    "tuning",
+    "bandwidth",
+];
 
 fn image_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("target/image")
@@ -65,7 +72,10 @@ fn every_binary_the_image_ships_is_static() {
     }
     // calico-ipam and install are the same binary, by name.
     for link in ["calico-ipam", "install"] {
-        assert_eq!(std::fs::read_link(bin.join(link)).unwrap(), Path::new("calico"));
+        assert_eq!(
+            std::fs::read_link(bin.join(link)).unwrap(),
+            Path::new("calico")
+        );
     }
     let v = Command::new(bin.join("calico")).arg("-v").output().unwrap();
     assert_eq!(String::from_utf8_lossy(&v.stdout).trim(), VERSION);
@@ -81,12 +91,12 @@ fn every_binary_the_image_ships_is_static() {
 
 /// One podman installation confined to a temp dir (its own storage: the machine's image
 /// store is left alone), as in tests/podman_cni.rs.
-pub struct Podman {
+struct Podman {
     pub dir: TempDir,
 }
 
 impl Podman {
-    pub fn new() -> Podman {
+    fn new() -> Podman {
         let dir = TempDir::new("image-podman");
         let conf = r#"[containers]
 default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
@@ -101,7 +111,7 @@ runtime = "runc"
 
     /// `podman <args>`, in `netns` when given (the container then shares it with
     /// `--network host`).
-    pub fn cmd(&self, netns: Option<&str>, args: &[&str]) -> Command {
+    fn cmd(&self, netns: Option<&str>, args: &[&str]) -> Command {
         let d = self.dir.path();
         let mut cmd = match netns {
             Some(ns) => {
@@ -124,14 +134,20 @@ runtime = "runc"
         cmd
     }
 
-    pub fn load(&self, tar: &Path) -> String {
-        let out = run(self.cmd(None, &["load", "-i", &tar.display().to_string()]), "podman load");
+    fn load(&self, tar: &Path) -> String {
+        let out = run(
+            self.cmd(None, &["load", "-i", &tar.display().to_string()]),
+            "podman load",
+        );
         assert_eq!(out.code, 0, "podman load: {}{}", out.stdout, out.stderr);
         // "Loaded image: localhost/calico-cni-rs:v0.1.0"
         let name = out
             .stdout
             .lines()
-            .find_map(|l| l.strip_prefix("Loaded image: ").or(l.strip_prefix("Loaded image(s): ")))
+            .find_map(|l| {
+                l.strip_prefix("Loaded image: ")
+                    .or(l.strip_prefix("Loaded image(s): "))
+            })
             .unwrap_or_else(|| panic!("podman load said {}", out.stdout))
             .trim()
             .to_string();
@@ -141,7 +157,10 @@ runtime = "runc"
 
 impl Drop for Podman {
     fn drop(&mut self) {
-        let _ = run(self.cmd(None, &["rm", "--all", "--force", "--time", "0"]), "podman rm");
+        let _ = run(
+            self.cmd(None, &["rm", "--all", "--force", "--time", "0"]),
+            "podman rm",
+        );
     }
 }
 
@@ -153,7 +172,10 @@ fn podman_runs_the_images_install_as_the_daemonset_does() {
     let podman = Podman::new();
     let name = podman.load(&tar);
     let host = TempDir::new("image-host");
-    let (bin, net) = (host.path().join("opt/cni/bin"), host.path().join("etc/cni/net.d"));
+    let (bin, net) = (
+        host.path().join("opt/cni/bin"),
+        host.path().join("etc/cni/net.d"),
+    );
     std::fs::create_dir_all(&bin).unwrap();
     std::fs::create_dir_all(&net).unwrap();
     let mounts = [
@@ -165,11 +187,20 @@ fn podman_runs_the_images_install_as_the_daemonset_does() {
         podman.cmd(
             None,
             &[
-                "run", "--rm", "--network", "none",
-                "-v", &mounts[0], "-v", &mounts[1],
-                "-e", "SLEEP=false",
-                "-e", "KUBERNETES_NODE_NAME=node-1",
-                "-e", "CNI_MTU=1450",
+                "run",
+                "--rm",
+                "--network",
+                "none",
+                "-v",
+                &mounts[0],
+                "-v",
+                &mounts[1],
+                "-e",
+                "SLEEP=false",
+                "-e",
+                "KUBERNETES_NODE_NAME=node-1",
+                "-e",
+                "CNI_MTU=1450",
                 &name,
             ],
         ),
@@ -184,7 +215,10 @@ fn podman_runs_the_images_install_as_the_daemonset_does() {
     assert!(!bin.join("install").exists());
     let v = Command::new(bin.join("calico")).arg("-v").output().unwrap();
     assert_eq!(String::from_utf8_lossy(&v.stdout).trim(), VERSION);
-    let ipam = Command::new(bin.join("calico-ipam")).arg("-v").output().unwrap();
+    let ipam = Command::new(bin.join("calico-ipam"))
+        .arg("-v")
+        .output()
+        .unwrap();
     assert_eq!(String::from_utf8_lossy(&ipam.stdout).trim(), VERSION);
     let text = std::fs::read_to_string(net.join("10-calico.conflist")).unwrap();
     let c: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -192,7 +226,10 @@ fn podman_runs_the_images_install_as_the_daemonset_does() {
     assert_eq!(c["plugins"][0]["mtu"], 1450);
     // The installed reference plugins answer VERSION as CNI plugins.
     for b in ["host-local", "portmap", "loopback", "tuning", "bandwidth"] {
-        let out = Command::new(bin.join(b)).env("CNI_COMMAND", "VERSION").output().unwrap();
+        let out = Command::new(bin.join(b))
+            .env("CNI_COMMAND", "VERSION")
+            .output()
+            .unwrap();
         assert!(
             String::from_utf8_lossy(&out.stdout).contains("supportedVersions"),
             "{b}: {}",
@@ -226,7 +263,10 @@ impl Containerd {
         let c = Containerd { dir, child };
         let started = Instant::now();
         while !c.socket().exists() {
-            assert!(started.elapsed() < Duration::from_secs(30), "containerd did not start");
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "containerd did not start"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         c
@@ -238,7 +278,10 @@ impl Containerd {
 
     fn ctr(&self, args: &[&str]) -> Outcome {
         let mut cmd = Command::new("ctr");
-        cmd.arg("--address").arg(self.socket()).args(["--namespace", "test"]).args(args);
+        cmd.arg("--address")
+            .arg(self.socket())
+            .args(["--namespace", "test"])
+            .args(args);
         run(cmd, "ctr")
     }
 }
@@ -255,8 +298,15 @@ fn containerd_imports_the_image() {
     let Some(tar) = image("containerd_imports_the_image") else {
         return;
     };
-    if Command::new("containerd").arg("--version").output().is_err() {
-        assert!(std::env::var_os("CI").is_none(), "containerd is missing: `make deps` installs it");
+    if Command::new("containerd")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "containerd is missing: `make deps` installs it"
+        );
         report_skip("containerd_imports_the_image", "no containerd");
         return;
     }
@@ -265,7 +315,9 @@ fn containerd_imports_the_image() {
     assert_eq!(out.code, 0, "ctr import: {}{}", out.stdout, out.stderr);
     let out = c.ctr(&["images", "ls", "-q"]);
     assert!(
-        out.stdout.lines().any(|l| l.contains("calico-cni-rs:") && l.ends_with(VERSION)),
+        out.stdout
+            .lines()
+            .any(|l| l.contains("calico-cni-rs:") && l.ends_with(VERSION)),
         "ctr images ls: {}",
         out.stdout
     );
