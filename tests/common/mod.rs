@@ -10,4 +10,5 @@ pub mod kdd;
 pub mod kube_api;
 pub mod libcni;
 pub mod netns;
+pub mod real_k8s;
 pub mod world;
