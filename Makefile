@@ -81,8 +81,11 @@ demo: deps release
 	bash tests/scripts/demo.sh target/release/calico
 
 # ADD/DEL latency against Debian's ptp+host-local, VERSION start-up time, peak RSS.
-bench: deps release
-	bash benches/bench.sh target/release/calico
+# The static (musl) build the image ships runs in the same rotation (BENCH_BEFORE), unless
+# BENCH_BEFORE names another binary.
+bench: deps release static
+	BENCH_BEFORE=$${BENCH_BEFORE:-$(STATIC_BIN)} BENCH_BEFORE_LABEL=$${BENCH_BEFORE_LABEL:-static-musl} \
+	  bash benches/bench.sh target/release/calico
 
 clean:
 	cargo clean

@@ -14,7 +14,7 @@ Everything runs in network namespaces this script creates (a "host" netns with i
 127.0.0.1, fresh pod netns); nothing touches the real host's network.
 Usage: bench.py path/to/calico [runs]   (root; env BENCH_CONCURRENT=100, BENCH_ROUNDS=3;
 BENCH_BEFORE=path/to/another/calico adds that binary, interleaved the same way, for a
-before/after comparison within one run)
+before/after comparison within one run, named BENCH_BEFORE_LABEL in the report)
 """
 import contextlib, json, os, re, resource, shutil, socket, statistics, subprocess, sys, tempfile, time
 
@@ -24,6 +24,8 @@ RUNS = int(sys.argv[2]) if len(sys.argv) > 2 else 40
 # Kubernetes-datastore rows; skipped when unset.
 KUBE_API_BIN = os.environ.get("BENCH_KUBE_API_BIN", "")
 BEFORE_BIN = os.path.realpath(os.environ["BENCH_BEFORE"]) if os.environ.get("BENCH_BEFORE") else ""
+# How the report names that binary (`make bench` compares the static musl build this way).
+BEFORE_LABEL = os.environ.get("BENCH_BEFORE_LABEL", "before")
 CONCURRENT = int(os.environ.get("BENCH_CONCURRENT", "100"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 WARMUP = 3
@@ -418,12 +420,12 @@ def main():
         print(line("ptp VERSION, CPU time", vers["ptp"][1]))
         print(line("/bin/true, CPU time", vers["true"][1]))
         if before:
-            print(line("before: calico+calico-ipam ADD (etcd)", before.adds))
-            print(line("before: calico+calico-ipam DEL (etcd)", before.dels))
-            print(line("before: calico+calico-ipam ADD, CPU time", before.adds_cpu))
-            print(line("before: calico+calico-ipam DEL, CPU time", before.dels_cpu))
-            print(line("before: calico VERSION (exec to exit)", before_ver))
-            print(line("before: calico VERSION, CPU time", vers["before"][1]))
+            print(line(f"{BEFORE_LABEL}: calico+calico-ipam ADD (etcd)", before.adds))
+            print(line(f"{BEFORE_LABEL}: calico+calico-ipam DEL (etcd)", before.dels))
+            print(line(f"{BEFORE_LABEL}: calico+calico-ipam ADD, CPU time", before.adds_cpu))
+            print(line(f"{BEFORE_LABEL}: calico+calico-ipam DEL, CPU time", before.dels_cpu))
+            print(line(f"{BEFORE_LABEL}: calico VERSION (exec to exit)", before_ver))
+            print(line(f"{BEFORE_LABEL}: calico VERSION, CPU time", vers["before"][1]))
         print(f"\nADD ratio ours/ptp+host-local (median): {ratio(ours.adds, ptp.adds):.2f}x   (target <= 0.7x)")
         print(f"DEL ratio ours/ptp+host-local (median): {ratio(ours.dels, ptp.dels):.2f}x   (target <= 0.9x)")
         print(f"VERSION median: {statistics.median(ver):.2f} ms   (target <= 1.5 ms)")
@@ -432,7 +434,7 @@ def main():
               f"({max(rss_ours[1]) / 1024:.1f})   (target <= 12 MB); ptp+host-local ADD "
               f"{statistics.median(rss_ptp[0]) / 1024:.1f} MB, DEL {statistics.median(rss_ptp[1]) / 1024:.1f} MB")
         if before:
-            print(f"before: ADD ratio {ratio(before.adds, ptp.adds):.2f}x, DEL ratio {ratio(before.dels, ptp.dels):.2f}x, "
+            print(f"{BEFORE_LABEL}: ADD ratio {ratio(before.adds, ptp.adds):.2f}x, DEL ratio {ratio(before.dels, ptp.dels):.2f}x, "
                   f"VERSION {statistics.median(before_ver):.2f} ms, peak RSS ADD "
                   f"{statistics.median(rss['before'][0]) / 1024:.1f} MB, DEL {statistics.median(rss['before'][1]) / 1024:.1f} MB")
 
@@ -440,7 +442,7 @@ def main():
               f"{ROUNDS} rounds, wall time (s):\n")
         print("| | ADD | DEL |\n|---|---|---|")
         for name, label in (("calico", "calico+calico-ipam (etcd)"), ("ptp", "ptp+host-local"),
-                            ("before", "before: calico+calico-ipam (etcd)")):
+                            ("before", f"{BEFORE_LABEL}: calico+calico-ipam (etcd)")):
             if name not in conc:
                 continue
             a = [x[0] for x in conc[name]]

@@ -8,117 +8,12 @@ mod common;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::cni::{run_command_within, Outcome, TempDir};
-
-const CALICO: &str = env!("CARGO_BIN_EXE_calico");
-const VERSION: &str = concat!("v", env!("CARGO_PKG_VERSION"));
-
-/// An image's /opt/cni/bin and a host's mounted directories, in one temp dir.
-struct Node {
-    dir: TempDir,
-}
-
-impl Node {
-    /// The image holds our binary as `calico` with `calico-ipam` and `install` links, and
-    /// a reference plugin (`portmap`, any small executable will do).
-    fn new() -> Node {
-        let dir = TempDir::new("installer");
-        let n = Node { dir };
-        for d in [
-            "image",
-            "host/opt/cni/bin",
-            "host/secondary-bin-dir",
-            "host/etc/cni/net.d",
-            "secrets",
-            "run",
-        ] {
-            fs::create_dir_all(n.path(d)).expect("mkdir");
-        }
-        // What runs: this build under the name `install` (the image's own link may be
-        // replaced by a test).
-        std::os::unix::fs::symlink(CALICO, n.path("run/install")).expect("link");
-        let calico = n.path("image/calico");
-        if fs::hard_link(CALICO, &calico).is_err() {
-            fs::copy(CALICO, &calico).expect("copy calico");
-        }
-        std::os::unix::fs::symlink("calico", n.path("image/calico-ipam")).expect("link");
-        std::os::unix::fs::symlink("calico", n.path("image/install")).expect("link");
-        n.write_exec("image/portmap", "#!/bin/sh\nexit 0\n");
-        n
-    }
-
-    fn path(&self, rel: &str) -> PathBuf {
-        self.dir.path().join(rel)
-    }
-
-    fn write_exec(&self, rel: &str, text: &str) {
-        fs::write(self.path(rel), text).expect("write");
-        fs::set_permissions(self.path(rel), fs::Permissions::from_mode(0o755)).expect("chmod");
-    }
-
-    fn command(&self, env: &[(&str, &str)]) -> Command {
-        let mut cmd = Command::new(self.path("run/install"));
-        cmd.env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .env("CALICO_INSTALL_IMAGE_BIN_DIR", self.path("image"))
-            .env(
-                "CALICO_INSTALL_HOST_BIN_DIRS",
-                format!(
-                    "{}:{}",
-                    self.path("host/opt/cni/bin").display(),
-                    self.path("host/secondary-bin-dir").display()
-                ),
-            )
-            .env(
-                "CALICO_INSTALL_HOST_NET_DIR",
-                self.path("host/etc/cni/net.d"),
-            )
-            .env(
-                "CALICO_INSTALL_SERVICEACCOUNT_DIR",
-                self.path("serviceaccount"),
-            )
-            .env("TLS_ASSETS_DIR", self.path("secrets"))
-            .env("SLEEP", "false");
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        cmd
-    }
-
-    fn run(&self, env: &[(&str, &str)]) -> Outcome {
-        run_command_within(self.command(env), "", Duration::from_secs(60), "install")
-    }
-
-    /// Every file under the host's directories, with its kind and mode: a snapshot to show
-    /// that a refused run wrote nothing.
-    fn host_snapshot(&self) -> Vec<(String, String)> {
-        fn walk(dir: &Path, base: &Path, out: &mut Vec<(String, String)>) {
-            let Ok(entries) = fs::read_dir(dir) else {
-                return;
-            };
-            for e in entries.flatten() {
-                let p = e.path();
-                let meta = fs::symlink_metadata(&p).expect("stat");
-                let rel = p.strip_prefix(base).unwrap().display().to_string();
-                if meta.is_dir() {
-                    out.push((rel, "dir".into()));
-                    walk(&p, base, out);
-                } else {
-                    let content = fs::read(&p).map(|b| b.len()).unwrap_or(0);
-                    out.push((rel, format!("{:o} {content}", meta.permissions().mode())));
-                }
-            }
-        }
-        let mut out = Vec::new();
-        walk(&self.path("host"), &self.path("host"), &mut out);
-        out.sort();
-        out
-    }
-}
+use common::cni::run_command_within;
+use common::installer::{Node, VERSION};
 
 fn conflist(node: &Node, name: &str) -> serde_json::Value {
     let text = fs::read_to_string(node.path("host/etc/cni/net.d").join(name)).expect("conflist");

@@ -671,6 +671,16 @@ current-context: real
             .collect()
     }
 
+    /// Every request after `mark` (up to now), whoever made it, in log order.
+    pub fn requests_since(&self, mark: usize) -> Vec<Audited> {
+        let end = self.settle_audit();
+        self.audit_events()[..end]
+            .iter()
+            .skip(mark)
+            .map(audited)
+            .collect()
+    }
+
     /// Every logged request so far by the plugin's user (no settling).
     pub fn plugin_requests_now(&self) -> Vec<Audited> {
         self.audit_events()
