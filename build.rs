@@ -8,7 +8,11 @@
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=CALICO_PIE");
-    let linux = std::env::var("CARGO_CFG_TARGET_OS").is_ok_and(|os| os == "linux");
+    // glibc only: the static musl build is made position-dependent by its target's
+    // `-C relocation-model=static` (.cargo/config.toml); `-no-pie` on top of musl's default
+    // static-pie code makes a binary that crashes at start.
+    let linux = std::env::var("CARGO_CFG_TARGET_OS").is_ok_and(|os| os == "linux")
+        && std::env::var("CARGO_CFG_TARGET_ENV").is_ok_and(|env| env == "gnu");
     let pie = std::env::var("CALICO_PIE").is_ok_and(|v| v == "1");
     if linux && !pie {
         println!("cargo:rustc-link-arg-bins=-no-pie");

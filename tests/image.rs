@@ -11,6 +11,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::cni::{report_skip, run_command_within, Outcome, TempDir};
+use common::installer::{cluster, token_for, NODE};
+use common::real_k8s::RealK8s;
 
 const VERSION: &str = concat!("v", env!("CARGO_PKG_VERSION"));
 const BINARIES: [&str; 6] = [
@@ -321,4 +323,212 @@ fn containerd_imports_the_image() {
         "ctr images ls: {}",
         out.stdout
     );
+}
+
+/// The pod's service-account mount for a container: `token`, `ca.crt`, `namespace`.
+fn service_account_mount(dir: &Path, k: &RealK8s, token: &str) -> String {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("token"), token).unwrap();
+    std::fs::write(dir.join("ca.crt"), k.ca_pem()).unwrap();
+    std::fs::write(dir.join("namespace"), "kube-system").unwrap();
+    format!(
+        "{}:/var/run/secrets/kubernetes.io/serviceaccount:ro",
+        dir.display()
+    )
+}
+
+#[test]
+fn podman_runs_install_cni_against_the_real_api_server() {
+    let test = "podman_runs_install_cni_against_the_real_api_server";
+    let Some(tar) = image(test) else {
+        return;
+    };
+    let Some((host, k)) = cluster(test) else {
+        return;
+    };
+    let podman = Podman::new();
+    let name = podman.load(&tar);
+    let node_token = token_for(&k, "calico-node");
+    let dirs = TempDir::new("image-daemonset");
+    let (bin, net) = (
+        dirs.path().join("opt/cni/bin"),
+        dirs.path().join("etc/cni/net.d"),
+    );
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(&net).unwrap();
+    // The DaemonSet's mounts and environment (calico.yaml's install-cni container).
+    let mounts = [
+        format!("{}:/host/opt/cni/bin", bin.display()),
+        format!("{}:/host/etc/cni/net.d", net.display()),
+        service_account_mount(&dirs.path().join("sa"), &k, &node_token),
+    ];
+    let port = format!("KUBERNETES_SERVICE_PORT={}", k.port());
+    let template = r#"{"name":"k8s-pod-network","cniVersion":"0.3.1","plugins":[{"type":"calico",
+        "log_level":"__LOG_LEVEL__","log_file_path":"__LOG_FILE_PATH__","datastore_type":"kubernetes",
+        "nodename":"__KUBERNETES_NODE_NAME__","mtu":__CNI_MTU__,"ipam":{"type":"calico-ipam"},
+        "policy":{"type":"k8s"},"kubernetes":{"kubeconfig":"__KUBECONFIG_FILEPATH__"}},
+        {"type":"portmap","snat":true,"capabilities":{"portMappings":true}},
+        {"type":"bandwidth","capabilities":{"bandwidth":true}}]}"#;
+    let config = format!("CNI_NETWORK_CONFIG={template}");
+    let out = run(
+        podman.cmd(
+            Some(host.path()),
+            &[
+                "run",
+                "--rm",
+                "--network",
+                "host",
+                "-v",
+                &mounts[0],
+                "-v",
+                &mounts[1],
+                "-v",
+                &mounts[2],
+                "-e",
+                "SLEEP=false",
+                "-e",
+                "CNI_CONF_NAME=10-calico.conflist",
+                "-e",
+                &config,
+                "-e",
+                &format!("KUBERNETES_NODE_NAME={NODE}"),
+                "-e",
+                "KUBERNETES_SERVICE_HOST=127.0.0.1",
+                "-e",
+                &port,
+                &name,
+                "/opt/cni/bin/install",
+            ],
+        ),
+        "podman run install-cni",
+    );
+    assert_eq!(out.code, 0, "install-cni: {}{}", out.stdout, out.stderr);
+    // Every file it wrote.
+    let mut names: Vec<String> = std::fs::read_dir(&bin)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "bandwidth",
+            "calico",
+            "calico-ipam",
+            "host-local",
+            "loopback",
+            "portmap",
+            "tuning"
+        ]
+    );
+    let mut conf_names: Vec<String> = std::fs::read_dir(&net)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    conf_names.sort();
+    assert_eq!(conf_names, ["10-calico.conflist", "calico-kubeconfig"]);
+    let kc = std::fs::read_to_string(net.join("calico-kubeconfig")).unwrap();
+    assert!(
+        kc.contains(&format!("server: https://127.0.0.1:{}\n", k.port())),
+        "{kc}"
+    );
+    let token = kc
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("token: "))
+        .unwrap();
+    assert_ne!(token, node_token);
+    let conf: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(net.join("10-calico.conflist")).unwrap())
+            .unwrap();
+    assert_eq!(conf["plugins"][0]["nodename"], NODE);
+    assert_eq!(
+        conf["plugins"][0]["kubernetes"]["kubeconfig"],
+        "/etc/cni/net.d/calico-kubeconfig"
+    );
+    assert_eq!(conf["plugins"][2]["type"], "bandwidth");
+}
+
+#[test]
+fn podman_runs_upgrade_ipam_against_the_real_api_server() {
+    let test = "podman_runs_upgrade_ipam_against_the_real_api_server";
+    let Some(tar) = image(test) else {
+        return;
+    };
+    let Some((host, k)) = cluster(test) else {
+        return;
+    };
+    let podman = Podman::new();
+    let name = podman.load(&tar);
+    // A node that ran host-local: its podCIDR, a running pod with a host-local address.
+    k.put(
+        &format!("/api/v1/nodes/{NODE}"),
+        serde_json::json!({"apiVersion":"v1","kind":"Node","metadata":{"name":NODE},"spec":{"podCIDR":"10.77.1.0/24"}}),
+    );
+    k.put(
+        "/api/v1/namespaces/default/pods/web-1",
+        serde_json::json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":"web-1","namespace":"default"},
+            "spec":{"nodeName":NODE,"containers":[{"name":"c","image":"busybox"}]}}),
+    );
+    let status = k.request(
+        "PATCH",
+        "/api/v1/namespaces/default/pods/web-1/status",
+        Some(serde_json::json!({"status":{"phase":"Running","podIP":"10.77.1.5","podIPs":[{"ip":"10.77.1.5"}]}})),
+        "application/merge-patch+json",
+    );
+    assert_eq!(status.status, 200, "{status:?}");
+    let dirs = TempDir::new("image-upgrade");
+    let data = dirs.path().join("networks/k8s-pod-network");
+    let bin = dirs.path().join("opt/cni/bin");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::write(data.join("10.77.1.5"), "cid-web-1\r\neth0").unwrap();
+    // upgrade-ipam runs as calico-node, whose RBAC covers IPAM: the admin token stands in.
+    let mounts = [
+        format!(
+            "{}:/var/lib/cni/networks",
+            dirs.path().join("networks").display()
+        ),
+        format!("{}:/host/opt/cni/bin", bin.display()),
+        service_account_mount(&dirs.path().join("sa"), &k, &k.admin_token()),
+    ];
+    let port = format!("KUBERNETES_SERVICE_PORT={}", k.port());
+    let out = run(
+        podman.cmd(
+            Some(host.path()),
+            &[
+                "run",
+                "--rm",
+                "--network",
+                "host",
+                "-v",
+                &mounts[0],
+                "-v",
+                &mounts[1],
+                "-v",
+                &mounts[2],
+                "-e",
+                &format!("KUBERNETES_NODE_NAME={NODE}"),
+                "-e",
+                "CALICO_NETWORKING_BACKEND=bird",
+                "-e",
+                "KUBERNETES_SERVICE_HOST=127.0.0.1",
+                "-e",
+                &port,
+                &name,
+                "/opt/cni/bin/calico-ipam",
+                "-upgrade",
+            ],
+        ),
+        "podman run upgrade-ipam",
+    );
+    assert_eq!(out.code, 0, "upgrade-ipam: {}{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr
+            .contains("migration from host-local to calico-ipam complete"),
+        "{}",
+        out.stderr
+    );
+    let handle = k.get("/apis/crd.projectcalico.org/v1/ipamhandles/k8s-pod-network.cid-web-1");
+    assert!(handle.is_some(), "the pod's address migrated");
+    assert!(!data.exists(), "host-local's data dir removed");
 }

@@ -13,75 +13,10 @@ use std::os::unix::fs::PermissionsExt;
 
 use serde_json::{json, Value};
 
-use common::cni::{report_skip, run_command_within, run_plugin, Invocation};
-use common::installer::Node;
-use common::netns::{require_root, Netns};
+use common::cni::{run_command_within, run_plugin, Invocation};
+use common::installer::{cluster, token_for, Node, NODE, NODE_SA_USER};
+use common::netns::Netns;
 use common::real_k8s::{RealK8s, PLUGIN_USER};
-
-const POOL: &str = "10.77.0.0/16";
-const NODE: &str = "install-node";
-const NODE_SA_USER: &str = "system:serviceaccount:kube-system:calico-node";
-
-/// A real API server with Calico installed as a cluster would have it, and the `calico-node`
-/// ServiceAccount with upstream's rule for the CNI token.
-pub fn cluster(test: &str) -> Option<(Netns, RealK8s)> {
-    require_root();
-    if let Err(why) = RealK8s::available() {
-        report_skip(test, &why);
-        return None;
-    }
-    let host = Netns::new("insthost");
-    let k = RealK8s::start(&host);
-    k.ensure_namespace("default");
-    k.put(
-        "/apis/crd.projectcalico.org/v1/clusterinformations/default",
-        json!({"apiVersion":"crd.projectcalico.org/v1","kind":"ClusterInformation",
-            "metadata":{"name":"default"},
-            "spec":{"clusterGUID":"abc","clusterType":"k8s,kdd","calicoVersion":"v3.32.1","datastoreReady":true}}),
-    );
-    k.put(
-        "/apis/crd.projectcalico.org/v1/ippools/pool-a",
-        json!({"apiVersion":"crd.projectcalico.org/v1","kind":"IPPool","metadata":{"name":"pool-a"},
-            "spec":{"cidr":POOL,"blockSize":26,"ipipMode":"Never","vxlanMode":"Never","natOutgoing":true,"nodeSelector":"all()"}}),
-    );
-    k.put(
-        &format!("/api/v1/nodes/{NODE}"),
-        json!({"apiVersion":"v1","kind":"Node","metadata":{"name":NODE}}),
-    );
-    // calico-node's ServiceAccount and upstream's rule: it may create tokens for the CNI
-    // plugin's ServiceAccount, and nothing else here.
-    for (path, obj) in [
-        (
-            "/api/v1/namespaces/kube-system/serviceaccounts",
-            json!({"apiVersion":"v1","kind":"ServiceAccount","metadata":{"name":"calico-node","namespace":"kube-system"}}),
-        ),
-        (
-            "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-            json!({"apiVersion":"rbac.authorization.k8s.io/v1","kind":"ClusterRole","metadata":{"name":"calico-node-cni-token"},
-                "rules":[{"apiGroups":[""],"resources":["serviceaccounts/token"],"resourceNames":["calico-cni-plugin"],"verbs":["create"]}]}),
-        ),
-        (
-            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-            json!({"apiVersion":"rbac.authorization.k8s.io/v1","kind":"ClusterRoleBinding","metadata":{"name":"calico-node-cni-token"},
-                "roleRef":{"apiGroup":"rbac.authorization.k8s.io","kind":"ClusterRole","name":"calico-node-cni-token"},
-                "subjects":[{"kind":"ServiceAccount","name":"calico-node","namespace":"kube-system"}]}),
-        ),
-    ] {
-        let a = k.post(path, obj);
-        assert!(a.status == 201 || a.status == 409, "{path}: {a:?}");
-    }
-    Some((host, k))
-}
-
-/// A token for `kube-system/<account>` from TokenRequest, as the admin.
-pub fn token_for(k: &RealK8s, account: &str) -> String {
-    let a = k.post(
-        &format!("/api/v1/namespaces/kube-system/serviceaccounts/{account}/token"),
-        json!({"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{"expirationSeconds":3600}}),
-    );
-    assert_eq!(a.status, 201, "TokenRequest for {account}: {a:?}");
-    a.body["status"]["token"].as_str().unwrap().to_string()
-}
 
 /// The pod's service-account mount: `token`, `ca.crt`, `namespace`.
 fn mount_service_account(node: &Node, k: &RealK8s, token: &str) {
