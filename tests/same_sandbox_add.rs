@@ -1,0 +1,179 @@
+//! Two ADDs of the same sandbox at once (a runtime retrying while its first ADD still runs;
+//! issue 15, item 4). Whatever ADD reports success, the pod must have exactly that result: the
+//! interface and its address in the pod netns, the host route, the WorkloadEndpoint and the
+//! allocation under the container's handle. The other ADD either fails cleanly (a CNI error,
+//! leaving nothing of its own and none of the winner's work undone) or reports the very same
+//! result. Both orchestrator modes, on etcd, several rounds (the interleaving varies).
+
+mod common;
+
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Barrier};
+
+use common::cni::{Invocation, Outcome};
+use common::netns::Netns;
+use common::world::{World, NODE, WEP_PREFIX};
+use serde_json::{json, Value};
+
+const ROUNDS: usize = 6;
+
+/// Runs `n` copies of `inv` at once (released together by a barrier).
+fn at_once(w: &World, inv: &Invocation, conf: &str, n: usize) -> Vec<Outcome> {
+    let start = Arc::new(Barrier::new(n));
+    std::thread::scope(|s| {
+        let runs: Vec<_> = (0..n)
+            .map(|_| {
+                let start = start.clone();
+                s.spawn(move || {
+                    start.wait();
+                    w.calico(inv, conf)
+                })
+            })
+            .collect();
+        runs.into_iter()
+            .map(|r| r.join().expect("ADD thread"))
+            .collect()
+    })
+}
+
+/// The single IPv4 address of a result.
+fn ip_of(result: &Value) -> Ipv4Addr {
+    let ips = result["ips"].as_array().expect("ips");
+    assert_eq!(ips.len(), 1, "one address expected: {result}");
+    let addr = ips[0]["address"].as_str().expect("address");
+    addr.trim_end_matches("/32").parse().expect("an IPv4 /32")
+}
+
+/// The pod, the host, the endpoint and IPAM are exactly what `result` says, and nothing more.
+fn assert_pod_has(w: &World, pod: &Netns, cid: &str, result: &Value) {
+    let ip = ip_of(result);
+    let host_veth = result["interfaces"][0]["name"].as_str().expect("host veth");
+    let mac = result["interfaces"][1]["mac"].as_str().expect("mac");
+
+    // The pod netns: eth0 with that MAC and that address only.
+    assert!(pod.has_link("eth0"), "the pod has no eth0; result {result}");
+    let link = pod.ip(&["-o", "link", "show", "eth0"]);
+    assert!(link.contains(mac), "eth0 is not {mac}: {link}");
+    let addrs = pod.ip(&["-o", "-4", "addr", "show", "dev", "eth0"]);
+    let inet: Vec<&str> = addrs
+        .lines()
+        .filter_map(|l| l.split_whitespace().skip_while(|t| *t != "inet").nth(1))
+        .collect();
+    assert_eq!(inet, vec![format!("{ip}/32")], "eth0's addresses: {addrs}");
+
+    // The host: one cali veth, the route to the pod through it.
+    let links = w.host_sh("ip -o link show | grep -o 'cali[0-9a-f]*' | sort -u");
+    assert_eq!(links.trim(), host_veth, "host veths: {links}");
+    let routes = w.host_sh("ip route show");
+    assert!(
+        routes.contains(&format!("{ip} dev {host_veth}")),
+        "no host route to {ip} via {host_veth}: {routes}"
+    );
+    let pool_routes = routes.lines().filter(|l| l.starts_with("10.65.")).count();
+    assert_eq!(pool_routes, 1, "host routes into the pool: {routes}");
+
+    // The endpoint.
+    let weps = w.keys(WEP_PREFIX);
+    assert_eq!(weps.len(), 1, "endpoints: {weps:?}");
+    let wep = w.get(&weps[0]);
+    assert_eq!(wep["spec"]["ipNetworks"], json!([format!("{ip}/32")]), "{wep}");
+    assert_eq!(wep["spec"]["mac"], mac, "{wep}");
+    assert_eq!(wep["spec"]["interfaceName"], host_veth, "{wep}");
+    assert_eq!(wep["spec"]["containerID"], cid, "{wep}");
+
+    // IPAM: the handle holds one address, and it is this one; nothing else is allocated.
+    let handle_id = format!("net1.{cid}");
+    let handles = w.keys("/calico/ipam/v2/handle/");
+    assert_eq!(
+        handles,
+        vec![format!("/calico/ipam/v2/handle/{handle_id}")],
+        "handles"
+    );
+    let handle = w.get(&handles[0]);
+    let held: u64 = handle["block"]
+        .as_object()
+        .expect("handle blocks")
+        .values()
+        .filter_map(Value::as_u64)
+        .sum();
+    assert_eq!(held, 1, "the handle holds {held} addresses: {handle}");
+    let mut allocated = Vec::new();
+    for key in w.keys("/calico/ipam/v2/assignment/") {
+        let block = w.get(&key);
+        let cidr = block["cidr"].as_str().expect("cidr");
+        let base: Ipv4Addr = cidr.split('/').next().unwrap().parse().unwrap();
+        for (ordinal, a) in block["allocations"]
+            .as_array()
+            .expect("allocations")
+            .iter()
+            .enumerate()
+        {
+            if let Some(attr) = a.as_u64() {
+                let addr = Ipv4Addr::from(u32::from(base) + ordinal as u32);
+                let owner = &block["attributes"][attr as usize]["handle_id"];
+                allocated.push((addr, owner.clone()));
+            }
+        }
+    }
+    assert_eq!(allocated, vec![(ip, json!(handle_id))], "allocations");
+}
+
+/// One round: two ADDs of `inv` at once, then the checks, then DEL and nothing left.
+fn round(w: &World, inv: &Invocation, pod: &Netns, conf: &str) -> (usize, usize) {
+    let outs = at_once(w, inv, conf, 2);
+    let mut ok = Vec::new();
+    let mut failed = 0;
+    for out in &outs {
+        if out.code == 0 {
+            ok.push(out.json());
+        } else {
+            // A clean failure: a CNI error object.
+            let err = out.assert_err();
+            eprintln!("the other ADD failed: {err}");
+            failed += 1;
+        }
+    }
+    assert!(
+        !ok.is_empty(),
+        "neither ADD succeeded: {:?}",
+        outs.iter().map(|o| &o.stdout).collect::<Vec<_>>()
+    );
+    for r in &ok[1..] {
+        assert_eq!(r["ips"], ok[0]["ips"], "two successes, two results");
+        assert_eq!(r["interfaces"], ok[0]["interfaces"], "two successes, two results");
+    }
+    assert_pod_has(w, pod, &inv.container_id, &ok[0]);
+
+    w.calico(&inv.as_del(), conf).assert_ok();
+    w.assert_clean();
+    assert!(!pod.has_link("eth0"));
+    (ok.len(), failed)
+}
+
+fn rounds(w: &World, mode: &str, make: impl Fn(&str, &Netns) -> Invocation) {
+    let conf = w.conf(json!({}));
+    let (mut oks, mut fails) = (0, 0);
+    for i in 0..ROUNDS {
+        let pod = w.pod();
+        let inv = make(&format!("same{mode}{i}"), &pod);
+        let (o, f) = round(w, &inv, &pod, &conf);
+        oks += o;
+        fails += f;
+    }
+    eprintln!("{mode}: {oks} successes, {fails} clean failures in {ROUNDS} rounds");
+}
+
+#[test]
+fn two_adds_of_one_sandbox_k8s() {
+    let w = World::new();
+    rounds(&w, "k", |cid, pod| {
+        Invocation::new("ADD", cid, pod.path()).k8s("default", cid)
+    });
+    let _ = NODE;
+}
+
+#[test]
+fn two_adds_of_one_sandbox_cni() {
+    let w = World::new();
+    rounds(&w, "c", |cid, pod| Invocation::new("ADD", cid, pod.path()));
+}
