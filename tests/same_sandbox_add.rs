@@ -3,7 +3,8 @@
 //! interface and its address in the pod netns, the host route, the WorkloadEndpoint and the
 //! allocation under the container's handle. The other ADD either fails cleanly (a CNI error,
 //! leaving nothing of its own and none of the winner's work undone) or reports the very same
-//! result. Both orchestrator modes, on etcd, several rounds (the interleaving varies).
+//! result. Both orchestrator modes on etcd, the k8s mode on the Kubernetes datastore too (its
+//! endpoint is the pod, which the later write would silently win), several rounds each.
 
 mod common;
 
@@ -12,8 +13,10 @@ use std::path::Path;
 use std::sync::{mpsc, Arc, Barrier};
 use std::time::Duration;
 
+use common::cluster::{Allocation, Cluster};
 use common::cni::{Invocation, Outcome};
-use common::netns::Netns;
+use common::kdd::KddWorld;
+use common::netns::{require_root, Netns};
 use common::world::{World, WEP_PREFIX};
 use serde_json::{json, Value};
 
@@ -25,7 +28,12 @@ const HOLD: Duration = Duration::from_secs(20);
 /// wait for the endpoint's policy (`policy_setup_timeout_seconds`) and the status file that
 /// ends the wait is written only once one of them has returned (or after `HOLD`): the first
 /// ADD is then still running while the second one works, whatever the scheduling.
-fn at_once(w: &World, inv: &Invocation, conf: &str, hold: Option<&Path>) -> Vec<Outcome> {
+fn at_once(
+    w: &(impl Cluster + Sync),
+    inv: &Invocation,
+    conf: &str,
+    hold: Option<&Path>,
+) -> Vec<Outcome> {
     let start = Arc::new(Barrier::new(2));
     let (tx, rx) = mpsc::channel();
     std::thread::scope(|s| {
@@ -58,8 +66,15 @@ fn ip_of(result: &Value) -> Ipv4Addr {
     addr.trim_end_matches("/32").parse().expect("an IPv4 /32")
 }
 
-/// The pod, the host, the endpoint and IPAM are exactly what `result` says, and nothing more.
-fn assert_pod_has(w: &World, pod: &Netns, cid: &str, result: &Value) {
+/// The pod, the host, the endpoint and IPAM are exactly what `result` says, and nothing more
+/// (`pod_name`: the pod `default/<pod_name>`).
+fn assert_pod_has(
+    w: &impl Cluster,
+    pod: &Netns,
+    pod_name: Option<&str>,
+    cid: &str,
+    result: &Value,
+) {
     let ip = ip_of(result);
     let host_veth = result["interfaces"][0]["name"].as_str().expect("host veth");
     let mac = result["interfaces"][1]["mac"].as_str().expect("mac");
@@ -86,63 +101,77 @@ fn assert_pod_has(w: &World, pod: &Netns, cid: &str, result: &Value) {
     let pool_routes = routes.lines().filter(|l| l.starts_with("10.65.")).count();
     assert_eq!(pool_routes, 1, "host routes into the pool: {routes}");
 
-    // The endpoint.
+    // The endpoint (the WorkloadEndpoint; the pod's annotations on the Kubernetes datastore);
+    // a cni-mode endpoint is no pod's (`assert_wep_names`).
+    if let Some(pod_name) = pod_name {
+        assert_endpoint(w, pod_name, cid, ip);
+    }
+
+    // IPAM: the container's handle, holding this one address; nothing else is allocated.
+    let handle = w.handle(cid);
+    assert_eq!(w.handles(), vec![handle.clone()], "handles");
+    assert_eq!(
+        w.allocated(),
+        vec![Allocation {
+            ip: ip.into(),
+            handle
+        }],
+        "allocations"
+    );
+}
+
+/// Pod `default/<pod_name>`'s endpoint has this container and this address only.
+fn assert_endpoint(w: &impl Cluster, pod_name: &str, cid: &str, ip: Ipv4Addr) {
+    assert_eq!(
+        w.endpoint_ips("default", pod_name),
+        Some(vec![format!("{ip}/32")]),
+        "the endpoint's addresses"
+    );
+    assert_eq!(
+        w.endpoint_container_id("default", pod_name).as_deref(),
+        Some(cid),
+        "the endpoint's container"
+    );
+}
+
+/// etcd: the WorkloadEndpoint also names the host veth and the pod's MAC of `result`, and
+/// the handle counts one address.
+fn assert_wep_names(w: &World, result: &Value) {
+    for key in w.keys("/calico/ipam/v2/handle/") {
+        let handle = w.get(&key);
+        let held: u64 = handle["block"]
+            .as_object()
+            .expect("handle blocks")
+            .values()
+            .filter_map(Value::as_u64)
+            .sum();
+        assert_eq!(held, 1, "the handle holds {held} addresses: {handle}");
+    }
     let weps = w.keys(WEP_PREFIX);
     assert_eq!(weps.len(), 1, "endpoints: {weps:?}");
     let wep = w.get(&weps[0]);
+    let ip = ip_of(result);
     assert_eq!(
         wep["spec"]["ipNetworks"],
         json!([format!("{ip}/32")]),
         "{wep}"
     );
-    assert_eq!(wep["spec"]["mac"], mac, "{wep}");
-    assert_eq!(wep["spec"]["interfaceName"], host_veth, "{wep}");
-    assert_eq!(wep["spec"]["containerID"], cid, "{wep}");
-
-    // IPAM: the handle holds one address, and it is this one; nothing else is allocated.
-    let handle_id = format!("net1.{cid}");
-    let handles = w.keys("/calico/ipam/v2/handle/");
+    assert_eq!(wep["spec"]["mac"], result["interfaces"][1]["mac"], "{wep}");
     assert_eq!(
-        handles,
-        vec![format!("/calico/ipam/v2/handle/{handle_id}")],
-        "handles"
+        wep["spec"]["interfaceName"], result["interfaces"][0]["name"],
+        "{wep}"
     );
-    let handle = w.get(&handles[0]);
-    let held: u64 = handle["block"]
-        .as_object()
-        .expect("handle blocks")
-        .values()
-        .filter_map(Value::as_u64)
-        .sum();
-    assert_eq!(held, 1, "the handle holds {held} addresses: {handle}");
-    let mut allocated = Vec::new();
-    for key in w.keys("/calico/ipam/v2/assignment/") {
-        let block = w.get(&key);
-        let cidr = block["cidr"].as_str().expect("cidr");
-        let base: Ipv4Addr = cidr.split('/').next().unwrap().parse().unwrap();
-        for (ordinal, a) in block["allocations"]
-            .as_array()
-            .expect("allocations")
-            .iter()
-            .enumerate()
-        {
-            if let Some(attr) = a.as_u64() {
-                let addr = Ipv4Addr::from(u32::from(base) + ordinal as u32);
-                let owner = &block["attributes"][attr as usize]["handle_id"];
-                allocated.push((addr, owner.clone()));
-            }
-        }
-    }
-    assert_eq!(allocated, vec![(ip, json!(handle_id))], "allocations");
 }
 
-/// One round: two ADDs of `inv` at once, then the checks, then DEL and nothing left.
-fn round(
-    w: &World,
+/// One round: two ADDs of `inv` at once, then the checks (`extra` for the backend's own),
+/// then DEL and nothing left.
+fn round<C: Cluster + Sync>(
+    w: &C,
     inv: &Invocation,
     pod: &Netns,
     conf: &str,
     hold: Option<&Path>,
+    extra: &dyn Fn(&C, &Value),
 ) -> (usize, usize) {
     let outs = at_once(w, inv, conf, hold);
     let mut ok = Vec::new();
@@ -169,7 +198,9 @@ fn round(
             "two successes, two results"
         );
     }
-    assert_pod_has(w, pod, &inv.container_id, &ok[0]);
+    let pod_name = pod_of(inv);
+    assert_pod_has(w, pod, pod_name, &inv.container_id, &ok[0]);
+    extra(w, &ok[0]);
 
     w.calico(&inv.as_del(), conf).assert_ok();
     w.assert_clean();
@@ -177,10 +208,17 @@ fn round(
     (ok.len(), failed)
 }
 
+/// The pod an invocation names (`K8S_POD_NAME`); none in cni mode.
+fn pod_of(inv: &Invocation) -> Option<&str> {
+    inv.args
+        .split(';')
+        .find_map(|kv| kv.strip_prefix("K8S_POD_NAME="))
+}
+
 /// `ROUNDS` rounds of two ADDs at once; in k8s mode each first ADD is held in its call
 /// until the second has returned (see `at_once`).
-fn rounds(w: &World, k8s: bool) {
-    let status_dir = w.scratch.path().join("endpoint-status");
+fn rounds<C: Cluster + Sync>(w: &C, k8s: bool, extra: &dyn Fn(&C, &Value)) {
+    let status_dir = w.scratch().join("endpoint-status");
     std::fs::create_dir_all(&status_dir).expect("status dir");
     let conf = w.conf(json!({
         "policy_setup_timeout_seconds": 60,
@@ -193,28 +231,39 @@ fn rounds(w: &World, k8s: bool) {
         let mut inv = Invocation::new("ADD", &cid, pod.path());
         let mut hold = None;
         if k8s {
+            w.prepare_pod("default", &cid);
             inv = inv.k8s("default", &cid);
             hold = Some(status_dir.join(format!("k8s default%2F{cid} eth0")));
         }
-        let (o, f) = round(w, &inv, &pod, &conf, hold.as_deref());
+        let (o, f) = round(w, &inv, &pod, &conf, hold.as_deref(), extra);
         oks += o;
         fails += f;
     }
-    eprintln!("k8s={k8s}: {oks} successes, {fails} clean failures in {ROUNDS} rounds");
+    eprintln!(
+        "{} k8s={k8s}: {oks} successes, {fails} clean failures in {ROUNDS} rounds",
+        w.backend()
+    );
 }
 
 /// k8s mode: a second ADD that ran after the first would re-network the pod (upstream's
 /// re-ADD), so the first ADD is held in its call while the second runs.
 #[test]
 fn two_adds_of_one_sandbox_k8s() {
-    let w = World::new();
-    rounds(&w, true);
+    require_root();
+    rounds(&World::new(), true, &assert_wep_names);
+}
+
+/// The same on the Kubernetes datastore.
+#[test]
+fn kdd_two_adds_of_one_sandbox_k8s() {
+    require_root();
+    rounds(&KddWorld::new(), true, &|_, _| {});
 }
 
 /// cni mode: a second ADD after the first reports the endpoint's result (upstream's re-ADD),
 /// so any interleaving must end with one result.
 #[test]
 fn two_adds_of_one_sandbox_cni() {
-    let w = World::new();
-    rounds(&w, false);
+    require_root();
+    rounds(&World::new(), false, &assert_wep_names);
 }
