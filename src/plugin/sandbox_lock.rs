@@ -17,8 +17,9 @@
 //! that name, in one node-wide file beside the IPAM lock (`sandbox.lock`). One file, so
 //! nothing accumulates per pod; the kernel drops the lock when the process exits, however it
 //! exits, so a crashed or killed ADD never blocks the next one. The lock is only tried: an
-//! ADD that finds it held fails at once with CNI code 11 ("try again later"), before it has
-//! read or written anything, and the runtime retries it once the first call is done. (Waiting
+//! ADD that finds it held fails at once with CNI code 11 ("try again later"), having only
+//! connected (no datastore object read or written, nothing built), and the runtime retries it
+//! once the first call is done. (Waiting
 //! for the first call instead would not help: after it, the second call is a re-ADD, which
 //! in k8s mode re-networks the pod with new addresses, as upstream does, and would leave the
 //! first call's reported result stale.) Sequential ADDs never meet the lock, so upstream's
@@ -35,6 +36,11 @@
 //!
 //! Best effort as the IPAM lock: if the file cannot be opened or the kernel has no OFD locks,
 //! the call logs it and goes on unlocked.
+//!
+//! DEL does not take it: a DEL must never be refused, and a DEL of an old sandbox of a pod
+//! may legitimately run while the pod's new sandbox is being added (same host veth in k8s
+//! mode), which a DEL holding the lock would make fail. A DEL racing an ADD of the very same
+//! sandbox is left as upstream has it.
 
 use std::fs::File;
 use std::path::Path;
