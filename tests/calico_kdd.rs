@@ -532,3 +532,56 @@ fn etcd_with_policy_k8s_annotation_features() {
     );
     w.assert_clean();
 }
+
+/// A DEL that the API server fails midway is retried (as kubelet does) until it succeeds,
+/// and then no handle is left (issue 15, item 4: `released handle ... still present` after a
+/// successful DEL under load). Two ways the handle could survive a DEL that said success:
+/// the retry finishing the first attempt's half-done soft delete (a handle marked `deleted`)
+/// with a DELETE that fails; and the retry's second read of the handle (the address is already
+/// released, the handle is left to remove) failing.
+#[test]
+fn kdd_a_del_retried_after_server_errors_leaves_no_handle() {
+    require_root();
+    let w = KddWorld::new();
+    let conf = w.conf(json!({}));
+    let cases: [&[(&str, usize)]; 2] = [
+        // The soft delete's DELETE fails; so does the one the retry's read makes to finish it.
+        &[("DELETE", 0), ("DELETE", 0)],
+        // The soft delete's mark (a PUT) fails; the retry's second read of the handle fails.
+        &[("PUT", 0), ("GET", 2)],
+    ];
+    for (i, rules) in cases.into_iter().enumerate() {
+        let cid = format!("rdel{i}");
+        w.seed_pod("default", &cid, json!({}));
+        let add = Invocation::new("ADD", &cid, "/dev/null")
+            .k8s("default", &cid)
+            .via_calico();
+        w.ipam(&add, &conf).assert_ok();
+        let handle = format!("{CRD}/ipamhandles/k8s-pod-network.{cid}");
+        for (method, skip) in rules {
+            w.api.fail_one(method, &handle, *skip, 500);
+        }
+        let mut attempts = Vec::new();
+        loop {
+            let out = w.ipam(&add.as_del(), &conf);
+            let ok = out.code == 0;
+            attempts.push(out.stdout);
+            if ok {
+                break;
+            }
+            assert!(attempts.len() < 5, "DEL kept failing: {attempts:?}");
+        }
+        assert_eq!(
+            w.api.fail_one_pending(),
+            0,
+            "case {i}: a fault did not fire"
+        );
+        assert!(attempts.len() > 1, "case {i}: the first DEL did not fail");
+        let left = w.crs("ipamhandles");
+        assert!(
+            left.is_empty(),
+            "case {i}: DEL succeeded after {attempts:?} and left {left:?}"
+        );
+        w.assert_clean();
+    }
+}

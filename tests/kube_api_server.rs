@@ -684,6 +684,24 @@ fn fail_next_answers_canned_failures() {
 }
 
 #[test]
+fn fail_one_fails_one_chosen_request() {
+    let api = KubeApi::start();
+    let pool = format!("{POOLS}/p1");
+    api.put(
+        &pool,
+        json!({"apiVersion":"crd.projectcalico.org/v1","kind":"IPPool","metadata":{"name":"p1"},"spec":{"cidr":"10.0.0.0/24"}}),
+    );
+    // The second GET of that very path fails; other paths and methods are not counted.
+    api.fail_one("GET", &pool, 1, 500);
+    assert_eq!(get(&api, POOLS).code, 200);
+    assert_eq!(get(&api, &pool).code, 200);
+    assert_eq!(api.fail_one_pending(), 1);
+    assert_eq!(get(&api, &pool).json()["reason"], "InternalError");
+    assert_eq!(api.fail_one_pending(), 0);
+    assert_eq!(get(&api, &pool).code, 200);
+}
+
+#[test]
 fn unserved_paths_and_methods() {
     let api = KubeApi::start();
     for path in [

@@ -19,6 +19,9 @@
 //! store.inject(Fault::on(KeyClass::Block, Fault::LoseAnswerOfWrite(2)));
 //! ```
 //!
+//! Reads can fail too: [`MemoryDatastore::fail_read`] makes the n-th `get` of a class of
+//! key answer `Unavailable` (numbered over the gets of that class).
+//!
 //! A store made with [`MemoryDatastore::transactional`] also answers `create_and_update` as
 //! etcd's transaction does (both writes or neither, at one revision). That pair is one write
 //! call, numbered in the class of the updated key; a store made with `new` answers `None`
@@ -146,6 +149,10 @@ struct State {
     writes_by_class: HashMap<KeyClass, u64>,
     pending: Vec<FaultRule>,
     log: Vec<WriteRecord>,
+    /// `get` calls so far, per class of key.
+    reads_by_class: HashMap<KeyClass, u64>,
+    /// Armed read faults: the n-th `get` of a key of the class fails (`fail_read`).
+    pending_reads: Vec<(KeyClass, u64)>,
 }
 
 impl State {
@@ -356,6 +363,22 @@ impl MemoryDatastore {
         self.lock().pending.clone()
     }
 
+    /// The `n`-th `get` (counting from 1 over the store's life) of a key of `class` is not
+    /// answered: its caller gets `Unavailable`, as when a read meets a server error.
+    pub fn fail_read(&self, class: KeyClass, n: u64) {
+        self.lock().pending_reads.push((class, n));
+    }
+
+    /// `get` calls so far of keys of `class`.
+    pub fn reads_of(&self, class: KeyClass) -> u64 {
+        self.lock().reads_by_class.get(&class).copied().unwrap_or(0)
+    }
+
+    /// Read faults armed but not fired yet.
+    pub fn pending_read_faults(&self) -> Vec<(KeyClass, u64)> {
+        self.lock().pending_reads.clone()
+    }
+
     /// Write calls so far (create, update, delete; failed ones included, `put_raw` not).
     pub fn writes(&self) -> u64 {
         self.lock().writes
@@ -487,7 +510,20 @@ impl MemoryDatastore {
 
 impl Datastore for MemoryDatastore {
     async fn get(&self, key: &Key) -> Result<KvPair, DatastoreError> {
-        let st = self.lock();
+        let mut st = self.lock();
+        let class = KeyClass::of(key);
+        let in_class = st.reads_by_class.entry(class).or_insert(0);
+        *in_class += 1;
+        let n = *in_class;
+        let armed = st.pending_reads.len();
+        st.pending_reads
+            .retain(|(c, nth)| !(*c == class && *nth == n));
+        if st.pending_reads.len() != armed {
+            return Err(DatastoreError::Unavailable(format!(
+                "injected fault: read {n} of {} not answered",
+                key.describe()
+            )));
+        }
         match st.objects.get(&key_path(key)) {
             Some(entry) => to_pair(key.clone(), entry),
             None => Err(DatastoreError::not_found(key)),

@@ -905,3 +905,41 @@ async fn assign_ip_conflict_is_retried_without_over_counting() {
     assert!(matches!(e, IpamError::AddressInUse(_)), "{e}");
     assert_consistent(&ds);
 }
+
+/// DEL's first attempt releases the address but fails on the handle's removal; the retry
+/// finds the address released and the handle left, and a read of the handle that goes
+/// unanswered there must fail the DEL (to be retried), never end it with the handle still
+/// stored (issue 15, item 4: `released handle ... still present` after a successful DEL).
+#[tokio::test]
+async fn an_unanswered_handle_read_during_a_retried_del_fails_it() {
+    let ds = store();
+    assign(&ds, "node1", "h1", 1).await;
+    let other = assign(&ds, "node1", "other", 1).await;
+    // The handle's delete (its last write) fails: the address is released, the handle stays.
+    let next = ds.writes_to(KeyClass::Handle) + 1;
+    ds.inject(Fault::on(KeyClass::Handle, Fault::UnavailableOnWrite(next)));
+    assert!(del(&ds, "node1", "h1").await.is_err());
+    assert!(handles(&ds).contains_key("h1"));
+    // The retry reads the handle (1st read), finds nothing of it in its block, and reads the
+    // handle again to remove it: that read is not answered.
+    ds.fail_read(KeyClass::Handle, ds.reads_of(KeyClass::Handle) + 2);
+    let retried = del(&ds, "node1", "h1").await;
+    assert!(
+        ds.pending_read_faults().is_empty(),
+        "the read fault did not fire"
+    );
+    assert!(
+        retried.is_err() || !handles(&ds).contains_key("h1"),
+        "DEL succeeded and left the handle: {:?}",
+        handles(&ds)
+    );
+    // Retried again (as kubelet does), it finishes.
+    let mut attempts = 0;
+    while del(&ds, "node1", "h1").await.is_err() {
+        attempts += 1;
+        assert!(attempts < 3, "DEL kept failing");
+    }
+    assert_eq!(handles(&ds).keys().collect::<Vec<_>>(), ["other"]);
+    assert_eq!(allocations(&ds), [(other[0].addr, "other".to_string())]);
+    assert_consistent(&ds);
+}

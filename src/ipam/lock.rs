@@ -143,7 +143,7 @@ impl IpamLock {
 }
 
 /// Creates the missing directories with mode 0755 regardless of the umask.
-fn create_dirs(dir: Option<&Path>) -> std::io::Result<()> {
+pub(crate) fn create_dirs(dir: Option<&Path>) -> std::io::Result<()> {
     let Some(dir) = dir.filter(|d| !d.as_os_str().is_empty()) else {
         return Ok(());
     };
@@ -171,8 +171,9 @@ fn read_hint(file: &File) -> Vec<IpNet> {
 }
 
 /// Opens (creating it 0600 regardless of the umask) the lock file, readable for the hint.
-fn open_lock_file(path: &str) -> std::io::Result<File> {
-    let existed = Path::new(path).exists();
+pub(crate) fn open_lock_file(path: impl AsRef<Path>) -> std::io::Result<File> {
+    let path = path.as_ref();
+    let existed = path.exists();
     let file = OpenOptions::new()
         .create(true)
         .truncate(false)

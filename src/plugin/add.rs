@@ -42,6 +42,7 @@ use crate::plugin::endpoint_status;
 use crate::plugin::ipam_exec;
 use crate::plugin::k8s_pod::{self, AddressSource, PodInfo};
 use crate::plugin::readiness;
+use crate::plugin::sandbox_lock::SandboxLock;
 use crate::plugin::{check_datastore_ready, connect, load, Call};
 use crate::skel::error::CODE_INVALID_ENV;
 use crate::skel::result::IpConfig;
@@ -60,6 +61,9 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     ));
     let call = connect(args, conf, true).await?;
     let conf = &call.conf;
+    // Before anything is read or written: no other ADD of this pod interface may run
+    // meanwhile (`sandbox_lock`); held until this call returns, its undo included.
+    let _sandbox = SandboxLock::try_acquire(conf.ipam_lock_file(), &call.ids.host_veth_name())?;
 
     // The ready gate, the endpoint lookup, the profile lookup and (policy type k8s) the pod
     // and its namespace are independent reads: one round trip. Nothing is written before

@@ -11,6 +11,7 @@ pub mod gc;
 pub mod ipam_exec;
 pub mod k8s_pod;
 pub mod readiness;
+pub mod sandbox_lock;
 pub mod status;
 
 use tracing::info;

@@ -144,8 +144,15 @@ impl KubeDatastore {
         }
         let got = from_cr(key, &resp.json()?)?;
         if got.deleted {
-            // A delete that did not finish: finish it, as upstream's Get does.
-            let _ = self.delete_by_uid(key, &path, &got.uid).await;
+            // A delete that did not finish: finish it, as upstream's Get does. Only once it
+            // is finished (or was, by someone else) is the object not found; a DELETE that
+            // fails is this read's error, so that the caller (a DEL releasing the handle)
+            // fails and is retried instead of taking the object, still stored, for gone.
+            match self.delete_by_uid(key, &path, &got.uid).await {
+                Ok(()) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e),
+            }
             return Err(DatastoreError::NotFound {
                 key: key.describe(),
                 cause: "Resource was deleted".into(),

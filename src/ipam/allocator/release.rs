@@ -65,11 +65,18 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         }
         // Every address of the handle is released now. If the handle survived (its count
         // was off: a crash between writes, or a write retried after a lost answer), check
-        // that no block still holds it and remove it: DEL leaves no handle behind.
+        // that no block still holds it and remove it: DEL leaves no handle behind. A read
+        // that fails here fails the release (the DEL is retried): taking it for "no handle"
+        // would end a DEL successfully with the handle still stored.
         let key = Key::Handle {
             id: handle_id.to_string(),
         };
-        if let Ok(kv) = self.ds.get(&key).await {
+        let stored = match self.ds.get(&key).await {
+            Ok(kv) => Some(kv),
+            Err(e) if e.is_not_found() => None,
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(kv) = stored {
             let left: IpamHandle = kv.decode()?;
             let mut holds = false;
             for cidr in left.block.keys().filter_map(|c| c.parse::<IpNet>().ok()) {

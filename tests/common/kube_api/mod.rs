@@ -69,6 +69,16 @@ struct Shared {
     latency_ms: AtomicUsize,
     /// (requests left to fail, status code).
     fail: Mutex<(usize, u16)>,
+    /// One-shot failures of chosen requests (`fail_one`), in the order armed.
+    fail_one: Mutex<Vec<FailOne>>,
+}
+
+/// `fail_one`'s rule: the request after `skip` more matching ones fails with `code`.
+struct FailOne {
+    method: String,
+    path: String,
+    skip: usize,
+    code: u16,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -135,6 +145,7 @@ impl KubeApi {
             stall: AtomicBool::new(false),
             latency_ms: AtomicUsize::new(0),
             fail: Mutex::new((0, 0)),
+            fail_one: Mutex::new(vec![]),
         });
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let server = shared.clone();
@@ -266,6 +277,23 @@ current-context: test
     /// The next `n` authenticated requests fail with `code` and a Status body.
     pub fn fail_next(&self, n: usize, code: u16) {
         *lock(&self.shared.fail) = (n, code);
+    }
+
+    /// One request with this method and exactly this path fails with `code`: the one after
+    /// `skip` more such requests. Rules are independent; a request meets the first armed rule
+    /// that matches it.
+    pub fn fail_one(&self, method: &str, path: &str, skip: usize, code: u16) {
+        lock(&self.shared.fail_one).push(FailOne {
+            method: method.into(),
+            path: path.into(),
+            skip,
+            code,
+        });
+    }
+
+    /// `fail_one` rules that have not fired yet.
+    pub fn fail_one_pending(&self) -> usize {
+        lock(&self.shared.fail_one).len()
     }
 
     // Direct store access for fixtures and assertions: no HTTP, not recorded.
@@ -433,9 +461,20 @@ async fn answer(
     });
     let injected = {
         let mut fail = lock(&shared.fail);
-        (authorized && fail.0 > 0).then(|| {
+        let next = (authorized && fail.0 > 0).then(|| {
             fail.0 -= 1;
             fail.1
+        });
+        next.or_else(|| {
+            let mut rules = lock(&shared.fail_one);
+            let i = rules
+                .iter()
+                .position(|r| authorized && r.method == method.as_str() && r.path == path)?;
+            if rules[i].skip > 0 {
+                rules[i].skip -= 1;
+                return None;
+            }
+            Some(rules.remove(i).code)
         })
     };
     let reply = if !authorized {
