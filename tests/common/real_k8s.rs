@@ -1,0 +1,1066 @@
+#![allow(dead_code)]
+//! A real Kubernetes API server for the end-to-end suites: kube-apiserver (v1.24, from
+//! `../shared/k8s` next to the project) on a real etcd, both inside a network namespace the
+//! test made, bound to its 127.0.0.1, with Calico's CRDs and the upstream `calico-cni-plugin`
+//! RBAC applied, and a kubeconfig carrying the plugin's own ServiceAccount token (from
+//! TokenRequest), so every request the plugin makes is authorized as on a real cluster.
+//!
+//! * [`RealK8s::available`]: whether the binaries and manifests are there (tests print
+//!   `SKIPPED <why>` and pass when they are not).
+//! * [`RealK8s::start`]: etcd + kube-apiserver in a given netns, ready, CRDs Established, RBAC
+//!   effective for the plugin's token. Everything is stopped by PID on drop.
+//! * Admin access (a `system:masters` token over HTTP/2): [`RealK8s::get`], [`RealK8s::put`]
+//!   (create or replace), [`RealK8s::post`], [`RealK8s::patch`], [`RealK8s::remove`],
+//!   [`RealK8s::list`], [`RealK8s::request`].
+//! * The audit log (every request at Metadata level; pod status patches at Request level, with
+//!   the patch): [`RealK8s::audit_mark`] and [`RealK8s::plugin_requests_since`] count what the
+//!   plugin's user sent between two points.
+//! * [`RealK8s::freeze`] / [`RealK8s::thaw`]: SIGSTOP / SIGCONT of kube-apiserver by PID.
+//!
+//! kube-apiserver is unpacked once per machine into `/var/tmp/calico-cni-rs-k8s/<sha256 of
+//! the .gz>/` (outside the repository and target/), atomically, so parallel tests share it.
+//! One server per test (no controller-manager, so namespaces cannot be deleted and a shared
+//! server would leak state between tests); start-up is measured in [`RealK8s::startup`].
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::BufRead;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::{json, Value};
+use tokio_rustls::rustls;
+
+use super::cni::TempDir;
+use super::etcd::EtcdServer;
+use super::netns::Netns;
+
+/// The files this harness needs in `../shared/k8s`.
+const APISERVER_GZ: &str = "kube-apiserver.gz";
+const CRDS: &str = "calico-crds-v3.32.1-k8s1.24.yaml";
+const RBAC: &str = "calico-cni-plugin-rbac-v3.32.1.yaml";
+/// Where kube-apiserver is unpacked (per sha256 of the .gz).
+const UNPACK_ROOT: &str = "/var/tmp/calico-cni-rs-k8s";
+/// The plugin's ServiceAccount (upstream's manifests) and its user name.
+pub const PLUGIN_SA_NAMESPACE: &str = "kube-system";
+pub const PLUGIN_SA: &str = "calico-cni-plugin";
+pub const PLUGIN_USER: &str = "system:serviceaccount:kube-system:calico-cni-plugin";
+/// How long one admin request may take (a frozen server makes them wait).
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// `$CARGO_MANIFEST_DIR/../shared/k8s`, if it holds what the harness needs (and etcd is
+/// installed); otherwise why not.
+pub fn k8s_dir() -> Result<PathBuf, String> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/k8s");
+    for f in [APISERVER_GZ, CRDS, RBAC] {
+        let p = dir.join(f);
+        if !p.is_file() {
+            return Err(format!(
+                "{} is absent (no real kube-apiserver)",
+                p.display()
+            ));
+        }
+    }
+    for bin in ["/usr/bin/etcd", "/usr/bin/etcdctl"] {
+        if !Path::new(bin).is_file() {
+            return Err(format!("{bin} is absent (Debian etcd-server, etcd-client)"));
+        }
+    }
+    Ok(dir)
+}
+
+/// The unpacked kube-apiserver, made once per machine (per .gz content): unpacked into a
+/// temp name beside it, then renamed into place, so concurrent tests never see half a file.
+fn apiserver_binary(dir: &Path) -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let gz = dir.join(APISERVER_GZ);
+        let out = Command::new("sha256sum")
+            .arg(&gz)
+            .output()
+            .expect("run sha256sum");
+        assert!(out.status.success(), "sha256sum {}", gz.display());
+        let sha = String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .next()
+            .expect("a sha256")
+            .to_string();
+        let target_dir = Path::new(UNPACK_ROOT).join(&sha);
+        let target = target_dir.join("kube-apiserver");
+        if target.is_file() {
+            return target;
+        }
+        fs::create_dir_all(&target_dir).expect("create the unpack dir");
+        let tmp = target_dir.join(format!(
+            ".kube-apiserver.{}.{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        ));
+        let file = fs::File::create(&tmp).expect("create the unpacked file");
+        let status = Command::new("gzip")
+            .args(["-dc"])
+            .arg(&gz)
+            .stdout(file)
+            .status()
+            .expect("run gzip");
+        assert!(status.success(), "gzip -dc {}", gz.display());
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755)).unwrap();
+        fs::rename(&tmp, &target).expect("rename the unpacked kube-apiserver into place");
+        target
+    })
+    .clone()
+}
+
+/// One request the audit log recorded.
+#[derive(Clone, Debug)]
+pub struct Audited {
+    pub user: String,
+    pub verb: String,
+    /// The request URI, path and query.
+    pub uri: String,
+    pub code: u16,
+    /// The request body, for the requests the policy logs at Request level (pod status
+    /// patches); `Null` otherwise.
+    pub request_object: Value,
+}
+
+impl Audited {
+    /// `VERB /path` (the query left off), for listings.
+    pub fn line(&self) -> String {
+        let path = self.uri.split('?').next().unwrap_or_default();
+        format!("{} {path} -> {}", self.verb, self.code)
+    }
+    pub fn path(&self) -> &str {
+        self.uri.split('?').next().unwrap_or_default()
+    }
+    /// Whether it changed (or tried to change) something.
+    pub fn is_write(&self) -> bool {
+        matches!(
+            self.verb.as_str(),
+            "create" | "update" | "patch" | "delete" | "deletecollection"
+        )
+    }
+}
+
+/// An answer to an admin request.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub body: Value,
+}
+
+/// A running etcd + kube-apiserver.
+pub struct RealK8s {
+    // Field order = drop order for what has no Drop of its own; Drop below stops the
+    // apiserver first.
+    apiserver: Child,
+    admin: Admin,
+    etcd: EtcdServer,
+    port: u16,
+    admin_token: String,
+    plugin_token: String,
+    ca_pem: String,
+    dir: TempDir,
+    kubeconfigs: AtomicUsize,
+    markers: AtomicUsize,
+    startup: Duration,
+}
+
+impl RealK8s {
+    /// Whether a real API server can be started here; `Err(why)` if not.
+    pub fn available() -> Result<(), String> {
+        k8s_dir().map(|_| ())
+    }
+
+    /// Starts etcd and kube-apiserver inside `netns` (on its 127.0.0.1), applies Calico's
+    /// CRDs and the plugin's RBAC, creates the system namespaces' `default` ServiceAccounts,
+    /// and writes the plugin's kubeconfig. Panics (after stopping what it started) if the
+    /// server does not come up; call [`RealK8s::available`] first.
+    pub fn start(netns: &Netns) -> RealK8s {
+        let t0 = Instant::now();
+        let k8s = k8s_dir().unwrap_or_else(|why| panic!("{why}"));
+        let bin = apiserver_binary(&k8s);
+        let dir = TempDir::new("real-k8s");
+        let etcd = EtcdServer::start_in_netns(Some(netns.name()));
+        let t_etcd = t0.elapsed();
+        let tls = Tls::new();
+        let p = |f: &str| dir.path().join(f);
+        fs::write(p("tls.crt"), &tls.server_cert_pem).unwrap();
+        fs::write(p("tls.key"), &tls.server_key_pem).unwrap();
+        fs::write(p("sa.key"), &tls.sa_key_pem).unwrap();
+        fs::write(p("sa.pub"), &tls.sa_pub_pem).unwrap();
+        let admin_token = hex(&random_bytes::<16>());
+        fs::write(
+            p("tokens.csv"),
+            format!("{admin_token},admin,admin,\"system:masters\"\n"),
+        )
+        .unwrap();
+        // Every request at Metadata level, once (at ResponseComplete); pod status patches at
+        // Request level, so the patch the plugin sent is in the log.
+        fs::write(
+            p("audit-policy.yaml"),
+            "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [\"RequestReceived\"]
+rules:
+- level: Request
+  verbs: [\"patch\"]
+  resources: [{group: \"\", resources: [\"pods/status\"]}]
+- level: Metadata
+",
+        )
+        .unwrap();
+        let port = free_port_in(netns);
+        let log = fs::File::create(p("kube-apiserver.log")).unwrap();
+        let s = |f: &str| p(f).display().to_string();
+        let apiserver = Command::new("ip")
+            .args(["netns", "exec", netns.name()])
+            .arg(&bin)
+            .arg(format!("--etcd-servers={}", etcd.endpoint()))
+            .arg(format!("--secure-port={port}"))
+            .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"])
+            .arg(format!("--tls-cert-file={}", s("tls.crt")))
+            .arg(format!("--tls-private-key-file={}", s("tls.key")))
+            .arg(format!("--token-auth-file={}", s("tokens.csv")))
+            .arg("--authorization-mode=RBAC")
+            .arg(format!("--service-account-key-file={}", s("sa.pub")))
+            .arg(format!(
+                "--service-account-signing-key-file={}",
+                s("sa.key")
+            ))
+            .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
+            .arg("--service-cluster-ip-range=10.96.0.0/16")
+            .arg("--feature-gates=CustomResourceValidationExpressions=true")
+            .arg(format!("--audit-policy-file={}", s("audit-policy.yaml")))
+            .arg(format!("--audit-log-path={}", s("audit.log")))
+            .arg("--audit-log-mode=blocking")
+            .arg(format!("--cert-dir={}", s("certs")))
+            .arg("--profiling=false")
+            .arg("--v=1")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start kube-apiserver");
+        let admin = Admin::start(netns.path(), port, tls.ca_der.clone());
+        let mut k = RealK8s {
+            apiserver,
+            admin,
+            etcd,
+            port,
+            admin_token,
+            plugin_token: String::new(),
+            ca_pem: tls.ca_pem,
+            dir,
+            kubeconfigs: AtomicUsize::new(0),
+            markers: AtomicUsize::new(0),
+            startup: Duration::ZERO,
+        };
+        k.wait_ready();
+        let t_ready = t0.elapsed();
+        k.install_calico(&k8s);
+        let t_crds = t0.elapsed();
+        k.plugin_token = k.token_request();
+        fs::write(k.kubeconfig(), k.kubeconfig_text(&k.plugin_token.clone())).unwrap();
+        k.wait_plugin_authorized();
+        k.startup = t0.elapsed();
+        eprintln!(
+            "real kube-apiserver ready in {:?} (etcd {t_etcd:?}, /readyz {t_ready:?}, CRDs \
+             established {t_crds:?})",
+            k.startup
+        );
+        k
+    }
+
+    /// How long [`RealK8s::start`] took, to ready with Calico installed.
+    pub fn startup(&self) -> Duration {
+        self.startup
+    }
+
+    fn log_tail(&self) -> String {
+        let log =
+            fs::read_to_string(self.dir.path().join("kube-apiserver.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Ok(Some(status)) = self.apiserver.try_wait() {
+                panic!("kube-apiserver exited ({status}):\n{}", self.log_tail());
+            }
+            if let Ok(a) = self
+                .admin
+                .call("GET", "/readyz", None, "", &self.admin_token)
+            {
+                if a.status == 200 {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "kube-apiserver not ready within {READY_TIMEOUT:?}:\n{}",
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Namespaces, the plugin's RBAC, Calico's CRDs (all sent at once), then waits until
+    /// every CRD is Established and served.
+    fn install_calico(&self, k8s: &Path) {
+        for ns in ["default", "kube-system"] {
+            self.ensure_namespace(ns);
+        }
+        let mut objects = parse_yaml(&k8s.join(RBAC));
+        let crds = parse_yaml(&k8s.join(CRDS));
+        let plurals: Vec<String> = crds
+            .iter()
+            .map(|c| c["spec"]["names"]["plural"].as_str().unwrap().to_string())
+            .collect();
+        objects.extend(crds);
+        let pending: Vec<_> = objects
+            .into_iter()
+            .map(|o| {
+                let path = collection_path(&o);
+                (
+                    path.clone(),
+                    self.admin.send(
+                        "POST",
+                        &path,
+                        Some(o),
+                        "application/json",
+                        &self.admin_token,
+                    ),
+                )
+            })
+            .collect();
+        for (path, rx) in pending {
+            let a = Admin::wait(rx).unwrap_or_else(|e| panic!("POST {path}: {e}"));
+            assert!(a.status == 201 || a.status == 409, "POST {path}: {a:?}");
+        }
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let established = self
+                .list("/apis/apiextensions.k8s.io/v1/customresourcedefinitions")
+                .iter()
+                .filter(|c| {
+                    c["status"]["conditions"].as_array().is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c["type"] == "Established" && c["status"] == "True")
+                    })
+                })
+                .count();
+            let served = self
+                .get("/apis/crd.projectcalico.org/v1")
+                .map(|d| {
+                    let names: Vec<&str> = d["resources"]
+                        .as_array()
+                        .map(|r| r.iter().filter_map(|r| r["name"].as_str()).collect())
+                        .unwrap_or_default();
+                    plurals.iter().all(|p| names.contains(&p.as_str()))
+                })
+                .unwrap_or(false);
+            if established == plurals.len() && served {
+                return;
+            }
+            assert!(Instant::now() < deadline, "CRDs not established");
+            std::thread::sleep(Duration::from_millis(30));
+        }
+    }
+
+    /// Creates namespace `name` if missing, and its `default` ServiceAccount (no
+    /// controller-manager runs to make it; pods name it).
+    pub fn ensure_namespace(&self, name: &str) {
+        let a = self.post(
+            "/api/v1/namespaces",
+            json!({"apiVersion":"v1","kind":"Namespace","metadata":{"name":name}}),
+        );
+        assert!(
+            a.status == 201 || a.status == 409,
+            "namespace {name}: {a:?}"
+        );
+        let a = self.post(
+            &format!("/api/v1/namespaces/{name}/serviceaccounts"),
+            json!({"apiVersion":"v1","kind":"ServiceAccount","metadata":{"name":"default","namespace":name}}),
+        );
+        assert!(
+            a.status == 201 || a.status == 409,
+            "default SA of {name}: {a:?}"
+        );
+    }
+
+    fn token_request(&self) -> String {
+        let a = self.post(
+            &format!("/api/v1/namespaces/{PLUGIN_SA_NAMESPACE}/serviceaccounts/{PLUGIN_SA}/token"),
+            json!({"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest",
+                "spec":{"expirationSeconds": 7200}}),
+        );
+        assert_eq!(a.status, 201, "TokenRequest: {a:?}");
+        a.body["status"]["token"]
+            .as_str()
+            .expect("a token")
+            .to_string()
+    }
+
+    /// Until the plugin's token authenticates and its RBAC is in the authorizer's cache: a
+    /// request the ClusterRole allows answers 200.
+    fn wait_plugin_authorized(&self) {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let a = self
+                .admin
+                .call(
+                    "GET",
+                    "/apis/crd.projectcalico.org/v1/ippools",
+                    None,
+                    "",
+                    &self.plugin_token,
+                )
+                .expect("list pools as the plugin");
+            if a.status == 200 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the plugin's token is not authorized: {a:?}"
+            );
+            std::thread::sleep(Duration::from_millis(30));
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+    pub fn ca_pem(&self) -> String {
+        self.ca_pem.clone()
+    }
+    /// The plugin's ServiceAccount token.
+    pub fn plugin_token(&self) -> String {
+        self.plugin_token.clone()
+    }
+    /// The admin's (`system:masters`) token.
+    pub fn admin_token(&self) -> String {
+        self.admin_token.clone()
+    }
+    pub fn apiserver_pid(&self) -> u32 {
+        self.apiserver.id()
+    }
+    pub fn etcd(&self) -> &EtcdServer {
+        &self.etcd
+    }
+
+    /// The plugin's kubeconfig: the server, its CA, the `calico-cni-plugin` token.
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("kubeconfig")
+    }
+
+    /// Another kubeconfig for this server with `token`.
+    pub fn kubeconfig_with(&self, token: &str) -> PathBuf {
+        let n = self.kubeconfigs.fetch_add(1, Ordering::SeqCst);
+        let path = self.dir.path().join(format!("kubeconfig-{n}"));
+        fs::write(&path, self.kubeconfig_text(token)).unwrap();
+        path
+    }
+
+    fn kubeconfig_text(&self, token: &str) -> String {
+        format!(
+            "apiVersion: v1
+kind: Config
+clusters:
+- name: real
+  cluster:
+    server: {url}
+    certificate-authority-data: {ca}
+users:
+- name: calico-cni-plugin
+  user:
+    token: {token}
+contexts:
+- name: real
+  context:
+    cluster: real
+    user: calico-cni-plugin
+current-context: real
+",
+            url = self.url(),
+            ca = base64(self.ca_pem.as_bytes())
+        )
+    }
+
+    // ----------------------------------------------------------------- admin requests
+
+    /// Any request as the admin; panics if there is no answer (within 30 s).
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+        content_type: &str,
+    ) -> Answer {
+        self.admin
+            .call(method, path, body, content_type, &self.admin_token)
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+    }
+
+    pub fn get(&self, path: &str) -> Option<Value> {
+        let a = self.request("GET", path, None, "");
+        match a.status {
+            200 => Some(a.body),
+            404 => None,
+            _ => panic!("GET {path}: {a:?}"),
+        }
+    }
+
+    pub fn post(&self, collection: &str, obj: Value) -> Answer {
+        self.request("POST", collection, Some(obj), "application/json")
+    }
+
+    /// A strategic-merge patch (core types) or merge patch (custom resources).
+    pub fn patch(&self, path: &str, patch: Value) -> Value {
+        let ct = if path.starts_with("/api/") {
+            "application/strategic-merge-patch+json"
+        } else {
+            "application/merge-patch+json"
+        };
+        let a = self.request("PATCH", path, Some(patch), ct);
+        assert_eq!(a.status, 200, "PATCH {path}: {a:?}");
+        a.body
+    }
+
+    /// Creates the object at `path` or replaces it (keeping a pod's spec, which cannot
+    /// change, and taking the rest from `obj`), as the test server's put does. Returns the
+    /// stored object.
+    pub fn put(&self, path: &str, mut obj: Value) -> Value {
+        for _ in 0..5 {
+            let a = match self.get(path) {
+                None => {
+                    let (collection, _) = path.rsplit_once('/').expect("an object path");
+                    self.post(collection, obj.clone())
+                }
+                Some(old) => {
+                    obj["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
+                    if path.starts_with("/api/v1/namespaces/") && path.contains("/pods/") {
+                        obj["spec"] = old["spec"].clone();
+                    }
+                    self.request("PUT", path, Some(obj.clone()), "application/json")
+                }
+            };
+            match a.status {
+                200 | 201 => return a.body,
+                409 => continue, // raced with a writer (the plugin): read again
+                _ => panic!("put {path}: {a:?}"),
+            }
+        }
+        panic!("put {path}: conflicts five times");
+    }
+
+    /// Deletes the object at `path` at once (no grace period: no kubelet confirms a pod's
+    /// end); a missing object is fine.
+    pub fn remove(&self, path: &str) {
+        let a = self.request(
+            "DELETE",
+            &format!("{path}?gracePeriodSeconds=0"),
+            Some(json!({"apiVersion":"v1","kind":"DeleteOptions","gracePeriodSeconds":0})),
+            "application/json",
+        );
+        assert!(
+            a.status == 200 || a.status == 202 || a.status == 404,
+            "DELETE {path}: {a:?}"
+        );
+    }
+
+    /// The items of a collection, each with its `kind` and `apiVersion` (a list's items
+    /// carry neither), sorted by name as the server returns them.
+    pub fn list(&self, collection: &str) -> Vec<Value> {
+        let a = self.request("GET", collection, None, "");
+        if a.status == 404 {
+            return vec![];
+        }
+        assert_eq!(a.status, 200, "GET {collection}: {a:?}");
+        let kind = a.body["kind"]
+            .as_str()
+            .unwrap_or_default()
+            .trim_end_matches("List")
+            .to_string();
+        let api_version = a.body["apiVersion"].clone();
+        a.body["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|mut i| {
+                i["kind"] = json!(kind);
+                i["apiVersion"] = api_version.clone();
+                i
+            })
+            .collect()
+    }
+
+    // ----------------------------------------------------------------- the audit log
+
+    fn audit_path(&self) -> PathBuf {
+        self.dir.path().join("audit.log")
+    }
+
+    fn audit_events(&self) -> Vec<Value> {
+        let Ok(f) = fs::File::open(self.audit_path()) else {
+            return vec![];
+        };
+        std::io::BufReader::new(f)
+            .lines()
+            .map_while(Result::ok)
+            .filter_map(|l| serde_json::from_str::<Value>(&l).ok())
+            .filter(|e| e["stage"] == "ResponseComplete" || e["stage"] == "Panic")
+            .collect()
+    }
+
+    /// A point in the audit log: every request answered before this call is before it.
+    pub fn audit_mark(&self) -> usize {
+        self.settle_audit()
+    }
+
+    /// Sends a request of its own and waits until the log has it: whatever was answered
+    /// before is then logged too (the log is written, blocking, as each answer completes).
+    /// Returns the number of events before the marker.
+    fn settle_audit(&self) -> usize {
+        let n = self.markers.fetch_add(1, Ordering::SeqCst);
+        let marker = format!("/api/v1/namespaces/default/configmaps/audit-marker-{n}");
+        let a = self.request("GET", &marker, None, "");
+        assert_eq!(a.status, 404, "marker {marker}: {a:?}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let events = self.audit_events();
+            if let Some(i) = events.iter().position(|e| e["requestURI"] == marker) {
+                // A request answered just before the marker may have its event written a
+                // moment after the marker's (different goroutines): give it that moment.
+                std::thread::sleep(Duration::from_millis(100));
+                return i;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "audit marker {marker} never logged"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The requests the plugin's user made after `mark` (up to now), in log order.
+    pub fn plugin_requests_since(&self, mark: usize) -> Vec<Audited> {
+        let end = self.settle_audit();
+        self.audit_events()[..end]
+            .iter()
+            .skip(mark)
+            .map(audited)
+            .filter(|a| a.user == PLUGIN_USER)
+            .collect()
+    }
+
+    /// Every logged request so far by the plugin's user (no settling).
+    pub fn plugin_requests_now(&self) -> Vec<Audited> {
+        self.audit_events()
+            .iter()
+            .map(audited)
+            .filter(|a| a.user == PLUGIN_USER)
+            .collect()
+    }
+
+    /// The audit log's path (to follow it while a test runs).
+    pub fn audit_log(&self) -> PathBuf {
+        self.audit_path()
+    }
+
+    // ----------------------------------------------------------------- freezing
+
+    /// Freezes kube-apiserver (SIGSTOP): connections stay open, requests are accepted by the
+    /// kernel and never answered until [`RealK8s::thaw`].
+    pub fn freeze(&self) {
+        signal(self.apiserver.id(), libc::SIGSTOP);
+    }
+
+    /// Lets a frozen kube-apiserver go on (SIGCONT): it then handles what was queued.
+    pub fn thaw(&self) {
+        signal(self.apiserver.id(), libc::SIGCONT);
+    }
+}
+
+impl Drop for RealK8s {
+    fn drop(&mut self) {
+        // By PID: the child is kube-apiserver itself (`ip netns exec` execs it). A frozen
+        // process dies of SIGKILL too. etcd stops in its own Drop.
+        let _ = self.apiserver.kill();
+        let _ = self.apiserver.wait();
+        self.admin.stop();
+    }
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: kill(2) on a PID of our own child; no memory is involved.
+    unsafe {
+        libc::kill(pid as libc::pid_t, sig);
+    }
+}
+
+fn audited(e: &Value) -> Audited {
+    Audited {
+        user: e["user"]["username"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        verb: e["verb"].as_str().unwrap_or_default().to_string(),
+        uri: e["requestURI"].as_str().unwrap_or_default().to_string(),
+        code: e["responseStatus"]["code"].as_u64().unwrap_or(0) as u16,
+        request_object: e["requestObject"].clone(),
+    }
+}
+
+/// The documents of a YAML file, as JSON.
+fn parse_yaml(path: &Path) -> Vec<Value> {
+    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| {
+            let v: Value = serde::Deserialize::deserialize(d)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            v
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// Where an object of the manifests is created.
+fn collection_path(o: &Value) -> String {
+    let api_version = o["apiVersion"].as_str().expect("apiVersion");
+    let kind = o["kind"].as_str().expect("kind");
+    let prefix = if api_version.contains('/') {
+        format!("/apis/{api_version}")
+    } else {
+        format!("/api/{api_version}")
+    };
+    let plural = match kind {
+        "ServiceAccount" => "serviceaccounts",
+        "ClusterRole" => "clusterroles",
+        "ClusterRoleBinding" => "clusterrolebindings",
+        "CustomResourceDefinition" => "customresourcedefinitions",
+        other => panic!("no collection known for kind {other}"),
+    };
+    match o["metadata"]["namespace"].as_str() {
+        Some(ns) => format!("{prefix}/namespaces/{ns}/{plural}"),
+        None => format!("{prefix}/{plural}"),
+    }
+}
+
+/// A port nothing listens on inside `netns` (a fresh netns: only what the test started).
+fn free_port_in(netns: &Netns) -> u16 {
+    netns.run_in(|| {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("bind in the netns")
+            .local_addr()
+            .unwrap()
+            .port()
+    })
+}
+
+// --------------------------------------------------------------------------- TLS
+
+/// A CA, kube-apiserver's serving certificate for 127.0.0.1 signed by it, and the
+/// ServiceAccount signing key.
+struct Tls {
+    ca_pem: String,
+    ca_der: Vec<u8>,
+    server_cert_pem: String,
+    server_key_pem: String,
+    sa_key_pem: String,
+    sa_pub_pem: String,
+}
+
+impl Tls {
+    fn new() -> Tls {
+        use rcgen::{
+            BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+            KeyPair, KeyUsagePurpose,
+        };
+        let validity = |p: &mut CertificateParams| {
+            p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            p.not_after = rcgen::date_time_ymd(2099, 1, 1);
+        };
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(DnType::CommonName, "real kube-apiserver test CA");
+        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        validity(&mut ca);
+        let ca_key = KeyPair::generate().unwrap();
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let (ca_pem, ca_der) = (ca_cert.pem(), ca_cert.der().to_vec());
+        let issuer = Issuer::new(ca, ca_key);
+        let mut leaf =
+            CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
+        leaf.distinguished_name
+            .push(DnType::CommonName, "kube-apiserver");
+        leaf.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        leaf.use_authority_key_identifier_extension = true;
+        validity(&mut leaf);
+        let key = KeyPair::generate().unwrap();
+        let cert = leaf.signed_by(&key, &issuer).unwrap();
+        let sa = KeyPair::generate().unwrap();
+        Tls {
+            ca_pem,
+            ca_der,
+            server_cert_pem: cert.pem(),
+            server_key_pem: key.serialize_pem(),
+            sa_key_pem: sa.serialize_pem(),
+            sa_pub_pem: sa.public_key_pem(),
+        }
+    }
+}
+
+// ------------------------------------------------------------------ the admin client
+
+type Reply = std::sync::mpsc::Receiver<Result<Answer, String>>;
+
+struct Job {
+    method: String,
+    path: String,
+    body: Option<Value>,
+    content_type: String,
+    token: String,
+    reply: std::sync::mpsc::Sender<Result<Answer, String>>,
+}
+
+/// An HTTP/2 client on a thread of its own that has joined the server's netns (its sockets
+/// are made there, so 127.0.0.1 is the server's loopback), with a current-thread runtime;
+/// requests from any test thread are multiplexed on one connection, reconnected when lost.
+struct Admin {
+    tx: Mutex<Option<tokio::sync::mpsc::UnboundedSender<Job>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+type Sender = hyper::client::conn::http2::SendRequest<Full<Bytes>>;
+
+impl Admin {
+    fn start(netns_path: &str, port: u16, ca_der: Vec<u8>) -> Admin {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Job>();
+        let ns = fs::File::open(netns_path).expect("open the netns");
+        let thread = std::thread::Builder::new()
+            .name(format!("k8s-admin-{port}"))
+            .spawn(move || {
+                nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+                    .expect("enter the netns");
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                let tls = Arc::new(client_tls(&ca_der));
+                rt.block_on(async move {
+                    let sender: Arc<tokio::sync::Mutex<Option<Sender>>> = Arc::default();
+                    while let Some(job) = rx.recv().await {
+                        let (tls, sender) = (tls.clone(), sender.clone());
+                        tokio::spawn(async move {
+                            let r = tokio::time::timeout(
+                                ADMIN_TIMEOUT,
+                                Admin::run(&sender, &tls, port, &job),
+                            )
+                            .await
+                            .unwrap_or_else(|_| Err(format!("no answer in {ADMIN_TIMEOUT:?}")));
+                            let _ = job.reply.send(r);
+                        });
+                    }
+                });
+            })
+            .expect("spawn the admin client thread");
+        Admin {
+            tx: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+        }
+    }
+
+    async fn connect(tls: &Arc<rustls::ClientConfig>, port: u16) -> Result<Sender, String> {
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        let _ = tcp.set_nodelay(true);
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        let stream = tokio_rustls::TlsConnector::from(tls.clone())
+            .connect(name, tcp)
+            .await
+            .map_err(|e| format!("TLS: {e}"))?;
+        let (sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .map_err(|e| format!("HTTP/2: {e}"))?;
+        tokio::spawn(conn);
+        Ok(sender)
+    }
+
+    async fn run(
+        sender: &tokio::sync::Mutex<Option<Sender>>,
+        tls: &Arc<rustls::ClientConfig>,
+        port: u16,
+        job: &Job,
+    ) -> Result<Answer, String> {
+        let mut s = {
+            let mut guard = sender.lock().await;
+            match guard.as_ref() {
+                Some(s) if !s.is_closed() => s.clone(),
+                _ => {
+                    let s = Admin::connect(tls, port).await?;
+                    *guard = Some(s.clone());
+                    s
+                }
+            }
+        };
+        let body = job
+            .body
+            .as_ref()
+            .map(|b| Bytes::from(b.to_string()))
+            .unwrap_or_default();
+        let mut req = hyper::Request::builder()
+            .method(job.method.as_str())
+            .uri(format!("https://127.0.0.1:{port}{}", job.path))
+            .header("authorization", format!("Bearer {}", job.token))
+            .header("accept", "application/json");
+        if !job.content_type.is_empty() {
+            req = req.header("content-type", job.content_type.as_str());
+        }
+        let req = req.body(Full::new(body)).map_err(|e| e.to_string())?;
+        s.ready().await.map_err(|e| format!("connection: {e}"))?;
+        let resp = s
+            .send_request(req)
+            .await
+            .map_err(|e| format!("request: {e}"))?;
+        let status = resp.status().as_u16();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| format!("body: {e}"))?
+            .to_bytes();
+        let body = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+        Ok(Answer { status, body })
+    }
+
+    fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+        content_type: &str,
+        token: &str,
+    ) -> Reply {
+        let (reply, rx) = std::sync::mpsc::channel();
+        let job = Job {
+            method: method.to_string(),
+            path: path.to_string(),
+            body,
+            content_type: content_type.to_string(),
+            token: token.to_string(),
+            reply,
+        };
+        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        tx.as_ref()
+            .expect("admin client running")
+            .send(job)
+            .expect("admin client thread alive");
+        rx
+    }
+
+    fn wait(rx: Reply) -> Result<Answer, String> {
+        rx.recv().map_err(|_| "admin client gone".to_string())?
+    }
+
+    fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+        content_type: &str,
+        token: &str,
+    ) -> Result<Answer, String> {
+        Admin::wait(self.send(method, path, body, content_type, token))
+    }
+
+    fn stop(&self) {
+        // Closing the channel ends the thread's loop; its runtime drops every connection.
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn client_tls(ca_der: &[u8]) -> rustls::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls::pki_types::CertificateDer::from(ca_der.to_vec()))
+        .expect("the test CA");
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    cfg
+}
+
+fn random_bytes<const N: usize>() -> [u8; N] {
+    use std::io::Read;
+    let mut b = [0u8; N];
+    fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .expect("read /dev/urandom");
+    b
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Standard base64 with padding (kubeconfig `*-data` fields).
+fn base64(data: &[u8]) -> String {
+    const ABC: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in data.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | (*b as u32) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ABC[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// Counts of `VERB path` over a list of audited requests, for messages.
+pub fn summary(reqs: &[Audited]) -> BTreeMap<String, usize> {
+    let mut m = BTreeMap::new();
+    for r in reqs {
+        *m.entry(format!("{} {}", r.verb, r.path())).or_insert(0) += 1;
+    }
+    m
+}
