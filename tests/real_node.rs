@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 use common::apt;
 use common::cni::report_skip;
 use common::netns::{require_root, UPLINK_V4};
-use common::real_apiserver::PORT;
 use common::real_node::{
     install_cni, read_recorded_calls, record_calls, shared_k8s, wait_until, InstallInputs,
     RealNode, RecordedCall, BUSYBOX_IMAGE,
@@ -88,6 +87,22 @@ fn network_config(scratch: &Path) -> String {
   ]
 }}"#
     )
+}
+
+/// Every pod in `ips` answers a ping from the host (its route and veth are its own).
+fn assert_reachable(node: &RealNode, ips: &BTreeMap<String, String>, what: &str) {
+    let list: Vec<&str> = ips.values().map(String::as_str).collect();
+    let out = node.host_sh(&format!(
+        "for ip in {}; do ping -c 1 -W 2 $ip >/dev/null 2>&1 || echo unreachable $ip; done",
+        list.join(" ")
+    ));
+    assert!(out.trim().is_empty(), "{what}: {out} (pods {ips:?})");
+}
+
+/// POSTs `obj` as the admin, asserting it was created.
+fn created(node: &RealNode, path: &str, obj: Value) {
+    let a = node.api().post(path, obj);
+    assert_eq!(a.status, 201, "POST {path}: {a:?}");
 }
 
 fn pod(name: &str, command: &[&str], restart: &str) -> Value {
@@ -311,32 +326,25 @@ fn pods_through_kubelet_and_containerd_get_addresses_and_leave_nothing() {
     // The control plane, and Calico's resources as an operator would apply them.
     let mut node = RealNode::new(&k8s, NODE);
     let api = node.api();
-    let crds = api.apply_yaml_file(&k8s.join("calico-crds-v3.32.1-k8s1.24.yaml"));
-    let rbac = api.apply_yaml_file(&k8s.join("calico-cni-plugin-rbac-v3.32.1.yaml"));
-    say(&format!("applied {crds} CRDs and {rbac} RBAC objects"));
-    api.wait_served(&format!("{CRD}/ippools"));
-    api.wait_served(&format!("{CRD}/clusterinformations"));
-    api.create(
+    created(
+        &node,
         &format!("{CRD}/clusterinformations"),
-        &json!({"apiVersion":"crd.projectcalico.org/v1","kind":"ClusterInformation",
+        json!({"apiVersion":"crd.projectcalico.org/v1","kind":"ClusterInformation",
             "metadata":{"name":"default"},
             "spec":{"clusterGUID":"real-node","clusterType":"k8s,kdd","calicoVersion":"v3.32.1","datastoreReady":true}}),
     );
-    api.create(
+    created(
+        &node,
         &format!("{CRD}/ippools"),
-        &json!({"apiVersion":"crd.projectcalico.org/v1","kind":"IPPool",
+        json!({"apiVersion":"crd.projectcalico.org/v1","kind":"IPPool",
             "metadata":{"name":"default-ipv4-ippool"},
             "spec":{"cidr":POOL_CIDR,"blockSize":26,"ipipMode":"Never","vxlanMode":"Never",
                 "natOutgoing":true,"nodeSelector":"all()"}}),
     );
-    // No controller-manager: the namespace's default ServiceAccount is ours to make.
-    api.create(
-        "/api/v1/namespaces/default/serviceaccounts",
-        &json!({"apiVersion":"v1","kind":"ServiceAccount","metadata":{"name":"default","namespace":"default"}}),
-    );
 
     // The node, set up as the DaemonSet's install container would.
-    let token = api.token_request("kube-system", "calico-cni-plugin", 86400);
+    // The calico-cni-plugin ServiceAccount's token, from TokenRequest (the harness's).
+    let token = api.plugin_token();
     let scratch = node.dir.path().join("scratch");
     std::fs::create_dir_all(&scratch).unwrap();
     let (bin_dir, conf_dir) = (node.cni_bin(), node.cni_conf());
@@ -345,7 +353,7 @@ fn pods_through_kubelet_and_containerd_get_addresses_and_leave_nothing() {
         conf_dir: &conf_dir,
         network_config: &network_config(&scratch),
         service_host: "127.0.0.1",
-        service_port: PORT,
+        service_port: api.port(),
         token: &token,
         ca_pem: &api.ca_pem(),
         node_name: NODE,
@@ -364,7 +372,7 @@ fn pods_through_kubelet_and_containerd_get_addresses_and_leave_nothing() {
     // the host from inside its own netns and exits 0.
     let api = node.api();
     for n in ["a", "b"] {
-        api.create(PODS, &pod(n, &["/bin/sleep", "3600"], "Always"));
+        created(&node, PODS, pod(n, &["/bin/sleep", "3600"], "Always"));
     }
     let ips = wait_running(&node, &["a".into(), "b".into()]);
     let handles: BTreeSet<String> = api
@@ -423,7 +431,11 @@ fn pods_through_kubelet_and_containerd_get_addresses_and_leave_nothing() {
         a = ips["a"],
         b = ips["b"]
     );
-    api.create(PODS, &pod("pinger", &["/bin/sh", "-c", &script], "Never"));
+    created(
+        &node,
+        PODS,
+        pod("pinger", &["/bin/sh", "-c", &script], "Never"),
+    );
     let phase = wait_until("pinger to finish", RUNNING_TIMEOUT, || {
         let p = api.get(&format!("{PODS}/pinger"))?;
         let phase = p["status"]["phase"].as_str()?.to_string();
@@ -447,7 +459,7 @@ fn pods_through_kubelet_and_containerd_get_addresses_and_leave_nothing() {
         ips["a"], ips["b"]
     ));
     for n in ["a", "b", "pinger"] {
-        api.delete(&format!("{PODS}/{n}"));
+        api.remove(&format!("{PODS}/{n}"));
     }
     let took = settle(&node, "after deleting a, b and pinger");
     let cached = libcni_cache_left(&sandboxes);
@@ -463,10 +475,11 @@ fn pods_through_kubelet_and_containerd_get_addresses_and_leave_nothing() {
     // sandboxes are being set up and kubelet while another's are, both restarted.
     let churn_started = Instant::now();
     let mut seen_ips: BTreeSet<String> = BTreeSet::new();
+    let mut held: BTreeMap<String, String> = BTreeMap::new();
     for wave in 0..CHURN_PODS / WAVE {
         let names: Vec<String> = (0..WAVE).map(|i| format!("churn-{wave}-{i}")).collect();
         for n in &names {
-            api.create(PODS, &pod(n, &["/bin/sleep", "3600"], "Always"));
+            created(&node, PODS, pod(n, &["/bin/sleep", "3600"], "Always"));
         }
         match wave {
             1 => {
@@ -495,10 +508,21 @@ fn pods_through_kubelet_and_containerd_get_addresses_and_leave_nothing() {
         for ip in ips.values() {
             assert!(ip.starts_with(POOL_PREFIX), "{ip} not from the pool");
         }
-        seen_ips.extend(ips.into_values());
-        for n in &names {
-            api.delete(&format!("{PODS}/{n}"));
+        assert_reachable(&node, &ips, &format!("wave {wave}"));
+        seen_ips.extend(ips.values().cloned());
+        if wave == 1 || wave == 3 {
+            // The pods of the waves whose runtime was killed stay while the later waves
+            // churn (and kubelet's clean-ups of what the kills orphaned run).
+            held.extend(ips);
+        } else {
+            for n in &names {
+                api.remove(&format!("{PODS}/{n}"));
+            }
         }
+    }
+    assert_reachable(&node, &held, "the pods of the kill waves, at the end");
+    for n in held.keys() {
+        api.remove(&format!("{PODS}/{n}"));
     }
     let calls = read_recorded_calls(&rec);
     let all_sandboxes: BTreeSet<String> =

@@ -10,7 +10,6 @@ pub mod kdd;
 pub mod kube_api;
 pub mod libcni;
 pub mod netns;
-pub mod real_apiserver;
 pub mod real_k8s;
 pub mod real_node;
 pub mod world;

@@ -1,6 +1,6 @@
 #![allow(dead_code)]
 //! A whole Kubernetes node inside a network namespace the test made: etcd and kube-apiserver
-//! (real_apiserver.rs), containerd (Debian 1.6) with its own config, root, state, socket and
+//! (real_k8s.rs, with Calico's CRDs and the plugin's RBAC), containerd (Debian 1.6) with its own config, root, state, socket and
 //! runc root under a temp dir, and kubelet (../shared/k8s, v1.24) on that containerd; the
 //! CNI bin and conf dirs are the test's, set up by [`install_cni`] as Calico's DaemonSet
 //! would.
@@ -30,7 +30,7 @@ use sha2::{Digest, Sha256};
 
 use super::cni::{run_command_within, Outcome, TempDir};
 use super::netns::{HostNetns, UPLINK_V4};
-use super::real_apiserver::RealApiServer;
+use super::real_k8s::RealK8s;
 
 /// `../shared/k8s` from the project root, when it has both binaries.
 pub fn shared_k8s() -> Result<PathBuf, String> {
@@ -202,6 +202,28 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Standard base64 with padding.
+pub fn base64(data: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(T[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }
 
 fn writeln_stderr(msg: &str) -> std::io::Result<()> {
@@ -719,12 +741,11 @@ impl Kubelet {
         dir: &Path,
         netns_path: &str,
         node: &str,
-        kubeconfig: &str,
+        kubeconfig: &Path,
         containerd: &Containerd,
         cgroup_root: &str,
     ) -> Kubelet {
         fs::create_dir_all(dir.join("root")).unwrap();
-        fs::write(dir.join("kubeconfig"), kubeconfig).unwrap();
         let config = format!(
             "apiVersion: kubelet.config.k8s.io/v1beta1\n\
              kind: KubeletConfiguration\n\
@@ -746,7 +767,7 @@ impl Kubelet {
         let p = |s: &str| dir.join(s).display().to_string();
         let args = vec![
             format!("--config={}", p("config.yaml")),
-            format!("--kubeconfig={}", p("kubeconfig")),
+            format!("--kubeconfig={}", kubeconfig.display()),
             "--container-runtime=remote".into(),
             format!(
                 "--container-runtime-endpoint=unix://{}",
@@ -812,7 +833,7 @@ pub fn install_cni(i: &InstallInputs) {
             "# Kubeconfig file for the Calico CNI plugin.\napiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: https://{}:{}\n    certificate-authority-data: \"{}\"\nusers:\n- name: calico\n  user:\n    token: {}\ncontexts:\n- name: calico-context\n  context:\n    cluster: local\n    user: calico\ncurrent-context: calico-context\n",
             i.service_host,
             i.service_port,
-            super::real_apiserver::base64(i.ca_pem.as_bytes()),
+            base64(i.ca_pem.as_bytes()),
             i.token
         ),
     )
@@ -921,7 +942,7 @@ pub struct RealNode {
     pub name: String,
     kubelet: Option<Kubelet>,
     containerd: Option<Containerd>,
-    pub api: Option<RealApiServer>,
+    pub api: Option<RealK8s>,
     pub host: HostNetns,
     state: Option<HostState>,
     pub dir: TempDir,
@@ -930,7 +951,7 @@ pub struct RealNode {
 }
 
 impl RealNode {
-    pub fn api(&self) -> &RealApiServer {
+    pub fn api(&self) -> &RealK8s {
         self.api.as_ref().expect("api server")
     }
     pub fn containerd(&self) -> &Containerd {
@@ -946,17 +967,13 @@ impl RealNode {
         self.dir.path().join("cni/net.d")
     }
 
-    /// The netns, unpacked binaries and the API server.
+    /// The netns, kubelet unpacked, and the API server with Calico's CRDs and RBAC.
     pub fn new(k8s: &Path, name: &str) -> RealNode {
         let dir = TempDir::new("real-node");
         let host = HostNetns::new();
-        let bins = dir.path().join("k8s-bin");
-        fs::create_dir_all(&bins).unwrap();
-        let apiserver_bin = bins.join("kube-apiserver");
-        let kubelet_bin = bins.join("kubelet");
-        unpack(&k8s.join("kube-apiserver.gz"), &apiserver_bin);
+        let kubelet_bin = dir.path().join("kubelet-bin");
         unpack(&k8s.join("kubelet.gz"), &kubelet_bin);
-        let api = RealApiServer::start(&apiserver_bin, host.name(), &dir.path().join("apiserver"));
+        let api = RealK8s::start(&host);
         RealNode {
             name: name.into(),
             kubelet: None,
@@ -988,7 +1005,7 @@ impl RealNode {
             Some(&["/bin/sleep", "2147483647"]),
         ));
         cd.import(&build_busybox_image(&images, BUSYBOX_IMAGE, None));
-        let kubeconfig = self.api().kubeconfig(super::real_apiserver::ADMIN_TOKEN);
+        let kubeconfig = self.api().kubeconfig_with(&self.api().admin_token());
         let k = Kubelet::start(
             &self.kubelet_bin,
             &self.dir.path().join("kubelet"),
