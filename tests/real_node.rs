@@ -19,8 +19,8 @@ use common::apt;
 use common::cni::report_skip;
 use common::netns::{require_root, UPLINK_V4};
 use common::real_node::{
-    install_cni, read_recorded_calls, record_calls, shared_k8s, wait_until, InstallInputs,
-    RealNode, RecordedCall, BUSYBOX_IMAGE,
+    install_cni, plugin_binary, read_recorded_calls, record_calls, shared_k8s, wait_until,
+    InstallInputs, RealNode, RecordedCall, BUSYBOX_IMAGE,
 };
 use serde_json::{json, Value};
 
@@ -199,6 +199,36 @@ fn settle(node: &RealNode, what: &str) -> Duration {
         std::thread::sleep(Duration::from_millis(250));
     }
     panic!("{what}: still left after {SETTLE_TIMEOUT:?}: {last:#?}");
+}
+
+/// For each plugin process of the log (`[LEVEL][pid]`) that wrote an endpoint (a successful
+/// ADD): the time from its first log line to its last.
+fn plugin_add_times(log: &str) -> Vec<Duration> {
+    let mut spans: BTreeMap<String, (f64, f64, bool)> = BTreeMap::new();
+    for line in log.lines() {
+        // "2026-11-26 11:16:07.265 [INFO][10333] ..."
+        let mut parts = line.splitn(4, ' ');
+        let (Some(_date), Some(time), Some(tag)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let Some(pid) = tag.rsplit('[').next().map(|p| p.trim_end_matches(']')) else {
+            continue;
+        };
+        let secs: Vec<f64> = time.split(':').filter_map(|x| x.parse().ok()).collect();
+        if secs.len() != 3 {
+            continue;
+        }
+        let t = secs[0] * 3600.0 + secs[1] * 60.0 + secs[2];
+        let e = spans.entry(pid.to_string()).or_insert((t, t, false));
+        e.1 = t;
+        e.2 |= line.contains("Wrote endpoint to datastore");
+    }
+    spans
+        .values()
+        .filter(|(_, _, add)| *add)
+        .map(|(a, b, _)| Duration::from_secs_f64((b - a).max(0.0)))
+        .collect()
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -556,13 +586,24 @@ fn pods_through_kubelet_and_containerd_get_addresses_and_leave_nothing() {
         .map(|(_, d)| *d)
         .collect();
     say(&format!(
-        "RunPodSandbox through kubelet (containerd's log; debug build of the plugin, {WAVE} pods at a time on this machine): median {:?} over {} churn sandboxes (min {:?}, max {:?})",
+        "RunPodSandbox through kubelet (containerd's log; plugin {}, {WAVE} pods at a time): median {:?} over {} churn sandboxes (min {:?}, max {:?})",
+        plugin_binary().display(),
         median(churn.clone()),
         churn.len(),
         churn.iter().min().unwrap(),
         churn.iter().max().unwrap(),
     ));
     let log = std::fs::read_to_string(scratch.join("cni.log")).unwrap_or_default();
+    let add_times = plugin_add_times(&log);
+    say(&format!(
+        "plugin ADD (its log, first to last line of each successful ADD): median {:?} over {}; first pods (a, b, pinger) RunPodSandbox: {:?}",
+        median(add_times.clone()),
+        add_times.len(),
+        durations
+            .iter()
+            .filter(|(n, _)| !n.starts_with("churn-"))
+            .collect::<Vec<_>>()
+    ));
     let errors: Vec<&str> = log
         .lines()
         .filter(|l| l.contains("[ERROR]") || l.contains("[WARNING]"))

@@ -811,6 +811,14 @@ pub struct InstallInputs<'a> {
 
 pub const CONFLIST_NAME: &str = "10-calico.conflist";
 
+/// The binary the node gets: this test build's, or `REAL_NODE_CALICO` (e.g. a release
+/// build, to time RunPodSandbox with the binary a cluster would run).
+pub fn plugin_binary() -> PathBuf {
+    std::env::var_os("REAL_NODE_CALICO")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_calico")))
+}
+
 /// Sets the node up as Calico's install container does: the binaries into the CNI bin dir
 /// (calico, calico-ipam, and the reference plugins the conflist names), `calico-kubeconfig`
 /// with the token, and the conflist from the template with its placeholders filled in.
@@ -819,7 +827,7 @@ pub fn install_cni(i: &InstallInputs) {
     fs::create_dir_all(i.bin_dir).unwrap();
     fs::create_dir_all(i.conf_dir).unwrap();
     let calico = i.bin_dir.join("calico");
-    fs::copy(env!("CARGO_BIN_EXE_calico"), &calico).expect("copy calico");
+    fs::copy(plugin_binary(), &calico).expect("copy calico");
     fs::set_permissions(&calico, fs::Permissions::from_mode(0o755)).unwrap();
     std::os::unix::fs::symlink("calico", i.bin_dir.join("calico-ipam")).expect("calico-ipam");
     for p in ["portmap", "loopback", "host-local", "bandwidth"] {
