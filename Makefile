@@ -15,12 +15,11 @@ BIN ?= target/release/calico
 # Debian packages for the build and the tests: etcd, protoc, the reference CNI plugins
 # (portmap, bandwidth, host-local), iptables for portmap, GNU time for the bench's peak RSS,
 # Go + libcni for the libcni driver (tests/libcni), podman + runc + a static busybox for the
-# podman test; containerd (+ runc, busybox-static), curl and openssl for the real node suite
-# (tests/real_node.rs: kubelet -> containerd -> our binary).
+# podman test; containerd (+ runc, busybox-static) for the real node suite (tests/real_node.rs:
+# kubelet -> containerd -> our binary).
 APT_PACKAGES := etcd-server etcd-client protobuf-compiler libprotobuf-dev time \
 	containernetworking-plugins iproute2 iputils-ping iptables \
-	golang-go golang-github-appc-cni-dev podman runc busybox-static \
-	containerd curl openssl
+	golang-go golang-github-appc-cni-dev podman runc busybox-static containerd
 
 .PHONY: all build release deps lint test unit e2e install demo bench clean FORCE
 
