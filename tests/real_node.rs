@@ -239,6 +239,28 @@ fn plugin_add_times(log: &str) -> Vec<Duration> {
         .collect()
 }
 
+/// The pids of plugin processes that began an in-process IPAM ADD but never logged writing
+/// their endpoint.
+fn plugin_adds_cut(log: &str) -> Vec<String> {
+    let pid = |l: &str| {
+        l.split("][")
+            .nth(1)
+            .and_then(|r| r.split(']').next())
+            .map(str::to_string)
+    };
+    let started: BTreeSet<String> = log
+        .lines()
+        .filter(|l| l.contains("running calico-ipam ADD in-process"))
+        .filter_map(pid)
+        .collect();
+    let done: BTreeSet<String> = log
+        .lines()
+        .filter(|l| l.contains("Wrote endpoint to datastore"))
+        .filter_map(pid)
+        .collect();
+    started.difference(&done).cloned().collect()
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     assert!(!v.is_empty(), "no durations");
     v.sort();
@@ -518,18 +540,39 @@ fn pods_through_kubelet_and_containerd_get_addresses_and_leave_nothing() {
         for n in &names {
             created(&node, PODS, pod(n, &["/bin/sleep", "3600"], "Always"));
         }
+        // The kills land while the wave's ADDs run: once the recorder has seen three of
+        // them start (an ADD takes some 100s of ms here, and they come in a burst).
+        let kill_point = || {
+            let prefix = format!("K8S_POD_NAME=churn-{wave}-");
+            wait_until(
+                &format!("wave {wave}'s ADDs to start"),
+                RUNNING_TIMEOUT,
+                || {
+                    let started = read_recorded_calls(&rec)
+                        .iter()
+                        .filter(|c| c.command() == "ADD")
+                        .filter(|c| c.env.get("CNI_ARGS").is_some_and(|a| a.contains(&prefix)))
+                        .count();
+                    (started >= 3).then_some(started)
+                },
+            )
+        };
         match wave {
             1 => {
-                std::thread::sleep(Duration::from_millis(1500));
+                let started = kill_point();
                 node.containerd().kill9();
-                say("containerd killed (SIGKILL) mid-wave");
+                say(&format!(
+                    "containerd killed (SIGKILL) with {started} of wave {wave}'s ADDs started"
+                ));
                 std::thread::sleep(Duration::from_secs(1));
                 node.containerd().restart();
             }
             3 => {
-                std::thread::sleep(Duration::from_millis(1500));
+                let started = kill_point();
                 node.kubelet().daemon().kill9();
-                say("kubelet killed (SIGKILL) mid-wave");
+                say(&format!(
+                    "kubelet killed (SIGKILL) with {started} of wave {wave}'s ADDs started"
+                ));
                 std::thread::sleep(Duration::from_secs(1));
                 node.kubelet().daemon().restart();
             }
@@ -602,6 +645,11 @@ fn pods_through_kubelet_and_containerd_get_addresses_and_leave_nothing() {
     ));
     let log = std::fs::read_to_string(scratch.join("cni.log")).unwrap_or_default();
     let add_times = plugin_add_times(&log);
+    let cut = plugin_adds_cut(&log);
+    say(&format!(
+        "plugin ADDs that started IPAM but never wrote their endpoint (killed mid-call, or failed): {}: {cut:?}",
+        cut.len()
+    ));
     say(&format!(
         "plugin ADD (its log, first to last line of each successful ADD): median {:?} over {}; first pods (a, b, pinger) RunPodSandbox: {:?}",
         median(add_times.clone()),

@@ -931,13 +931,15 @@ pub fn read_recorded_calls(rec: &Path) -> Vec<RecordedCall> {
             .filter_map(|l| l.split_once('='))
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        // A call that started while this was read has not written its variables yet.
-        if !env_has_command(&env) {
+        // A call that started while this was read has not written its variables and
+        // stdin yet.
+        let stdin: Value = serde_json::from_str(&with("in")).unwrap_or(Value::Null);
+        if !env_has_command(&env) || stdin.is_null() {
             continue;
         }
         calls.push(RecordedCall {
             env,
-            stdin: serde_json::from_str(&with("in")).unwrap_or(Value::Null),
+            stdin,
             start: with("t").trim().parse().unwrap_or(0.0),
         });
     }
