@@ -30,6 +30,8 @@ const POOL_PREFIX: &str = "10.66.";
 const CRD: &str = "/apis/crd.projectcalico.org/v1";
 const PODS: &str = "/api/v1/namespaces/default/pods";
 const CHURN_PODS: usize = 50;
+/// The node port pod a is published on.
+const HOST_PORT: u16 = 18080;
 const WAVE: usize = 10;
 /// Bound on pods becoming Running (kubelet retries a sandbox after a runtime restart).
 const RUNNING_TIMEOUT: Duration = Duration::from_secs(120);
@@ -430,9 +432,21 @@ fn pods_through_kubelet_and_containerd_get_addresses_and_leave_nothing() {
     // Two pods: addresses from the pool, annotations, host routes; a third pings both and
     // the host from inside its own netns and exits 0.
     let api = node.api();
-    for n in ["a", "b"] {
-        created(&node, PODS, pod(n, &["/bin/sleep", "3600"], "Always"));
-    }
+    // a serves TCP on 8080, published on the node's port 18080 (portmap, through the
+    // conflist's portMappings capability).
+    let mut a = pod(
+        "a",
+        &[
+            "/bin/sh",
+            "-c",
+            "while true; do echo pong | nc -l -p 8080; done",
+        ],
+        "Always",
+    );
+    a["spec"]["containers"][0]["ports"] =
+        json!([{"containerPort": 8080, "hostPort": HOST_PORT, "protocol": "TCP"}]);
+    created(&node, PODS, a);
+    created(&node, PODS, pod("b", &["/bin/sleep", "3600"], "Always"));
     let ips = wait_running(&node, &["a".into(), "b".into()]);
     let handles: BTreeSet<String> = api
         .list(&format!("{CRD}/ipamhandles"))
@@ -504,6 +518,20 @@ fn pods_through_kubelet_and_containerd_get_addresses_and_leave_nothing() {
         phase, "Succeeded",
         "pinger pinged a, b and the host from its pod"
     );
+    // From outside the node (its uplink's far end) to the host port, DNATed to a.
+    let outside = node.host.uplink_peer();
+    let reply = wait_until("a's host port to answer", Duration::from_secs(30), || {
+        let out = outside.exec(
+            "busybox",
+            &["nc", "-w", "3", UPLINK_V4, &HOST_PORT.to_string()],
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.contains("pong").then_some(text)
+    });
+    say(&format!(
+        "a's hostPort {HOST_PORT} answered from outside the node: {:?}",
+        reply.trim()
+    ));
     if let Some(id) = node.containerd().sandbox_id_of("pinger") {
         sandboxes.insert(id);
     }
@@ -521,6 +549,15 @@ fn pods_through_kubelet_and_containerd_get_addresses_and_leave_nothing() {
         api.remove(&format!("{PODS}/{n}"));
     }
     let took = settle(&node, "after deleting a, b and pinger");
+    let nat = node.host_sh("iptables-save -t nat");
+    let portmap_left: Vec<&str> = nat
+        .lines()
+        .filter(|l| l.contains(&HOST_PORT.to_string()) || l.starts_with(":CNI-DN-"))
+        .collect();
+    assert!(
+        portmap_left.is_empty(),
+        "portmap rules left: {portmap_left:?}"
+    );
     let cached = libcni_cache_left(&sandboxes);
     assert!(
         cached.is_empty(),

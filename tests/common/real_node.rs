@@ -260,7 +260,7 @@ pub fn build_busybox_image(work: &Path, tag: &str, entrypoint: Option<&[&str]>) 
     }
     fs::create_dir_all(&img).unwrap();
     fs::copy("/bin/busybox", root.join("bin/busybox")).expect("copy /bin/busybox");
-    for applet in ["sh", "ping", "sleep", "ip", "echo", "true", "cat"] {
+    for applet in ["sh", "ping", "sleep", "ip", "echo", "true", "cat", "nc"] {
         std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
     }
     let layer = img.join("layer.tar");
