@@ -15,7 +15,9 @@ BIN ?= target/release/calico
 # Debian packages for the build and the tests: etcd, protoc, the reference CNI plugins
 # (portmap, bandwidth, host-local), iptables for portmap, GNU time for the bench's peak RSS,
 # Go + libcni for the libcni driver (tests/libcni), podman + runc + a static busybox for the
-# podman test; buildah, musl-tools and file for `make image` (the static binary and its check).
+# podman test; buildah, musl-tools and file for `make image` (the static binary and its check);
+# containerd (+ runc, busybox-static) for the image import and the real node suite
+# (tests/real_node.rs: kubelet -> containerd -> our binary).
 APT_PACKAGES := etcd-server etcd-client protobuf-compiler libprotobuf-dev time \
 	containernetworking-plugins iproute2 iputils-ping iptables \
 	golang-go golang-github-appc-cni-dev podman runc busybox-static \

@@ -12,4 +12,5 @@ pub mod kube_api;
 pub mod libcni;
 pub mod netns;
 pub mod real_k8s;
+pub mod real_node;
 pub mod world;

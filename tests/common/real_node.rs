@@ -1,0 +1,1126 @@
+#![allow(dead_code)]
+//! A whole Kubernetes node inside a network namespace the test made: etcd and kube-apiserver
+//! (real_k8s.rs, with Calico's CRDs and the plugin's RBAC), containerd (Debian 1.6) with its own config, root, state, socket and
+//! runc root under a temp dir, and kubelet (../shared/k8s, v1.24) on that containerd; the
+//! CNI bin and conf dirs are the test's, set up by [`install_cni`] as Calico's DaemonSet
+//! would.
+//!
+//! Both daemons run under `nsenter --net` (not `ip netns exec`, which would give them a
+//! private mount namespace and hide the pod netns and rootfs mounts from the test). Every
+//! process is started here and stopped by PID: the daemons themselves, the containerd shims
+//! (found by the socket path on their command line, which is this test's own) and the
+//! container processes (found in this test's own cgroup root).
+//!
+//! What kubelet changes on the host is recorded first and restored on drop ([`HostState`]):
+//! the kernel sysctls it tunes, the directories it and containerd create outside their
+//! configured roots (/var/lib/kubelet/device-plugins, /var/log/pods, /var/log/containers,
+//! /var/lib/cni, /run/containerd/s), and the cgroup root it runs pods under. Its iptables
+//! chains live in the node netns and go with it.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use super::cni::{run_command_within, Outcome, TempDir};
+use super::netns::{HostNetns, UPLINK_V4};
+use super::real_k8s::RealK8s;
+
+/// `../shared/k8s` from the project root, when it has both binaries.
+pub fn shared_k8s() -> Result<PathBuf, String> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/k8s");
+    for f in ["kube-apiserver.gz", "kubelet.gz"] {
+        if !dir.join(f).exists() {
+            return Err(format!("{} has no {f}", dir.display()));
+        }
+    }
+    Ok(dir)
+}
+
+/// Polls `f` every 100 ms until it gives a value; panics naming `what` after `limit`.
+pub fn wait_until<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let started = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The last `n` lines of a file (for failure messages).
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+fn kill(pid: u32, sig: i32) {
+    // SAFETY: kill(2) on a PID this test started; at worst it is already gone.
+    unsafe { libc::kill(pid as i32, sig) };
+}
+
+/// A long-running process started in a netns (`nsenter --net`, which execs it: the PID is
+/// the daemon's), its output appended to a log file. Stopped on drop.
+pub struct Daemon {
+    name: String,
+    netns_path: String,
+    program: PathBuf,
+    args: Vec<String>,
+    log: PathBuf,
+    child: Mutex<Option<Child>>,
+}
+
+impl Daemon {
+    pub fn start(
+        name: &str,
+        netns_path: &str,
+        program: &Path,
+        args: &[String],
+        log: &Path,
+    ) -> Daemon {
+        let d = Daemon {
+            name: name.into(),
+            netns_path: netns_path.into(),
+            program: program.into(),
+            args: args.to_vec(),
+            log: log.into(),
+            child: Mutex::new(None),
+        };
+        d.spawn();
+        d
+    }
+
+    fn spawn(&self) {
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap_or_else(|e| panic!("open {}: {e}", self.log.display()));
+        let child = Command::new("nsenter")
+            .arg(format!("--net={}", self.netns_path))
+            .arg(&self.program)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("dup log"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", self.name));
+        *self.child.lock().unwrap() = Some(child);
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(Child::id)
+            .unwrap_or(0)
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// Panics (with the log's tail) if the daemon has exited.
+    pub fn assert_running(&self) {
+        let mut guard = self.child.lock().unwrap();
+        if let Some(c) = guard.as_mut() {
+            if let Ok(Some(status)) = c.try_wait() {
+                *guard = None;
+                panic!(
+                    "{} exited ({status}); log:\n{}",
+                    self.name,
+                    tail(&self.log, 30)
+                );
+            }
+        }
+    }
+
+    /// Sends `sig` and waits (bounded) for the exit; SIGKILL after `grace`.
+    fn signal_and_reap(&self, sig: i32, grace: Duration) {
+        let Some(mut child) = self.child.lock().unwrap().take() else {
+            return;
+        };
+        kill(child.id(), sig);
+        let started = Instant::now();
+        loop {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            if started.elapsed() > grace {
+                kill(child.id(), libc::SIGKILL);
+                let hard = Instant::now();
+                while hard.elapsed() < Duration::from_secs(10) {
+                    if let Ok(Some(_)) = child.try_wait() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                panic!(
+                    "{} (pid {}) survived SIGKILL for 10 s",
+                    self.name,
+                    child.id()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `kill -9`, reaped.
+    pub fn kill9(&self) {
+        self.signal_and_reap(libc::SIGKILL, Duration::from_secs(10));
+    }
+
+    /// Starts it again with the same arguments, the log appended to.
+    pub fn restart(&self) {
+        assert!(
+            self.child.lock().unwrap().is_none(),
+            "{} still runs",
+            self.name
+        );
+        self.spawn();
+    }
+
+    /// SIGTERM, then SIGKILL after 10 s.
+    pub fn stop(&self) {
+        self.signal_and_reap(libc::SIGTERM, Duration::from_secs(10));
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Standard base64 with padding.
+pub fn base64(data: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(T[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn writeln_stderr(msg: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    writeln!(std::io::stderr(), "{msg}")
+}
+
+/// `gunzip -c gz > dest`, executable.
+pub fn unpack(gz: &Path, dest: &Path) {
+    let out = fs::File::create(dest).unwrap_or_else(|e| panic!("{}: {e}", dest.display()));
+    let st = Command::new("gunzip")
+        .arg("-c")
+        .arg(gz)
+        .stdout(out)
+        .status()
+        .expect("run gunzip");
+    assert!(st.success(), "gunzip {}", gz.display());
+    fs::set_permissions(dest, fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+fn sha256_file(path: &Path) -> String {
+    let bytes = fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    hex::encode(Sha256::digest(&bytes))
+}
+
+/// A docker-archive image (what `ctr images import` reads) named `tag`, one layer holding
+/// Debian's static busybox as /bin/busybox with a few applets, and `entrypoint` (if any).
+pub fn build_busybox_image(work: &Path, tag: &str, entrypoint: Option<&[&str]>) -> PathBuf {
+    let name = tag.replace(['/', ':'], "_");
+    let root = work.join(format!("{name}-rootfs"));
+    let img = work.join(format!("{name}-img"));
+    for d in ["bin", "proc", "sys", "dev", "etc", "tmp", "run"] {
+        fs::create_dir_all(root.join(d)).unwrap();
+    }
+    fs::create_dir_all(&img).unwrap();
+    fs::copy("/bin/busybox", root.join("bin/busybox")).expect("copy /bin/busybox");
+    for applet in ["sh", "ping", "sleep", "ip", "echo", "true", "cat", "nc"] {
+        std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
+    }
+    let layer = img.join("layer.tar");
+    let st = Command::new("tar")
+        .args(["--numeric-owner", "--owner=0", "--group=0", "-C"])
+        .arg(&root)
+        .arg("-cf")
+        .arg(&layer)
+        .arg(".")
+        .status()
+        .expect("run tar");
+    assert!(st.success(), "tar layer");
+    let config = json!({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Entrypoint": entrypoint, "Env": ["PATH=/bin"]},
+        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{}", sha256_file(&layer))]},
+    });
+    let config_bytes = serde_json::to_vec(&config).unwrap();
+    let config_name = format!("{}.json", hex::encode(Sha256::digest(&config_bytes)));
+    fs::write(img.join(&config_name), &config_bytes).unwrap();
+    fs::write(
+        img.join("manifest.json"),
+        json!([{"Config": config_name, "RepoTags": [tag], "Layers": ["layer.tar"]}]).to_string(),
+    )
+    .unwrap();
+    let out = work.join(format!("{name}.tar"));
+    let st = Command::new("tar")
+        .arg("-C")
+        .arg(&img)
+        .arg("-cf")
+        .arg(&out)
+        .arg(".")
+        .status()
+        .expect("run tar");
+    assert!(st.success(), "tar image");
+    out
+}
+
+/// Kernel tunables kubelet sets at start (container_manager_linux's setupKernelTunables).
+const KUBELET_SYSCTLS: &[&str] = &[
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+];
+
+/// Host paths kubelet or containerd create whatever their configured roots: removed on drop
+/// when they were absent before. The first three are kubelet's alone (removed whole); the
+/// others may be shared with other suites (only their empty directories are removed).
+const KUBELET_DIRS: &[&str] = &["/var/lib/kubelet", "/var/log/pods", "/var/log/containers"];
+const SHARED_DIRS: &[&str] = &["/var/lib/cni", "/run/containerd", "/opt/containerd"];
+
+/// What the node changes on the host, recorded before and restored on drop.
+pub struct HostState {
+    sysctls: Vec<(String, String)>,
+    absent: Vec<&'static str>,
+    /// Entries of the kubelet dirs that existed before (only new ones are removed).
+    entries_before: BTreeMap<&'static str, Vec<std::ffi::OsString>>,
+    /// The cgroup root dirs made for this node, one per hierarchy.
+    cgroups: Vec<PathBuf>,
+}
+
+fn entries(dir: &str) -> Vec<std::ffi::OsString> {
+    fs::read_dir(dir)
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.file_name())).collect())
+        .unwrap_or_default()
+}
+
+/// Removes empty directories under and including `dir`, bottom-up.
+fn remove_empty_dirs(dir: &Path) {
+    if let Ok(rd) = fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_empty_dirs(&e.path());
+            }
+        }
+    }
+    let _ = fs::remove_dir(dir);
+}
+
+impl HostState {
+    /// Records the host and makes the cgroup root `name` in every cgroup hierarchy.
+    pub fn record(cgroup_root: &str) -> HostState {
+        let sysctls = KUBELET_SYSCTLS
+            .iter()
+            .filter_map(|k| {
+                fs::read_to_string(format!("/proc/sys/{k}"))
+                    .ok()
+                    .map(|v| (k.to_string(), v.trim().to_string()))
+            })
+            .collect();
+        let absent = KUBELET_DIRS
+            .iter()
+            .chain(SHARED_DIRS)
+            .copied()
+            .filter(|d| !Path::new(d).exists())
+            .collect();
+        let entries_before = KUBELET_DIRS.iter().map(|d| (*d, entries(d))).collect();
+        let mut state = HostState {
+            sysctls,
+            absent,
+            entries_before,
+            cgroups: vec![],
+        };
+        for h in fs::read_dir("/sys/fs/cgroup")
+            .expect("/sys/fs/cgroup")
+            .flatten()
+        {
+            let path = h.path();
+            if fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink())
+                || !path.join("cgroup.procs").exists()
+            {
+                continue;
+            }
+            let dir = path.join(cgroup_root);
+            fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+            state.cgroups.push(dir.clone());
+            // A new cpuset has no CPUs or memory nodes until given its parent's.
+            for f in ["cpuset.cpus", "cpuset.mems"] {
+                if let Ok(v) = fs::read_to_string(path.join(f)) {
+                    fs::write(dir.join(f), v.trim()).expect("copy cpuset");
+                }
+            }
+        }
+        state
+    }
+
+    /// PIDs in this node's cgroups (the containers' processes).
+    pub fn cgroup_pids(&self) -> Vec<u32> {
+        fn walk(dir: &Path, out: &mut Vec<u32>) {
+            if let Ok(s) = fs::read_to_string(dir.join("cgroup.procs")) {
+                out.extend(s.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+            }
+            if let Ok(rd) = fs::read_dir(dir) {
+                for e in rd.flatten() {
+                    if e.file_type().is_ok_and(|t| t.is_dir()) {
+                        walk(&e.path(), out);
+                    }
+                }
+            }
+        }
+        let mut pids = vec![];
+        for c in &self.cgroups {
+            walk(c, &mut pids);
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+
+    /// Kills every process left in this node's cgroups and removes the cgroups (bounded).
+    fn remove_cgroups(&self) {
+        fn dirs_deepest_first(dir: &Path, out: &mut Vec<PathBuf>) {
+            if let Ok(rd) = fs::read_dir(dir) {
+                for e in rd.flatten() {
+                    if e.file_type().is_ok_and(|t| t.is_dir()) {
+                        dirs_deepest_first(&e.path(), out);
+                    }
+                }
+            }
+            out.push(dir.to_path_buf());
+        }
+        let started = Instant::now();
+        loop {
+            for pid in self.cgroup_pids() {
+                kill(pid, libc::SIGKILL);
+            }
+            let mut all = vec![];
+            for c in &self.cgroups {
+                dirs_deepest_first(c, &mut all);
+            }
+            for d in &all {
+                let _ = fs::remove_dir(d);
+            }
+            if self.cgroups.iter().all(|c| !c.exists())
+                || started.elapsed() > Duration::from_secs(10)
+            {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for HostState {
+    fn drop(&mut self) {
+        self.remove_cgroups();
+        for (k, v) in &self.sysctls {
+            let _ = fs::write(format!("/proc/sys/{k}"), v);
+        }
+        for d in KUBELET_DIRS {
+            if self.absent.contains(d) {
+                let _ = fs::remove_dir_all(d);
+            } else if let Some(before) = self.entries_before.get(d) {
+                for e in entries(d) {
+                    if !before.contains(&e) {
+                        let p = Path::new(d).join(&e);
+                        let _ = fs::remove_dir_all(&p).or_else(|_| fs::remove_file(&p));
+                    }
+                }
+            }
+        }
+        for d in SHARED_DIRS {
+            if self.absent.contains(d) {
+                remove_empty_dirs(Path::new(d));
+            }
+        }
+    }
+}
+
+/// Unmounts everything mounted at or under `dir` (deepest first, lazily).
+pub fn unmount_under(dir: &Path) {
+    let prefix = dir.display().to_string();
+    let mut points: Vec<String> = fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+        .filter(|m| m == &prefix || m.starts_with(&format!("{prefix}/")))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for p in points {
+        let c = std::ffi::CString::new(p).unwrap();
+        // SAFETY: umount2 with a valid C string; failure is harmless here.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+/// What containerd leaves outside its root and state when its sandboxes and shims are killed
+/// rather than torn down: libcni's result cache entries (/var/lib/cni/results) and the shims'
+/// sockets (/run/containerd/s/<sha256 of "<address>/<namespace>/<id>">). Removed by the ids
+/// in this containerd's log, so nothing of another runtime is touched.
+fn remove_runtime_leftovers(log: &Path, sock: &Path) {
+    let text = fs::read_to_string(log).unwrap_or_default();
+    let mut ids = std::collections::BTreeSet::new();
+    for word in text.split(|c: char| !c.is_ascii_hexdigit()) {
+        if word.len() == 64 {
+            ids.insert(word.to_string());
+        }
+    }
+    for id in ids {
+        let _ = fs::remove_file(format!("/var/lib/cni/results/k8s-pod-network-{id}-eth0"));
+        let key = format!("{}/k8s.io/{id}", sock.display());
+        let _ = fs::remove_file(format!(
+            "/run/containerd/s/{}",
+            hex::encode(Sha256::digest(key.as_bytes()))
+        ));
+    }
+}
+
+/// containerd with everything of its own under `dir`.
+pub struct Containerd {
+    daemon: Daemon,
+    dir: PathBuf,
+}
+
+pub const PAUSE_IMAGE: &str = "localhost/pause:local";
+pub const BUSYBOX_IMAGE: &str = "localhost/busybox:local";
+const CTR_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl Containerd {
+    pub fn start(dir: &Path, netns_path: &str, cni_bin: &Path, cni_conf: &Path) -> Containerd {
+        fs::create_dir_all(dir).unwrap();
+        let d = |s: &str| dir.join(s).display().to_string();
+        // runc cannot apply the negative oomScoreAdj kubelet asks for (no CAP_SYS_RESOURCE
+        // here: "can't get final child's PID from pipe: EOF"): clamp it to 0 in the bundle.
+        let wrapper = dir.join("runc");
+        fs::write(
+            &wrapper,
+            "#!/bin/sh\n\
+             prev=\n\
+             for a in \"$@\"; do\n\
+             \x20 if [ \"$prev\" = --bundle ] || [ \"$prev\" = -b ]; then\n\
+             \x20   sed -i 's/\"oomScoreAdj\":-[0-9]*/\"oomScoreAdj\":0/' \"$a/config.json\"\n\
+             \x20 fi\n\
+             \x20 prev=$a\n\
+             done\n\
+             exec /usr/sbin/runc \"$@\"\n",
+        )
+        .unwrap();
+        fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).unwrap();
+        let config = format!(
+            r#"version = 2
+root = "{root}"
+state = "{state}"
+# Not needed, and some write outside the root (the opt plugin makes /opt/containerd).
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.internal.v1.opt", "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.internal.v1.tracing"]
+[grpc]
+  address = "{sock}"
+[ttrpc]
+  address = "{sock}.ttrpc"
+[debug]
+  level = "info"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  disable_apparmor = true
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{bin}"
+    conf_dir = "{conf}"
+    max_conf_num = 1
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = "{wrapper}"
+        Root = "{runc_root}"
+        SystemdCgroup = false
+"#,
+            root = d("root"),
+            state = d("state"),
+            sock = d("containerd.sock"),
+            bin = cni_bin.display(),
+            conf = cni_conf.display(),
+            wrapper = wrapper.display(),
+            runc_root = d("runc-root"),
+        );
+        fs::write(dir.join("config.toml"), config).unwrap();
+        let daemon = Daemon::start(
+            "containerd",
+            netns_path,
+            Path::new("/usr/bin/containerd"),
+            &["--config".into(), d("config.toml")],
+            &dir.join("containerd.log"),
+        );
+        let c = Containerd {
+            daemon,
+            dir: dir.to_path_buf(),
+        };
+        c.wait_ready();
+        c
+    }
+
+    fn wait_ready(&self) {
+        wait_until("containerd's socket", Duration::from_secs(60), || {
+            self.daemon.assert_running();
+            (self.ctr(&["version"]).code == 0).then_some(())
+        });
+    }
+
+    pub fn sock(&self) -> PathBuf {
+        self.dir.join("containerd.sock")
+    }
+
+    pub fn log_path(&self) -> &Path {
+        self.daemon.log_path()
+    }
+
+    pub fn daemon(&self) -> &Daemon {
+        &self.daemon
+    }
+
+    /// `ctr -a SOCK -n k8s.io <args>`, bounded.
+    pub fn ctr(&self, args: &[&str]) -> Outcome {
+        let mut cmd = Command::new("ctr");
+        cmd.arg("-a")
+            .arg(self.sock())
+            .args(["-n", "k8s.io"])
+            .args(args);
+        run_command_within(cmd, "", CTR_TIMEOUT, &format!("ctr {}", args.join(" ")))
+    }
+
+    pub fn import(&self, tar: &Path) {
+        let out = self.ctr(&["images", "import", &tar.display().to_string()]);
+        assert_eq!(out.code, 0, "import {}: {}", tar.display(), out.stderr);
+    }
+
+    pub fn kill9(&self) {
+        self.daemon.kill9();
+    }
+
+    pub fn restart(&self) {
+        self.daemon.restart();
+        self.wait_ready();
+    }
+
+    /// The PIDs of this containerd's shims (their command line names its socket).
+    pub fn shim_pids(&self) -> Vec<u32> {
+        let sock = self.sock().display().to_string();
+        let mut pids = vec![];
+        for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let cmdline = fs::read(e.path().join("cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let is_shim = args
+                .first()
+                .is_some_and(|a| a.ends_with(b"containerd-shim-runc-v2"));
+            if is_shim && args.contains(&sock.as_bytes()) {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
+    /// RunPodSandbox durations from the log: (pod name, attempt, duration) of every call that
+    /// returned a sandbox id.
+    pub fn run_pod_sandbox_durations(&self) -> Vec<(String, Duration)> {
+        let log = fs::read_to_string(self.log_path()).unwrap_or_default();
+        let mut started: BTreeMap<String, f64> = BTreeMap::new();
+        let mut out = vec![];
+        for line in log.lines() {
+            let Some(i) = line.find("msg=\"RunPodSandbox for &PodSandboxMetadata{") else {
+                continue;
+            };
+            let Some(t) = line
+                .strip_prefix("time=\"")
+                .and_then(|r| r.split('"').next())
+                .and_then(rfc3339_seconds)
+            else {
+                continue;
+            };
+            let rest = &line[i..];
+            let Some(meta_end) = rest.find('}') else {
+                continue;
+            };
+            let meta = rest[..meta_end].to_string();
+            if rest.contains("returns sandbox id") {
+                if let Some(t0) = started.remove(&meta) {
+                    let name = meta
+                        .split("Name:")
+                        .nth(1)
+                        .and_then(|r| r.split(',').next())
+                        .unwrap_or_default()
+                        .to_string();
+                    out.push((name, Duration::from_secs_f64((t - t0).max(0.0))));
+                }
+            } else if !rest.contains("failed") && !rest.contains("returns") {
+                started.insert(meta, t);
+            }
+        }
+        out
+    }
+
+    /// The sandbox id RunPodSandbox returned for pod `name` (the last one).
+    pub fn sandbox_id_of(&self, name: &str) -> Option<String> {
+        let log = fs::read_to_string(self.log_path()).unwrap_or_default();
+        let needle = format!("PodSandboxMetadata{{Name:{name},");
+        log.lines()
+            .rev()
+            .filter(|l| l.contains(&needle) && l.contains("returns sandbox id"))
+            .filter_map(|l| l.split("returns sandbox id \\\"").nth(1))
+            .filter_map(|r| r.split('\\').next())
+            .map(str::to_string)
+            .next()
+    }
+}
+
+/// Seconds since midnight (enough to subtract times of one run) of containerd's
+/// `2026-11-26T10:36:19.880123456Z`.
+fn rfc3339_seconds(t: &str) -> Option<f64> {
+    let time = t.split('T').nth(1)?.trim_end_matches('Z');
+    let mut parts = time.split(':');
+    let h: f64 = parts.next()?.parse().ok()?;
+    let m: f64 = parts.next()?.parse().ok()?;
+    let s: f64 = parts.next()?.parse().ok()?;
+    Some(h * 3600.0 + m * 60.0 + s)
+}
+
+/// kubelet on the node's containerd, registering node `name`.
+pub struct Kubelet {
+    daemon: Daemon,
+}
+
+impl Kubelet {
+    pub fn start(
+        kubelet: &Path,
+        dir: &Path,
+        netns_path: &str,
+        node: &str,
+        kubeconfig: &Path,
+        containerd: &Containerd,
+        cgroup_root: &str,
+    ) -> Kubelet {
+        fs::create_dir_all(dir.join("root")).unwrap();
+        let config = format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\n\
+             kind: KubeletConfiguration\n\
+             cgroupDriver: cgroupfs\n\
+             cgroupRoot: /{cgroup_root}\n\
+             failSwapOn: false\n\
+             address: 127.0.0.1\n\
+             readOnlyPort: 0\n\
+             healthzPort: 0\n\
+             authentication:\n  anonymous: {{enabled: false}}\n  webhook: {{enabled: false}}\n\
+             authorization: {{mode: AlwaysAllow}}\n\
+             kubeAPIQPS: 100\n\
+             kubeAPIBurst: 200\n\
+             serializeImagePulls: false\n\
+             volumePluginDir: {dir}/volume-plugins\n",
+            dir = dir.display()
+        );
+        fs::write(dir.join("config.yaml"), config).unwrap();
+        let p = |s: &str| dir.join(s).display().to_string();
+        let args = vec![
+            format!("--config={}", p("config.yaml")),
+            format!("--kubeconfig={}", kubeconfig.display()),
+            "--container-runtime=remote".into(),
+            format!(
+                "--container-runtime-endpoint=unix://{}",
+                containerd.sock().display()
+            ),
+            format!("--root-dir={}", p("root")),
+            format!("--cert-dir={}", p("pki")),
+            format!("--hostname-override={node}"),
+            format!("--node-ip={UPLINK_V4}"),
+            "--v=2".into(),
+        ];
+        Kubelet {
+            daemon: Daemon::start(
+                "kubelet",
+                netns_path,
+                kubelet,
+                &args,
+                &dir.join("kubelet.log"),
+            ),
+        }
+    }
+
+    pub fn daemon(&self) -> &Daemon {
+        &self.daemon
+    }
+}
+
+/// What the installer needs, as Calico's install gets it in the DaemonSet: the network
+/// config template (CNI_NETWORK_CONFIG), the API server's address
+/// (KUBERNETES_SERVICE_HOST/PORT), the service account's token and CA, the node's name.
+pub struct InstallInputs<'a> {
+    pub bin_dir: &'a Path,
+    pub conf_dir: &'a Path,
+    pub network_config: &'a str,
+    pub service_host: &'a str,
+    pub service_port: u16,
+    pub token: &'a str,
+    pub ca_pem: &'a str,
+    pub node_name: &'a str,
+}
+
+pub const CONFLIST_NAME: &str = "10-calico.conflist";
+
+/// The binary the node gets: this test build's, or `REAL_NODE_CALICO` (e.g. a release
+/// build, to time RunPodSandbox with the binary a cluster would run).
+pub fn plugin_binary() -> PathBuf {
+    std::env::var_os("REAL_NODE_CALICO")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_calico")))
+}
+
+/// Sets the node up as Calico's install container does: the binaries into the CNI bin dir
+/// (calico, calico-ipam, and the reference plugins the conflist names), `calico-kubeconfig`
+/// with the token, and the conflist from the template with its placeholders filled in.
+/// One function, so the image's own `install` can take its place.
+pub fn install_cni(i: &InstallInputs) {
+    fs::create_dir_all(i.bin_dir).unwrap();
+    fs::create_dir_all(i.conf_dir).unwrap();
+    let calico = i.bin_dir.join("calico");
+    fs::copy(plugin_binary(), &calico).expect("copy calico");
+    fs::set_permissions(&calico, fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::symlink("calico", i.bin_dir.join("calico-ipam")).expect("calico-ipam");
+    for p in ["portmap", "loopback", "host-local", "bandwidth"] {
+        fs::copy(Path::new("/usr/lib/cni").join(p), i.bin_dir.join(p))
+            .unwrap_or_else(|e| panic!("copy /usr/lib/cni/{p}: {e}"));
+    }
+    let kubeconfig = i.conf_dir.join("calico-kubeconfig");
+    fs::write(
+        &kubeconfig,
+        format!(
+            "# Kubeconfig file for the Calico CNI plugin.\napiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: https://{}:{}\n    certificate-authority-data: \"{}\"\nusers:\n- name: calico\n  user:\n    token: {}\ncontexts:\n- name: calico-context\n  context:\n    cluster: local\n    user: calico\ncurrent-context: calico-context\n",
+            i.service_host,
+            i.service_port,
+            base64(i.ca_pem.as_bytes()),
+            i.token
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&kubeconfig, fs::Permissions::from_mode(0o600)).unwrap();
+    let conflist = i
+        .network_config
+        .replace("__KUBERNETES_NODE_NAME__", i.node_name)
+        .replace("__KUBECONFIG_FILEPATH__", &kubeconfig.display().to_string())
+        .replace("__CNI_MTU__", "1500");
+    let parsed: Value = serde_json::from_str(&conflist).expect("the conflist is JSON");
+    fs::write(
+        i.conf_dir.join(CONFLIST_NAME),
+        serde_json::to_vec_pretty(&parsed).unwrap(),
+    )
+    .unwrap();
+}
+
+/// Test instrumentation, not part of the install: puts a recorder in front of `calico` in
+/// `bin_dir`. Each call leaves `<rec>/callXXXXXXXX.env` (its CNI_* variables), `.in` (its
+/// stdin) and `.t` (its start, in seconds), then the recorder execs the real binary: the
+/// process the runtime waits for, and kills when its request is cancelled, is the plugin
+/// itself. The real binary moves to `bin_dir/.recorded/calico` (argv[0] still ends in
+/// `calico`) and `calico-ipam` points at it, so calico still finds its IPAM to be itself
+/// and runs it in-process.
+pub fn record_calls(bin_dir: &Path, rec: &Path) {
+    fs::create_dir_all(rec).unwrap();
+    let real_dir = bin_dir.join(".recorded");
+    fs::create_dir_all(&real_dir).unwrap();
+    let real = real_dir.join("calico");
+    fs::rename(bin_dir.join("calico"), &real).unwrap();
+    fs::remove_file(bin_dir.join("calico-ipam")).unwrap();
+    std::os::unix::fs::symlink(".recorded/calico", bin_dir.join("calico-ipam")).unwrap();
+    let script = format!(
+        "#!/bin/sh\n\
+         f=$(mktemp {rec}/callXXXXXXXX)\n\
+         date +%s.%N > \"$f.t\"\n\
+         env | grep '^CNI_' > \"$f.env\"\n\
+         cat > \"$f.in\"\n\
+         exec {real} \"$@\" < \"$f.in\"\n",
+        rec = rec.display(),
+        real = real.display()
+    );
+    let wrapper = bin_dir.join("calico");
+    fs::write(&wrapper, script).unwrap();
+    fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// One recorded plugin call.
+#[derive(Debug, Clone)]
+pub struct RecordedCall {
+    pub env: BTreeMap<String, String>,
+    pub stdin: Value,
+    pub start: f64,
+}
+
+impl RecordedCall {
+    pub fn command(&self) -> &str {
+        self.env
+            .get("CNI_COMMAND")
+            .map(String::as_str)
+            .unwrap_or("")
+    }
+    pub fn container_id(&self) -> &str {
+        self.env
+            .get("CNI_CONTAINERID")
+            .map(String::as_str)
+            .unwrap_or("")
+    }
+}
+
+fn env_has_command(env: &BTreeMap<String, String>) -> bool {
+    env.get("CNI_COMMAND").is_some_and(|c| !c.is_empty())
+}
+
+/// The calls recorded so far, in start order (a call still being recorded is left out).
+pub fn read_recorded_calls(rec: &Path) -> Vec<RecordedCall> {
+    let mut calls = vec![];
+    for e in fs::read_dir(rec).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.extension().is_some() {
+            continue;
+        }
+        let with = |ext: &str| fs::read_to_string(p.with_extension(ext)).unwrap_or_default();
+        let env: BTreeMap<String, String> = with("env")
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        // A call that started while this was read has not written its variables and
+        // stdin yet.
+        let stdin: Value = serde_json::from_str(&with("in")).unwrap_or(Value::Null);
+        if !env_has_command(&env) || stdin.is_null() {
+            continue;
+        }
+        calls.push(RecordedCall {
+            env,
+            stdin,
+            start: with("t").trim().parse().unwrap_or(0.0),
+        });
+    }
+    calls.sort_by(|a, b| a.start.total_cmp(&b.start));
+    calls
+}
+
+/// The node: its netns (with an uplink, 198.18.0.1), API server, containerd, kubelet.
+pub struct RealNode {
+    pub name: String,
+    kubelet: Option<Kubelet>,
+    containerd: Option<Containerd>,
+    pub api: Option<RealK8s>,
+    pub host: HostNetns,
+    state: Option<HostState>,
+    pub dir: TempDir,
+    pub kubelet_bin: PathBuf,
+    pub cgroup_root: String,
+}
+
+impl RealNode {
+    pub fn api(&self) -> &RealK8s {
+        self.api.as_ref().expect("api server")
+    }
+    pub fn containerd(&self) -> &Containerd {
+        self.containerd.as_ref().expect("containerd")
+    }
+    pub fn kubelet(&self) -> &Kubelet {
+        self.kubelet.as_ref().expect("kubelet")
+    }
+    pub fn cni_bin(&self) -> PathBuf {
+        self.dir.path().join("cni/bin")
+    }
+    pub fn cni_conf(&self) -> PathBuf {
+        self.dir.path().join("cni/net.d")
+    }
+
+    /// The netns, kubelet unpacked, and the API server with Calico's CRDs and RBAC.
+    pub fn new(k8s: &Path, name: &str) -> RealNode {
+        let dir = TempDir::new("real-node");
+        let host = HostNetns::new();
+        let kubelet_bin = dir.path().join("kubelet-bin");
+        unpack(&k8s.join("kubelet.gz"), &kubelet_bin);
+        let api = RealK8s::start(&host);
+        RealNode {
+            name: name.into(),
+            kubelet: None,
+            containerd: None,
+            api: Some(api),
+            host,
+            state: None,
+            dir,
+            kubelet_bin,
+            cgroup_root: format!("calico-real-node-{}", std::process::id()),
+        }
+    }
+
+    /// containerd (with the pause and busybox images imported) and kubelet; waits for the
+    /// node to be Ready (which needs the CNI config in place).
+    pub fn start_runtime(&mut self) {
+        self.state = Some(HostState::record(&self.cgroup_root));
+        let cd = Containerd::start(
+            &self.dir.path().join("containerd"),
+            self.host.path(),
+            &self.cni_bin(),
+            &self.cni_conf(),
+        );
+        let images = self.dir.path().join("images");
+        fs::create_dir_all(&images).unwrap();
+        cd.import(&build_busybox_image(
+            &images,
+            PAUSE_IMAGE,
+            Some(&["/bin/sleep", "2147483647"]),
+        ));
+        cd.import(&build_busybox_image(&images, BUSYBOX_IMAGE, None));
+        let kubeconfig = self.api().kubeconfig_with(&self.api().admin_token());
+        let k = Kubelet::start(
+            &self.kubelet_bin,
+            &self.dir.path().join("kubelet"),
+            self.host.path(),
+            &self.name,
+            &kubeconfig,
+            &cd,
+            &self.cgroup_root,
+        );
+        self.containerd = Some(cd);
+        self.kubelet = Some(k);
+        self.wait_ready(Duration::from_secs(90));
+    }
+
+    pub fn wait_ready(&self, limit: Duration) {
+        wait_until("the node to be Ready", limit, || {
+            self.kubelet().daemon().assert_running();
+            self.containerd().daemon().assert_running();
+            let node = self.api().get(&format!("/api/v1/nodes/{}", self.name))?;
+            node["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                .then_some(())
+        });
+    }
+
+    pub fn host_sh(&self, script: &str) -> String {
+        self.host.sh(script)
+    }
+
+    /// Stops everything the node started, in order.
+    fn teardown(&mut self) {
+        if let Some(k) = self.kubelet.take() {
+            k.daemon().stop();
+        }
+        // Containers first (they live in this node's cgroups), then the shims, then containerd.
+        if let Some(state) = &self.state {
+            for pid in state.cgroup_pids() {
+                kill(pid, libc::SIGKILL);
+            }
+        }
+        let containerd_log = self.containerd.as_ref().map(|c| c.log_path().to_path_buf());
+        if let Some(cd) = self.containerd.take() {
+            for pid in cd.shim_pids() {
+                kill(pid, libc::SIGKILL);
+            }
+            cd.daemon().stop();
+            let started = Instant::now();
+            while !cd.shim_pids().is_empty() && started.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        if let Some(log) = &containerd_log {
+            remove_runtime_leftovers(log, &self.dir.path().join("containerd/containerd.sock"));
+        }
+        unmount_under(self.dir.path());
+        self.api.take();
+        self.state.take();
+    }
+}
+
+impl RealNode {
+    /// On a failure: the daemons' last log lines (kubelet's errors only) and the plugin's.
+    fn dump_logs(&self) {
+        use std::io::Write as _;
+        let mut err = std::io::stderr();
+        let kubelet_log = self.dir.path().join("kubelet/kubelet.log");
+        let errors: Vec<String> = fs::read_to_string(&kubelet_log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with('E'))
+            .map(|l| l.chars().take(400).collect())
+            .collect();
+        let _ = writeln!(
+            err,
+            "--- kubelet errors (last 25) ---\n{}",
+            errors[errors.len().saturating_sub(25)..].join("\n")
+        );
+        for (what, path) in [
+            (
+                "containerd",
+                self.dir.path().join("containerd/containerd.log"),
+            ),
+            ("cni.log", self.dir.path().join("scratch/cni.log")),
+            (
+                "kube-apiserver",
+                self.dir.path().join("apiserver/kube-apiserver.log"),
+            ),
+        ] {
+            let _ = writeln!(err, "--- {what} (last 25 lines) ---\n{}", tail(&path, 25));
+        }
+    }
+}
+
+impl Drop for RealNode {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.dump_logs();
+        }
+        self.teardown();
+        if std::env::var_os("REAL_NODE_KEEP").is_some() {
+            // Debugging aid: the logs and state stay (everything started is stopped).
+            let _ = writeln_stderr(&format!("kept {}", self.dir.path().display()));
+            self.dir.0 = PathBuf::new();
+        }
+    }
+}
