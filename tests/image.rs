@@ -11,6 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::cni::{report_skip, run_command_within, Outcome, TempDir};
+use common::image::{image, image_dir, Podman};
 use common::installer::{cluster, token_for, NODE};
 use common::real_k8s::RealK8s;
 
@@ -23,25 +24,6 @@ const BINARIES: [&str; 6] = [
     "tuning",
     "bandwidth",
 ];
-
-fn image_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("target/image")
-}
-
-/// The image archive, or `None` (SKIPPED) when it was not built; in CI it must exist.
-fn image(test: &str) -> Option<PathBuf> {
-    let tar = image_dir().join("calico-cni-rs.oci.tar");
-    if tar.is_file() {
-        return Some(tar);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{} is missing: `make test` builds it with `make image` first",
-        tar.display()
-    );
-    report_skip(test, "no image: run `make image` first");
-    None
-}
 
 fn run(cmd: Command, what: &str) -> Outcome {
     run_command_within(cmd, "", Duration::from_secs(300), what)
@@ -89,81 +71,6 @@ fn every_binary_the_image_ships_is_static() {
     assert!(listing.lines().any(|l| l == "index.json"), "{listing}");
     let size = std::fs::metadata(&tar).unwrap().len();
     eprintln!("image archive: {size} bytes ({} MiB)", size / 1024 / 1024);
-}
-
-/// One podman installation confined to a temp dir (its own storage: the machine's image
-/// store is left alone), as in tests/podman_cni.rs.
-struct Podman {
-    pub dir: TempDir,
-}
-
-impl Podman {
-    fn new() -> Podman {
-        let dir = TempDir::new("image-podman");
-        let conf = r#"[containers]
-default_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]
-[engine]
-events_logger = "file"
-cgroup_manager = "cgroupfs"
-runtime = "runc"
-"#;
-        std::fs::write(dir.path().join("containers.conf"), conf).unwrap();
-        Podman { dir }
-    }
-
-    /// `podman <args>`, in `netns` when given (the container then shares it with
-    /// `--network host`).
-    fn cmd(&self, netns: Option<&str>, args: &[&str]) -> Command {
-        let d = self.dir.path();
-        let mut cmd = match netns {
-            Some(ns) => {
-                let mut c = Command::new("nsenter");
-                c.arg(format!("--net={ns}")).arg("podman");
-                c
-            }
-            None => Command::new("podman"),
-        };
-        cmd.arg("--root")
-            .arg(d.join("root"))
-            .arg("--runroot")
-            .arg(d.join("runroot"))
-            .arg("--tmpdir")
-            .arg(d.join("tmp"))
-            .arg("--storage-driver")
-            .arg("vfs")
-            .args(args)
-            .env("CONTAINERS_CONF", d.join("containers.conf"));
-        cmd
-    }
-
-    fn load(&self, tar: &Path) -> String {
-        let out = run(
-            self.cmd(None, &["load", "-i", &tar.display().to_string()]),
-            "podman load",
-        );
-        assert_eq!(out.code, 0, "podman load: {}{}", out.stdout, out.stderr);
-        // "Loaded image: localhost/calico-cni-rs:v0.1.0"
-        let name = out
-            .stdout
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("Loaded image: ")
-                    .or(l.strip_prefix("Loaded image(s): "))
-            })
-            .unwrap_or_else(|| panic!("podman load said {}", out.stdout))
-            .trim()
-            .to_string();
-        name
-    }
-}
-
-impl Drop for Podman {
-    fn drop(&mut self) {
-        let _ = run(
-            self.cmd(None, &["rm", "--all", "--force", "--time", "0"]),
-            "podman rm",
-        );
-    }
 }
 
 #[test]

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::apt;
 use common::cni::report_skip;
+use common::installer::calico_node_account;
 use common::netns::{require_root, UPLINK_V4};
 use common::real_node::{
     install_cni, plugin_binary, read_recorded_calls, record_calls, shared_k8s, wait_until,
@@ -403,22 +404,25 @@ fn pods_through_kubelet_and_containerd_get_addresses_and_leave_nothing() {
                 "natOutgoing":true,"nodeSelector":"all()"}}),
     );
 
-    // The node, set up as the DaemonSet's install container would.
-    // The calico-cni-plugin ServiceAccount's token, from TokenRequest (the harness's).
-    let token = api.plugin_token();
+    // The node, set up by the DaemonSet's install container: calico-node's mounted token
+    // gets the calico-cni-plugin ServiceAccount's own from TokenRequest.
+    let pod_token = calico_node_account(api);
     let scratch = node.dir.path().join("scratch");
     std::fs::create_dir_all(&scratch).unwrap();
     let (bin_dir, conf_dir) = (node.cni_bin(), node.cni_conf());
-    install_cni(&InstallInputs {
+    let how = install_cni(&InstallInputs {
         bin_dir: &bin_dir,
         conf_dir: &conf_dir,
         network_config: &network_config(&scratch),
+        host_netns: node.host.path(),
         service_host: "127.0.0.1",
         service_port: api.port(),
-        token: &token,
+        pod_token: &pod_token,
         ca_pem: &api.ca_pem(),
         node_name: NODE,
+        scratch: &scratch,
     });
+    say(&format!("node {NODE} set up by {how}"));
     let rec = scratch.join("calls");
     record_calls(&bin_dir, &rec);
     let t = Instant::now();

@@ -165,6 +165,13 @@ pub fn cluster(test: &str) -> Option<(Netns, RealK8s)> {
         &format!("/api/v1/nodes/{NODE}"),
         json!({"apiVersion":"v1","kind":"Node","metadata":{"name":NODE}}),
     );
+    calico_node_account(&k);
+    Some((host, k))
+}
+
+/// The `calico-node` ServiceAccount with upstream's rule for the CNI token; its token (what
+/// the DaemonSet's pods have mounted).
+pub fn calico_node_account(k: &RealK8s) -> String {
     // calico-node's ServiceAccount and upstream's rule: it may create tokens for the CNI
     // plugin's ServiceAccount, and nothing else here.
     for (path, obj) in [
@@ -187,7 +194,7 @@ pub fn cluster(test: &str) -> Option<(Netns, RealK8s)> {
         let a = k.post(path, obj);
         assert!(a.status == 201 || a.status == 409, "{path}: {a:?}");
     }
-    Some((host, k))
+    token_for(k, "calico-node")
 }
 
 /// A token for `kube-system/<account>` from TokenRequest, as the admin.

@@ -801,12 +801,19 @@ impl Kubelet {
 pub struct InstallInputs<'a> {
     pub bin_dir: &'a Path,
     pub conf_dir: &'a Path,
+    /// The DaemonSet's `CNI_NETWORK_CONFIG` template.
     pub network_config: &'a str,
+    /// The node's network namespace (the API server listens on its 127.0.0.1).
+    pub host_netns: &'a str,
     pub service_host: &'a str,
     pub service_port: u16,
-    pub token: &'a str,
+    /// The pod's mounted service-account token (calico-node's): the installer asks
+    /// TokenRequest for the CNI plugin's own token with it.
+    pub pod_token: &'a str,
     pub ca_pem: &'a str,
     pub node_name: &'a str,
+    /// Where the installer may keep its own files (the service-account mount, podman).
+    pub scratch: &'a Path,
 }
 
 pub const CONFLIST_NAME: &str = "10-calico.conflist";
@@ -819,45 +826,92 @@ pub fn plugin_binary() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_calico")))
 }
 
-/// Sets the node up as Calico's install container does: the binaries into the CNI bin dir
-/// (calico, calico-ipam, and the reference plugins the conflist names), `calico-kubeconfig`
-/// with the token, and the conflist from the template with its placeholders filled in.
-/// One function, so the image's own `install` can take its place.
-pub fn install_cni(i: &InstallInputs) {
+/// Sets the node up as Calico's DaemonSet does: our image's `install` (the `install-cni`
+/// container) run by podman with the DaemonSet's mounts and environment. Without the image
+/// (a build by hand without `make image`; never in CI) or with `REAL_NODE_CALICO`, the same
+/// installer runs from an image layout made of that binary and Debian's plugins. Returns
+/// which of the two ran.
+pub fn install_cni(i: &InstallInputs) -> &'static str {
     fs::create_dir_all(i.bin_dir).unwrap();
     fs::create_dir_all(i.conf_dir).unwrap();
-    let calico = i.bin_dir.join("calico");
-    fs::copy(plugin_binary(), &calico).expect("copy calico");
-    fs::set_permissions(&calico, fs::Permissions::from_mode(0o755)).unwrap();
-    std::os::unix::fs::symlink("calico", i.bin_dir.join("calico-ipam")).expect("calico-ipam");
-    for p in ["portmap", "loopback", "host-local", "bandwidth"] {
-        fs::copy(Path::new("/usr/lib/cni").join(p), i.bin_dir.join(p))
-            .unwrap_or_else(|e| panic!("copy /usr/lib/cni/{p}: {e}"));
-    }
-    let kubeconfig = i.conf_dir.join("calico-kubeconfig");
-    fs::write(
-        &kubeconfig,
-        format!(
-            "# Kubeconfig file for the Calico CNI plugin.\napiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: https://{}:{}\n    certificate-authority-data: \"{}\"\nusers:\n- name: calico\n  user:\n    token: {}\ncontexts:\n- name: calico-context\n  context:\n    cluster: local\n    user: calico\ncurrent-context: calico-context\n",
-            i.service_host,
-            i.service_port,
-            base64(i.ca_pem.as_bytes()),
-            i.token
-        ),
-    )
-    .unwrap();
-    fs::set_permissions(&kubeconfig, fs::Permissions::from_mode(0o600)).unwrap();
-    let conflist = i
-        .network_config
-        .replace("__KUBERNETES_NODE_NAME__", i.node_name)
-        .replace("__KUBECONFIG_FILEPATH__", &kubeconfig.display().to_string())
-        .replace("__CNI_MTU__", "1500");
-    let parsed: Value = serde_json::from_str(&conflist).expect("the conflist is JSON");
-    fs::write(
-        i.conf_dir.join(CONFLIST_NAME),
-        serde_json::to_vec_pretty(&parsed).unwrap(),
-    )
-    .unwrap();
+    let sa = i.scratch.join("serviceaccount");
+    fs::create_dir_all(&sa).unwrap();
+    fs::write(sa.join("token"), i.pod_token).unwrap();
+    fs::write(sa.join("ca.crt"), i.ca_pem).unwrap();
+    fs::write(sa.join("namespace"), "kube-system").unwrap();
+    let port = i.service_port.to_string();
+    let net_dir = i.conf_dir.display().to_string();
+    let env: [(&str, &str); 7] = [
+        ("SLEEP", "false"),
+        ("CNI_NETWORK_CONFIG", i.network_config),
+        ("CNI_NET_DIR", &net_dir),
+        ("KUBERNETES_NODE_NAME", i.node_name),
+        ("KUBERNETES_SERVICE_HOST", i.service_host),
+        ("KUBERNETES_SERVICE_PORT", &port),
+        ("CNI_MTU", "1500"),
+    ];
+    let image = super::image::image("real_node install_cni")
+        .filter(|_| std::env::var_os("REAL_NODE_CALICO").is_none());
+    let (out, how) = match image {
+        Some(tar) => {
+            let podman = super::image::Podman::new_in(i.scratch);
+            let name = podman.load(&tar);
+            let mounts = [
+                format!("{}:/host/opt/cni/bin", i.bin_dir.display()),
+                format!("{net_dir}:/host/etc/cni/net.d"),
+                format!(
+                    "{}:/var/run/secrets/kubernetes.io/serviceaccount:ro",
+                    sa.display()
+                ),
+            ];
+            let mut args: Vec<String> = ["run", "--rm", "--network", "host"]
+                .into_iter()
+                .map(String::from)
+                .collect();
+            for m in &mounts {
+                args.extend(["-v".to_string(), m.clone()]);
+            }
+            for (k, v) in env {
+                args.extend(["-e".to_string(), format!("{k}={v}")]);
+            }
+            args.extend([name, "/opt/cni/bin/install".to_string()]);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let cmd = podman.cmd(Some(i.host_netns), &args);
+            (
+                super::cni::run_command_within(cmd, "", Duration::from_secs(300), "install-cni"),
+                "the image's install under podman",
+            )
+        }
+        None => {
+            let image_dir = i.scratch.join("image-bin");
+            fs::create_dir_all(&image_dir).unwrap();
+            let calico = image_dir.join("calico");
+            fs::copy(plugin_binary(), &calico).expect("copy calico");
+            fs::set_permissions(&calico, fs::Permissions::from_mode(0o755)).unwrap();
+            std::os::unix::fs::symlink("calico", image_dir.join("calico-ipam")).unwrap();
+            std::os::unix::fs::symlink("calico", image_dir.join("install")).unwrap();
+            for p in ["portmap", "loopback", "host-local", "bandwidth"] {
+                fs::copy(Path::new("/usr/lib/cni").join(p), image_dir.join(p))
+                    .unwrap_or_else(|e| panic!("copy /usr/lib/cni/{p}: {e}"));
+            }
+            let mut cmd = Command::new("ip");
+            cmd.args(["netns", "exec", i.host_netns])
+                .arg(image_dir.join("install"))
+                .env("CALICO_INSTALL_IMAGE_BIN_DIR", &image_dir)
+                .env("CALICO_INSTALL_HOST_BIN_DIRS", i.bin_dir)
+                .env("CALICO_INSTALL_HOST_NET_DIR", i.conf_dir)
+                .env("CALICO_INSTALL_SERVICEACCOUNT_DIR", &sa)
+                .envs(env);
+            (
+                super::cni::run_command_within(cmd, "", Duration::from_secs(300), "install"),
+                "the installer from an image layout of this build",
+            )
+        }
+    };
+    assert_eq!(out.code, 0, "install-cni: {}{}", out.stdout, out.stderr);
+    assert!(i.conf_dir.join(CONFLIST_NAME).is_file());
+    assert!(i.conf_dir.join("calico-kubeconfig").is_file());
+    how
 }
 
 /// Test instrumentation, not part of the install: puts a recorder in front of `calico` in
