@@ -544,8 +544,8 @@ current-context: real
     }
 
     /// Creates the object at `path` or replaces it (keeping a pod's spec, which cannot
-    /// change, and taking the rest from `obj`), as the test server's put does. Returns the
-    /// stored object.
+    /// change, and taking the rest from `obj`), as the test server's put does; a new
+    /// namespace gets its `default` ServiceAccount. Returns the stored object.
     pub fn put(&self, path: &str, mut obj: Value) -> Value {
         for _ in 0..5 {
             let a = match self.get(path) {
@@ -562,6 +562,10 @@ current-context: real
                 }
             };
             match a.status {
+                201 if is_namespace_path(path) => {
+                    self.ensure_namespace(path.rsplit('/').next().unwrap());
+                    return a.body;
+                }
                 200 | 201 => return a.body,
                 409 => continue, // raced with a writer (the plugin): read again
                 _ => panic!("put {path}: {a:?}"),
@@ -714,6 +718,12 @@ fn signal(pid: u32, sig: libc::c_int) {
     unsafe {
         libc::kill(pid as libc::pid_t, sig);
     }
+}
+
+/// `/api/v1/namespaces/<name>`.
+fn is_namespace_path(path: &str) -> bool {
+    path.strip_prefix("/api/v1/namespaces/")
+        .is_some_and(|rest| !rest.is_empty() && !rest.contains('/'))
 }
 
 fn audited(e: &Value) -> Audited {
