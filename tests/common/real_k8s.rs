@@ -543,8 +543,8 @@ current-context: real
         a.body
     }
 
-    /// Creates the object at `path` or replaces it (keeping a pod's spec, which cannot
-    /// change, and taking the rest from `obj`), as the test server's put does; a new
+    /// Creates the object at `path` or replaces it (keeping a pod's spec and a node's pod
+    /// CIDRs, which cannot change, and taking the rest from `obj`), as the test server's put does; a new
     /// namespace gets its `default` ServiceAccount. Returns the stored object.
     pub fn put(&self, path: &str, mut obj: Value) -> Value {
         for _ in 0..5 {
@@ -557,6 +557,14 @@ current-context: real
                     obj["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
                     if path.starts_with("/api/v1/namespaces/") && path.contains("/pods/") {
                         obj["spec"] = old["spec"].clone();
+                    }
+                    // A Node's pod CIDRs, once set, cannot change.
+                    if path.starts_with("/api/v1/nodes/") {
+                        for f in ["podCIDR", "podCIDRs"] {
+                            if !old["spec"][f].is_null() {
+                                obj["spec"][f] = old["spec"][f].clone();
+                            }
+                        }
                     }
                     self.request("PUT", path, Some(obj.clone()), "application/json")
                 }
