@@ -28,7 +28,7 @@ use std::io::BufRead;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -711,8 +711,97 @@ current-context: real
     }
 }
 
+/// A freeze set to happen when the plugin's k-th request is answered (see
+/// [`RealK8s::freeze_after_plugin_requests`]); dropping it stops watching (it never thaws).
+pub struct FreezeTrap {
+    fired: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FreezeTrap {
+    /// Whether the server was frozen.
+    pub fn fired(&self) -> bool {
+        self.fired.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for FreezeTrap {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl RealK8s {
+    /// Freezes kube-apiserver (SIGSTOP) the moment the audit log shows the plugin's `k`-th
+    /// request from now answered (k >= 1): that request has been applied and answered (the
+    /// plugin may or may not have read the answer); whatever it sends next waits in the
+    /// kernel until [`RealK8s::thaw`]. The log is followed by a thread polling every
+    /// millisecond, so a request sent in that moment may get through before the freeze.
+    pub fn freeze_after_plugin_requests(&self, k: usize) -> FreezeTrap {
+        assert!(k >= 1, "k counts requests from 1");
+        self.settle_audit();
+        let path = self.audit_path();
+        let start = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        let pid = self.apiserver.id();
+        let fired = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (f, st) = (fired.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            use std::io::{Read, Seek, SeekFrom};
+            let mut file = fs::File::open(&path).expect("open the audit log");
+            file.seek(SeekFrom::Start(start)).unwrap();
+            let (mut pending, mut seen) = (Vec::new(), 0);
+            let mut buf = [0u8; 65536];
+            while !st.load(Ordering::SeqCst) {
+                let n = file.read(&mut buf).unwrap_or(0);
+                if n == 0 {
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                }
+                pending.extend_from_slice(&buf[..n]);
+                while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = pending.drain(..=end).collect();
+                    let Ok(e) = serde_json::from_slice::<Value>(&line) else {
+                        continue;
+                    };
+                    if e["stage"] == "ResponseComplete" && e["user"]["username"] == PLUGIN_USER {
+                        seen += 1;
+                        if seen == k {
+                            signal(pid, libc::SIGSTOP);
+                            f.store(true, Ordering::SeqCst);
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        FreezeTrap {
+            fired,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
 impl Drop for RealK8s {
     fn drop(&mut self) {
+        // What the server refused of the plugin (RBAC) or rejected (schemas), for the log.
+        let refused: Vec<String> = self
+            .plugin_requests_now()
+            .iter()
+            .filter(|q| matches!(q.code, 400 | 403 | 422))
+            .map(Audited::line)
+            .collect();
+        if !refused.is_empty() {
+            eprintln!(
+                "kube-apiserver refused or rejected the plugin's requests:\n{}",
+                refused.join("\n")
+            );
+        }
         // By PID: the child is kube-apiserver itself (`ip netns exec` execs it). A frozen
         // process dies of SIGKILL too. etcd stops in its own Drop.
         let _ = self.apiserver.kill();
