@@ -8,6 +8,14 @@
 //! and the block's: the handle is written first, so that no address is ever held without a
 //! handle to release it by). Never state DEL cannot clean: an address a block holds for a
 //! handle that does not count it, or anything left after the DEL.
+//!
+//! Thawed after the call, the queued request's client is gone and the server answers it 504
+//! without applying it. Thawed during the undo's grace (the plugin still connected), the
+//! request the plugin gave up on is answered 504 too, and the undo's own requests go
+//! through. Either way the one thing left until the DEL is the handle above: the allocator,
+//! its block write gone unanswered at the deadline, cannot tell whether that write landed,
+//! so it keeps the handle (over-counting, which DEL cleans) rather than decrement it and
+//! risk an address no handle counts (which no DEL could find) should the write land later.
 
 mod common;
 
@@ -96,11 +104,35 @@ fn listing(reqs: &[Audited]) -> String {
         .join(", ")
 }
 
+/// When the frozen server is thawed.
+#[derive(Clone, Copy, Debug)]
+enum Thaw {
+    /// After the plugin has exited (its connection closed).
+    AfterTheCall,
+    /// This long after the call started: past its deadline, while its undo waits (the
+    /// grace), with the connection open.
+    DuringTheUndo(Duration),
+}
+
 #[test]
 fn kdd_add_with_the_api_server_frozen_at_each_write() {
+    frozen_at_each_write(
+        "kdd_add_with_the_api_server_frozen_at_each_write",
+        Thaw::AfterTheCall,
+    );
+}
+
+#[test]
+fn kdd_add_with_the_api_server_frozen_at_each_write_and_thawed_during_the_undo() {
+    frozen_at_each_write(
+        "kdd_add_with_the_api_server_frozen_at_each_write_and_thawed_during_the_undo",
+        Thaw::DuringTheUndo(Duration::from_millis(BUDGET_SECS * 1000 + 1000)),
+    );
+}
+
+fn frozen_at_each_write(test: &str, thaw: Thaw) {
     require_root();
-    let Some(w) = RealKddWorld::real_or_skip("kdd_add_with_the_api_server_frozen_at_each_write")
-    else {
+    let Some(w) = RealKddWorld::real_or_skip(test) else {
         return;
     };
     let conf = |n: usize| {
@@ -140,7 +172,16 @@ fn kdd_add_with_the_api_server_frozen_at_each_write() {
         let conf = conf(n + 1);
         let mark = w.api.audit_mark();
         let trap = w.api.freeze_after_plugin_requests(k);
-        let out = w.calico(&inv, &conf);
+        let out = std::thread::scope(|s| {
+            if let Thaw::DuringTheUndo(after) = thaw {
+                let api = &w.api;
+                s.spawn(move || {
+                    std::thread::sleep(after);
+                    api.thaw();
+                });
+            }
+            w.calico(&inv, &conf)
+        });
         let fired = trap.fired();
         drop(trap);
         w.api.thaw();
@@ -154,7 +195,10 @@ fn kdd_add_with_the_api_server_frozen_at_each_write() {
             base[k].line(),
             if out.code == 0 { "succeeded" } else { "failed" }
         );
-        eprintln!("{what}; fired {fired}; requests {}", listing(&reqs));
+        eprintln!(
+            "{what}; fired {fired}, thawed {thaw:?}; requests {}",
+            listing(&reqs)
+        );
         eprintln!("  left: {}", leftovers(&w, &name));
         if !fired {
             // The ADD made fewer requests this time: it must have succeeded.
