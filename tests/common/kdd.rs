@@ -35,6 +35,9 @@ pub trait KubeStore {
     /// The plugin's kubeconfig.
     fn kubeconfig(&self) -> PathBuf;
     fn url(&self) -> String;
+    /// Panics if the server refused (RBAC), rejected or pruned anything the plugin sent (a
+    /// real server only; the test server enforces no RBAC and prunes nothing).
+    fn assert_plugin_conformant(&self) {}
 }
 
 impl KubeStore for KubeApi {
@@ -76,6 +79,9 @@ impl KubeStore for RealK8s {
     }
     fn url(&self) -> String {
         RealK8s::url(self)
+    }
+    fn assert_plugin_conformant(&self) {
+        RealK8s::assert_plugin_conformant(self)
     }
 }
 
@@ -208,8 +214,10 @@ impl<A: KubeStore> KddWorld<A> {
     }
 
     /// Nothing of any pod is left: no handle, no allocation, no pod address annotation, no
-    /// cali veth or pool route in the host netns.
+    /// cali veth or pool route in the host netns; and (on a real server) nothing the plugin
+    /// sent was refused, rejected or pruned.
     pub fn assert_clean(&self) {
+        self.api.assert_plugin_conformant();
         let handles = self.crs("ipamhandles");
         assert!(handles.is_empty(), "handles left: {handles:?}");
         for b in self.crs("ipamblocks") {

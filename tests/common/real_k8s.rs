@@ -207,7 +207,9 @@ impl RealK8s {
         )
         .unwrap();
         // Every request at Metadata level, once (at ResponseComplete); pod status patches at
-        // Request level, so the patch the plugin sent is in the log.
+        // Request level, so the patch the plugin sent is in the log; writes of Calico's
+        // resources with the object sent and the object stored, so that a field the CRDs'
+        // schemas pruned shows.
         fs::write(
             p("audit-policy.yaml"),
             "apiVersion: audit.k8s.io/v1
@@ -217,6 +219,9 @@ rules:
 - level: Request
   verbs: [\"patch\"]
   resources: [{group: \"\", resources: [\"pods/status\"]}]
+- level: RequestResponse
+  verbs: [\"create\", \"update\"]
+  resources: [{group: \"crd.projectcalico.org\"}]
 - level: Metadata
 ",
         )
@@ -692,6 +697,41 @@ current-context: real
             .collect()
     }
 
+    /// What the server held against the plugin's requests so far: refused by RBAC (403),
+    /// rejected (400, 422), or a field of a Calico resource it wrote that is not in the
+    /// stored object (pruned by the CRD's structural schema).
+    pub fn plugin_nonconformance(&self) -> Vec<String> {
+        let mut out = vec![];
+        for e in self.audit_events() {
+            if e["user"]["username"] != PLUGIN_USER {
+                continue;
+            }
+            let a = audited(&e);
+            if matches!(a.code, 400 | 403 | 422) {
+                out.push(format!("{}: {}", a.line(), e["responseStatus"]["message"]));
+            }
+            let (sent, stored) = (&e["requestObject"], &e["responseObject"]);
+            if (200..300).contains(&a.code) && sent.is_object() && stored.is_object() {
+                let mut pruned = vec![];
+                missing_fields(sent, stored, "", &mut pruned);
+                for f in pruned {
+                    out.push(format!("{}: field {f} was not stored (pruned)", a.line()));
+                }
+            }
+        }
+        out
+    }
+
+    /// Panics with [`RealK8s::plugin_nonconformance`] unless it is empty.
+    pub fn assert_plugin_conformant(&self) {
+        let bad = self.plugin_nonconformance();
+        assert!(
+            bad.is_empty(),
+            "the real API server refused, rejected or pruned the plugin's requests:\n{}",
+            bad.join("\n")
+        );
+    }
+
     /// The audit log's path (to follow it while a test runs).
     pub fn audit_log(&self) -> PathBuf {
         self.audit_path()
@@ -789,17 +829,12 @@ impl RealK8s {
 
 impl Drop for RealK8s {
     fn drop(&mut self) {
-        // What the server refused of the plugin (RBAC) or rejected (schemas), for the log.
-        let refused: Vec<String> = self
-            .plugin_requests_now()
-            .iter()
-            .filter(|q| matches!(q.code, 400 | 403 | 422))
-            .map(Audited::line)
-            .collect();
-        if !refused.is_empty() {
+        // What the server refused, rejected or pruned of the plugin's requests, for the log.
+        let bad = self.plugin_nonconformance();
+        if !bad.is_empty() {
             eprintln!(
-                "kube-apiserver refused or rejected the plugin's requests:\n{}",
-                refused.join("\n")
+                "kube-apiserver refused, rejected or pruned the plugin's requests:\n{}",
+                bad.join("\n")
             );
         }
         // By PID: the child is kube-apiserver itself (`ip netns exec` execs it). A frozen
@@ -814,6 +849,28 @@ fn signal(pid: u32, sig: libc::c_int) {
     // SAFETY: kill(2) on a PID of our own child; no memory is involved.
     unsafe {
         libc::kill(pid as libc::pid_t, sig);
+    }
+}
+
+/// The paths of non-null fields of `sent` that `stored` lacks.
+fn missing_fields(sent: &Value, stored: &Value, at: &str, out: &mut Vec<String>) {
+    match (sent, stored) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in a {
+                let path = format!("{at}.{k}");
+                match b.get(k) {
+                    None if !v.is_null() => out.push(path),
+                    None => {}
+                    Some(w) => missing_fields(v, w, &path, out),
+                }
+            }
+        }
+        (Value::Array(a), Value::Array(b)) => {
+            for (i, (v, w)) in a.iter().zip(b).enumerate() {
+                missing_fields(v, w, &format!("{at}[{i}]"), out);
+            }
+        }
+        _ => {}
     }
 }
 
