@@ -35,8 +35,8 @@ pub trait KubeStore {
     /// The plugin's kubeconfig.
     fn kubeconfig(&self) -> PathBuf;
     fn url(&self) -> String;
-    /// Panics if the server refused (RBAC), rejected or pruned anything the plugin sent (a
-    /// real server only; the test server enforces no RBAC and prunes nothing).
+    /// Panics if the server refused (RBAC) or rejected anything the plugin sent (a real
+    /// server only; the test server enforces no RBAC).
     fn assert_plugin_conformant(&self) {}
 }
 
@@ -215,7 +215,7 @@ impl<A: KubeStore> KddWorld<A> {
 
     /// Nothing of any pod is left: no handle, no allocation, no pod address annotation, no
     /// cali veth or pool route in the host netns; and (on a real server) nothing the plugin
-    /// sent was refused, rejected or pruned.
+    /// sent was refused or rejected.
     pub fn assert_clean(&self) {
         self.api.assert_plugin_conformant();
         let handles = self.crs("ipamhandles");
