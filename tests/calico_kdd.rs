@@ -1,15 +1,50 @@
 //! `calico` and `calico-ipam` on the Kubernetes datastore, end to end: the real binary, run
-//! as kubelet runs it inside a test host netns, against the test API server through a real
-//! kubeconfig (TLS with a per-run CA, bearer token, HTTP/2).
+//! as kubelet runs it inside a test host netns, against a real kube-apiserver with Calico's
+//! CRDs and the upstream `calico-cni-plugin` RBAC, through a kubeconfig with that
+//! ServiceAccount's token (common/real_k8s.rs); the requests it made are read from the
+//! server's audit log.
+//!
+//! The fault-injecting test API server (common/kube_api/) is kept only for what a real
+//! server cannot be made to show: `kdd_one_http2_connection_per_call` (TLS handshakes per
+//! call, the HTTP version and the patch's content type are seen only by the test server),
+//! `kdd_a_stalled_answer_fails_cleanly` (a request read and never answered; a frozen real
+//! server stalls the handshake instead, see `kdd_bad_credentials_and_a_frozen_api_server_
+//! fail_cleanly`) and `kdd_round_trips_of_an_add_into_an_affine_block` (a latency added to
+//! every answer, to count sequential round trips, and the handshake count).
 
 mod common;
 
 use std::time::Duration;
 
-use common::cni::Invocation;
-use common::kdd::{KddWorld, CRD, NODE};
+use common::cni::{report_skip, Invocation};
+use common::kdd::{KddWorld, RealKddWorld, CRD, NODE};
 use common::netns::require_root;
+use common::real_k8s::{Audited, RealK8s};
 use serde_json::{json, Value};
+
+/// The real-server world, or return (after `SKIPPED <why>`) when there is none.
+macro_rules! real_world {
+    ($test:literal) => {
+        match RealKddWorld::real_or_skip($test) {
+            Some(w) => w,
+            None => return,
+        }
+    };
+}
+
+/// Whether the server accepted the request or answered as a store does (404 for a read of a
+/// missing object, 409 for a lost race): not refused by RBAC (401/403), not rejected by the
+/// CRDs' schemas (400/422), no server error.
+fn accepted(q: &Audited) -> bool {
+    matches!(q.code, 200..=299 | 404 | 409)
+}
+
+fn listing(reqs: &[Audited]) -> String {
+    reqs.iter()
+        .map(Audited::line)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
 
 fn ip_of(result: &Value) -> String {
     let a = result["ips"][0]["address"].as_str().unwrap();
@@ -19,7 +54,7 @@ fn ip_of(result: &Value) -> String {
 #[test]
 fn kdd_pod_add_and_del() {
     require_root();
-    let w = KddWorld::new();
+    let w = real_world!("kdd_pod_add_and_del");
     w.seed_pod(
         "default",
         "nginx",
@@ -28,8 +63,7 @@ fn kdd_pod_add_and_del() {
     let pod = common::netns::Netns::new("pod");
     let conf = w.conf(json!({}));
     let inv = Invocation::new("ADD", "a1b2c3d4e5f6", pod.path()).k8s("default", "nginx");
-    w.api.clear_requests();
-    let before = w.api.handshakes();
+    let mark = w.api.audit_mark();
     let out = w.calico(&inv, &conf);
     out.assert_ok();
     let r = out.json();
@@ -37,34 +71,23 @@ fn kdd_pod_add_and_del() {
     assert!(ip.starts_with("10.65."), "{r}");
     assert_eq!(r["interfaces"][0], json!({"name": "calic440f455693"}));
 
-    // One TLS connection for the whole call, over HTTP/2.
-    assert_eq!(w.api.handshakes() - before, 1);
-    let reqs = w.api.requests();
-    assert!(reqs.iter().all(|q| q.version == "HTTP/2.0"), "{reqs:?}");
-    let listing: Vec<String> = reqs
-        .iter()
-        .map(|q| {
-            format!(
-                "{} {}{}{}",
-                q.method,
-                q.path,
-                if q.query.is_empty() { "" } else { "?" },
-                q.query
-            )
-        })
-        .collect();
-    eprintln!("ADD requests ({}):\n{}", listing.len(), listing.join("\n"));
+    // Every request the plugin's ServiceAccount made was allowed by upstream's RBAC.
+    let reqs = w.api.plugin_requests_since(mark);
+    eprintln!("ADD requests ({}):\n{}", reqs.len(), listing(&reqs));
+    assert!(
+        reqs.iter().all(accepted),
+        "refused or rejected:\n{}",
+        listing(&reqs)
+    );
 
     // The pod's status was patched with the addresses and the container ID.
     let patch = reqs
         .iter()
-        .find(|q| q.method == "PATCH")
+        .find(|q| q.verb == "patch")
         .expect("a pod status patch");
-    assert_eq!(patch.path, "/api/v1/namespaces/default/pods/nginx/status");
-    assert_eq!(patch.content_type, "application/strategic-merge-patch+json");
-    let body: Value = serde_json::from_str(&patch.body).unwrap();
+    assert_eq!(patch.path(), "/api/v1/namespaces/default/pods/nginx/status");
     assert_eq!(
-        body,
+        patch.request_object,
         json!({"metadata":{"annotations":{"cni.projectcalico.org/podIP":format!("{ip}/32"),
             "cni.projectcalico.org/podIPs":format!("{ip}/32"),
             "cni.projectcalico.org/containerID":"a1b2c3d4e5f6"}}})
@@ -75,7 +98,8 @@ fn kdd_pod_add_and_del() {
         format!("{ip}/32")
     );
 
-    // The IPAM objects as Calico writes them in the v1 CRDs.
+    // The IPAM objects as Calico writes them in the v1 CRDs (kept through the CRDs'
+    // structural schemas: a field the schema does not know would have been pruned).
     let handles = w.crs("ipamhandles");
     assert_eq!(handles.len(), 1);
     let h = &handles[0];
@@ -129,7 +153,7 @@ fn kdd_pod_add_and_del() {
     assert_eq!(cfg[0]["spec"]["autoAllocateBlocks"], true);
     assert_eq!(cfg[0]["spec"]["strictAffinity"], false);
     // No Profile is written on the Kubernetes datastore.
-    assert!(!reqs.iter().any(|q| q.path.contains("profiles")));
+    assert!(!reqs.iter().any(|q| q.uri.contains("profiles")));
 
     // The dataplane is the same as on etcd.
     let routes = w.host_sh("ip route show");
@@ -138,22 +162,19 @@ fn kdd_pod_add_and_del() {
         "{routes}"
     );
 
-    // A second ADD of the same pod re-networks it and keeps its one endpoint.
     // DEL: the addresses are patched out with the pod's revision and uid as preconditions.
-    w.api.clear_requests();
+    let mark = w.api.audit_mark();
     let del = inv.as_del();
     w.calico(&del, &conf).assert_ok();
-    let reqs = w.api.requests();
-    let listing: Vec<String> = reqs
-        .iter()
-        .map(|q| format!("{} {}", q.method, q.path))
-        .collect();
-    eprintln!("DEL requests ({}):\n{}", listing.len(), listing.join("\n"));
-    let patch = reqs
-        .iter()
-        .find(|q| q.method == "PATCH")
-        .expect("patch-out");
-    let body: Value = serde_json::from_str(&patch.body).unwrap();
+    let reqs = w.api.plugin_requests_since(mark);
+    eprintln!("DEL requests ({}):\n{}", reqs.len(), listing(&reqs));
+    assert!(
+        reqs.iter().all(accepted),
+        "refused or rejected:\n{}",
+        listing(&reqs)
+    );
+    let patch = reqs.iter().find(|q| q.verb == "patch").expect("patch-out");
+    let body = &patch.request_object;
     assert_eq!(
         body["metadata"]["annotations"]["cni.projectcalico.org/podIP"],
         ""
@@ -172,10 +193,41 @@ fn kdd_pod_add_and_del() {
     w.calico(&del, &conf).assert_ok();
 }
 
+/// FAKE SERVER: TLS handshakes, the HTTP version and a patch's content type are seen only by
+/// the test API server (a real server's audit log records none of them).
+#[test]
+fn kdd_one_http2_connection_per_call() {
+    require_root();
+    let w = KddWorld::new();
+    w.seed_pod("default", "nginx", json!({}));
+    let pod = common::netns::Netns::new("pod");
+    let conf = w.conf(json!({}));
+    let inv = Invocation::new("ADD", "a1b2c3d4e5f6", pod.path()).k8s("default", "nginx");
+    for (what, inv) in [("ADD", inv.clone()), ("DEL", inv.as_del())] {
+        w.api.clear_requests();
+        let before = w.api.handshakes();
+        w.calico(&inv, &conf).assert_ok();
+        // One TLS connection for the whole call, over HTTP/2.
+        assert_eq!(w.api.handshakes() - before, 1, "{what}");
+        let reqs = w.api.requests();
+        assert!(
+            reqs.iter().all(|q| q.version == "HTTP/2.0"),
+            "{what}: {reqs:?}"
+        );
+        let patch = reqs
+            .iter()
+            .find(|q| q.method == "PATCH")
+            .expect("a pod status patch");
+        assert_eq!(patch.path, "/api/v1/namespaces/default/pods/nginx/status");
+        assert_eq!(patch.content_type, "application/strategic-merge-patch+json");
+    }
+    w.assert_clean();
+}
+
 #[test]
 fn kdd_del_keeps_a_newer_sandboxs_addresses() {
     require_root();
-    let w = KddWorld::new();
+    let w = real_world!("kdd_del_keeps_a_newer_sandboxs_addresses");
     w.seed_pod("default", "web", json!({}));
     let conf = w.conf(json!({}));
     let pod = common::netns::Netns::new("pod");
@@ -200,7 +252,7 @@ fn kdd_del_keeps_a_newer_sandboxs_addresses() {
 #[test]
 fn kdd_pod_annotations() {
     require_root();
-    let w = KddWorld::new();
+    let w = real_world!("kdd_pod_annotations");
     w.seed_pool("other", json!({"cidr":"10.66.0.0/16","ipipMode":"Never","vxlanMode":"Never","blockSize":26,"nodeSelector":"all()"}));
     w.seed_pod(
         "default",
@@ -245,21 +297,40 @@ fn kdd_pod_annotations() {
 }
 
 #[test]
-fn kdd_bad_credentials_and_a_stalled_api_server_fail_cleanly() {
+fn kdd_bad_credentials_and_a_frozen_api_server_fail_cleanly() {
     require_root();
-    let w = KddWorld::new();
+    let w = real_world!("kdd_bad_credentials_and_a_frozen_api_server_fail_cleanly");
     w.seed_pod("default", "p", json!({}));
     let pod = common::netns::Netns::new("pod");
     let inv = Invocation::new("ADD", "cid000000001", pod.path()).k8s("default", "p");
     // A wrong token: 401, a clear error, nothing made.
-    let bad = w.api.kubeconfig_with("wrong-token", false);
+    let bad = w.api.kubeconfig_with("wrong-token");
     let conf = w.conf(json!({"kubernetes":{"kubeconfig": bad.display().to_string()}}));
     let out = w.calico(&inv, &conf);
     let e = out.assert_err();
     assert!(e["msg"].as_str().unwrap().contains("Unauthorized"), "{e}");
     assert!(out.elapsed < Duration::from_secs(10));
     w.assert_clean();
-    // A stalled server: the call gives up within its bound.
+    // A frozen server (SIGSTOP: the connection is accepted, the handshake never answered):
+    // the call gives up within its bound.
+    let conf = w.conf(json!({}));
+    w.api.freeze();
+    let out = w.calico(&inv, &conf);
+    w.api.thaw();
+    out.assert_err();
+    assert!(out.elapsed < Duration::from_secs(20), "{:?}", out.elapsed);
+    w.assert_clean();
+}
+
+/// FAKE SERVER: a request read and never answered (a real server frozen before the call
+/// stalls the TLS handshake instead: kdd_bad_credentials_and_a_frozen_api_server_fail_cleanly).
+#[test]
+fn kdd_a_stalled_answer_fails_cleanly() {
+    require_root();
+    let w = KddWorld::new();
+    w.seed_pod("default", "p", json!({}));
+    let pod = common::netns::Netns::new("pod");
+    let inv = Invocation::new("ADD", "cid000000001", pod.path()).k8s("default", "p");
     let conf = w.conf(json!({}));
     w.api.set_stall(true);
     let out = w.calico(&inv, &conf);
@@ -272,17 +343,24 @@ fn kdd_bad_credentials_and_a_stalled_api_server_fail_cleanly() {
 #[test]
 fn etcd_with_policy_k8s_reads_the_pod() {
     require_root();
+    if let Err(why) = RealK8s::available() {
+        return report_skip("etcd_with_policy_k8s_reads_the_pod", &why);
+    }
     // The etcd datastore, with the pod's labels, ports and profiles from the API server.
     let w = common::world::World::new();
-    let api = common::kube_api::KubeApi::start_in_netns(w.host.path());
+    let api = RealK8s::start(&w.host);
     api.put(
         "/api/v1/namespaces/prod",
         json!({"apiVersion":"v1","kind":"Namespace","metadata":{"name":"prod"}}),
     );
     api.put(
+        "/api/v1/namespaces/prod/serviceaccounts/sa1",
+        json!({"apiVersion":"v1","kind":"ServiceAccount","metadata":{"name":"sa1","namespace":"prod"}}),
+    );
+    api.put(
         "/api/v1/namespaces/prod/pods/web",
         json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":"web","namespace":"prod","labels":{"app":"web"},"generateName":"web-"},
-            "spec":{"nodeName":"node1","serviceAccountName":"sa1","containers":[{"name":"c","ports":[{"name":"http","containerPort":80}]}]}}),
+            "spec":{"nodeName":"node1","serviceAccountName":"sa1","containers":[{"name":"c","image":"busybox","ports":[{"name":"http","containerPort":80}]}]}}),
     );
     let conf = w.conf(json!({"policy":{"type":"k8s"},"kubernetes":{"kubeconfig":api.kubeconfig().display().to_string()}}));
     let pod = w.pod();
@@ -310,11 +388,46 @@ fn etcd_with_policy_k8s_reads_the_pod() {
         .is_empty());
     w.calico(&inv.as_del(), &conf).assert_ok();
     w.assert_clean();
-    let _ = CRD;
 }
 
 #[test]
 fn kdd_request_budget_of_an_add_into_an_affine_block() {
+    require_root();
+    let w = real_world!("kdd_request_budget_of_an_add_into_an_affine_block");
+    w.seed_pod("default", "first", json!({}));
+    w.seed_pod("default", "second", json!({}));
+    let conf = w.conf(json!({}));
+    let p1 = common::netns::Netns::new("pod");
+    let first = Invocation::new("ADD", "first0000001", p1.path()).k8s("default", "first");
+    w.calico(&first, &conf).assert_ok();
+    let p2 = common::netns::Netns::new("pod");
+    let second = Invocation::new("ADD", "second000001", p2.path()).k8s("default", "second");
+    let mark = w.api.audit_mark();
+    w.calico(&second, &conf).assert_ok();
+    // Counted by the real server's audit log, for the plugin's ServiceAccount.
+    let reqs = w.api.plugin_requests_since(mark);
+    eprintln!(
+        "ADD into an affine block ({}):\n{}",
+        reqs.len(),
+        listing(&reqs)
+    );
+    // Upstream makes 16 requests, one after another; the target is at most 11.
+    assert!(
+        reqs.len() <= 11,
+        "{} requests:\n{}",
+        reqs.len(),
+        listing(&reqs)
+    );
+    assert!(reqs.iter().all(accepted), "{}", listing(&reqs));
+    w.calico(&second.as_del(), &conf).assert_ok();
+    w.calico(&first.as_del(), &conf).assert_ok();
+    w.assert_clean();
+}
+
+/// FAKE SERVER: a latency added to every answer (to count sequential round trips) and the
+/// TLS handshake count exist only on the test API server.
+#[test]
+fn kdd_round_trips_of_an_add_into_an_affine_block() {
     require_root();
     let w = KddWorld::new();
     w.seed_pod("default", "first", json!({}));
@@ -325,26 +438,8 @@ fn kdd_request_budget_of_an_add_into_an_affine_block() {
     w.calico(&first, &conf).assert_ok();
     let p2 = common::netns::Netns::new("pod");
     let second = Invocation::new("ADD", "second000001", p2.path()).k8s("default", "second");
-    w.api.clear_requests();
     let before = w.api.handshakes();
     w.calico(&second, &conf).assert_ok();
-    let reqs = w.api.requests();
-    let listing: Vec<String> = reqs
-        .iter()
-        .map(|q| format!("{} {}", q.method, q.path))
-        .collect();
-    eprintln!(
-        "ADD into an affine block ({}):\n{}",
-        listing.len(),
-        listing.join("\n")
-    );
-    // Upstream makes 16 requests, one after another; the target is at most 11.
-    assert!(
-        reqs.len() <= 11,
-        "{} requests:\n{}",
-        reqs.len(),
-        listing.join("\n")
-    );
     assert_eq!(w.api.handshakes() - before, 1);
 
     // Sequential round trips: with every answer held back 300 ms, four of them take 1.2 s
@@ -370,34 +465,37 @@ fn kdd_request_budget_of_an_add_into_an_affine_block() {
 }
 
 /// `calico -t` in the host netns: (exit code, stdout, time).
-fn run_t(w: &KddWorld, conf: &str) -> (i32, String, Duration) {
+fn run_t(w: &RealKddWorld, conf: &str) -> (i32, String, Duration) {
     common::cni::run_flag(&w.bin.plugin("calico"), w.host.name(), "-t", conf)
 }
 
 #[test]
 fn kdd_connection_test_flag() {
     require_root();
-    let w = KddWorld::new();
+    let w = real_world!("kdd_connection_test_flag");
     let conf = w.conf(json!({}));
-    w.api.clear_requests();
+    let mark = w.api.audit_mark();
     let (code, out, _) = run_t(&w, &conf);
     assert_eq!((code, out.as_str()), (0, ""));
     // The datastore's ClusterInformation, then the API server's version.
-    let paths: Vec<String> = w.api.requests().into_iter().map(|q| q.path).collect();
+    let reqs = w.api.plugin_requests_since(mark);
+    let paths: Vec<&str> = reqs.iter().map(Audited::path).collect();
     assert!(
-        paths.contains(&format!("{CRD}/clusterinformations/default")),
+        paths.contains(&format!("{CRD}/clusterinformations/default").as_str()),
         "{paths:?}"
     );
-    assert!(paths.contains(&"/version".to_string()), "{paths:?}");
-    // A wrong token fails; a stalled server fails within the 2 s bounds.
-    let bad = w.api.kubeconfig_with("nope", false);
+    assert!(paths.contains(&"/version"), "{paths:?}");
+    assert!(reqs.iter().all(|q| q.code == 200), "{}", listing(&reqs));
+    // A wrong token fails; a frozen server fails within the 2 s bounds.
+    let bad = w.api.kubeconfig_with("nope");
     let (code, out, _) = run_t(
         &w,
         &w.conf(json!({"kubernetes":{"kubeconfig": bad.display().to_string()}})),
     );
     assert_eq!(code, 1, "{out}");
-    w.api.set_stall(true);
+    w.api.freeze();
     let (code, _, took) = run_t(&w, &conf);
+    w.api.thaw();
     assert_eq!(code, 1);
     assert!(took < Duration::from_secs(10), "{took:?}");
 }
@@ -407,7 +505,7 @@ fn kdd_needs_policy_type_k8s() {
     require_root();
     // Profiles are derived from namespaces on the Kubernetes datastore and cannot be
     // written: without policy type k8s the ADD fails, with upstream's text, before IPAM.
-    let w = KddWorld::new();
+    let w = real_world!("kdd_needs_policy_type_k8s");
     w.seed_pod("default", "p", json!({}));
     let pod = common::netns::Netns::new("pod");
     let conf = w.conf(json!({"policy": null}));
@@ -421,7 +519,7 @@ fn kdd_needs_policy_type_k8s() {
 #[test]
 fn kdd_namespace_selector_uses_the_namespaces_labels() {
     require_root();
-    let w = KddWorld::new();
+    let w = real_world!("kdd_namespace_selector_uses_the_namespaces_labels");
     w.seed_pool(
         "default-ipv4-ippool",
         json!({"cidr":"10.65.0.0/16","blockSize":26,"nodeSelector":"all()","namespaceSelector":"!has(env)"}),
@@ -452,10 +550,13 @@ fn kdd_namespace_selector_uses_the_namespaces_labels() {
 #[test]
 fn etcd_with_policy_k8s_annotation_features() {
     require_root();
+    if let Err(why) = RealK8s::available() {
+        return report_skip("etcd_with_policy_k8s_annotation_features", &why);
+    }
     // floatingIPs, allowedSourcePrefixes and ipAddrsNoIpam land in the stored endpoint (etcd),
     // each refused with upstream's text when its feature flag is off or its value is bad.
     let w = common::world::World::new();
-    let api = common::kube_api::KubeApi::start_in_netns(w.host.path());
+    let api = RealK8s::start(&w.host);
     api.put(
         "/api/v1/namespaces/default",
         json!({"apiVersion":"v1","kind":"Namespace","metadata":{"name":"default"}}),
@@ -464,7 +565,7 @@ fn etcd_with_policy_k8s_annotation_features() {
         api.put(
             &format!("/api/v1/namespaces/default/pods/{name}"),
             json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":name,"namespace":"default","annotations":annotations},
-                "spec":{"nodeName":"node1","containers":[{"name":"c"}]}}),
+                "spec":{"nodeName":"node1","containers":[{"name":"c","image":"busybox"}]}}),
         );
     };
     pod(

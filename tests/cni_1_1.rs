@@ -2,6 +2,7 @@
 //! CHECK with the previous result as `prevResult` (and one test per kind of drift it must
 //! name), STATUS and GC with CNI_PATH set and no container, netns or interface
 //! (`cni.dev/valid-attachments` on GC's stdin).
+//! The Kubernetes-datastore half runs on the real kube-apiserver (common/real_k8s.rs).
 
 mod common;
 
@@ -9,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
 use common::cni::{with_prev_result, Invocation, Outcome};
-use common::kdd::KddWorld;
+use common::kdd::RealKddWorld;
 use common::netns::{require_root, Netns};
 use common::world::{merge, World};
 use serde_json::{json, Value};

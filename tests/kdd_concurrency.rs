@@ -1,8 +1,13 @@
 //! IPAM under concurrency on the Kubernetes datastore: many real `calico-ipam` processes for
 //! ten simulated nodes (core Nodes node0..node9, each its own IPAM lock file) allocating and
-//! releasing in parallel against one test API server, the way tests/ipam_concurrency.rs does
-//! against one etcd. Conflicts are the API server's: resourceVersion preconditions on
-//! update, AlreadyExists on create.
+//! releasing in parallel against one real kube-apiserver (Calico's CRDs, the plugin's
+//! upstream RBAC; common/real_k8s.rs), the way tests/ipam_concurrency.rs does against one
+//! etcd. Conflicts are the API server's: resourceVersion preconditions on update,
+//! AlreadyExists on create.
+//!
+//! FAKE SERVER: `kdd_api_server_errors_mid_run` alone runs on the test API server
+//! (common/kube_api/), which can answer a run of requests with injected 500s and 429s; a
+//! real server cannot be made to.
 //!
 //! Checked (tests/common/ipam_churn.rs, shared with ipam_concurrency.rs): every call succeeds
 //! or fails only with a known, explained error; no address is handed out to two live
@@ -20,20 +25,78 @@ use std::time::Duration;
 use common::cluster::Cluster;
 use common::cni::{Invocation, Outcome};
 use common::ipam_churn::{self, release_everything, verify, Affinity, IpamState, Nodes};
-use common::kdd::{KddWorld, CRD};
+use common::kdd::{KddWorld, KubeStore, RealKddWorld, CRD};
+use common::kube_api::KubeApi;
 use common::netns::require_root;
+use common::real_k8s::RealK8s;
 use serde_json::{json, Value};
 
 /// A KddWorld with `nodes` core Nodes, one pool (instead of the default one) and an optional
 /// IPAMConfig.
-struct Kdd {
-    w: KddWorld,
+struct Kdd<A: KubeStore> {
+    w: KddWorld<A>,
 }
 
-impl Kdd {
-    fn new(nodes: usize, pool: &str, block_size: u8, ipam_config: Option<Value>) -> Kdd {
-        require_root();
-        let w = KddWorld::new();
+/// What the API server saw of a run, by the server's own record.
+trait Traffic {
+    fn report(&self);
+}
+
+impl Traffic for KubeApi {
+    /// Requests per method and status, connections.
+    fn report(&self) {
+        let reqs = self.requests();
+        let mut by_method: BTreeMap<String, usize> = BTreeMap::new();
+        let mut by_status: BTreeMap<u16, usize> = BTreeMap::new();
+        for r in &reqs {
+            *by_method.entry(r.method.clone()).or_insert(0) += 1;
+            *by_status.entry(r.status).or_insert(0) += 1;
+        }
+        eprintln!(
+            "API server: {} requests {by_method:?}, statuses {by_status:?}, {} connections",
+            reqs.len(),
+            self.handshakes()
+        );
+        self.clear_requests();
+    }
+}
+
+impl Traffic for RealK8s {
+    /// The plugin's requests per verb and status so far, from the audit log.
+    fn report(&self) {
+        let reqs = self.plugin_requests_now();
+        let mut by_verb: BTreeMap<String, usize> = BTreeMap::new();
+        let mut by_status: BTreeMap<u16, usize> = BTreeMap::new();
+        for r in &reqs {
+            *by_verb.entry(r.verb.clone()).or_insert(0) += 1;
+            *by_status.entry(r.code).or_insert(0) += 1;
+        }
+        eprintln!(
+            "kube-apiserver (audit, the plugin's user, since start): {} requests {by_verb:?}, \
+             statuses {by_status:?}",
+            reqs.len()
+        );
+    }
+}
+
+/// A real-server world, or return (after `SKIPPED <why>`).
+macro_rules! real_kdd {
+    ($test:literal, $($arg:expr),*) => {
+        match RealKddWorld::real_or_skip($test) {
+            Some(w) => Kdd::new(w, $($arg),*),
+            None => return,
+        }
+    };
+}
+
+impl<A: KubeStore + Traffic> Kdd<A> {
+    fn new(
+        w: KddWorld<A>,
+        nodes: usize,
+        pool: &str,
+        block_size: u8,
+        ipam_config: Option<Value>,
+    ) -> Kdd<A> {
         Cluster::remove_pool(&w, "default-ipv4-ippool");
         w.seed_pool(
             "pool",
@@ -73,7 +136,7 @@ impl Kdd {
     }
 }
 
-impl Nodes for Kdd {
+impl<A: KubeStore + Traffic + Sync> Nodes for Kdd<A> {
     fn network(&self) -> &str {
         Cluster::network(&self.w)
     }
@@ -88,27 +151,16 @@ impl Nodes for Kdd {
             .via_calico();
         self.w.ipam(&inv, &self.conf(node))
     }
-    /// An error the test API server was told to inject (`KubeApi::fail_next`).
+    /// An error the test API server was told to inject (`KubeApi::fail_next`), or a real
+    /// server's throttling.
     fn is_transient(&self, msg: &str) -> bool {
         msg.contains("injected by the test API server")
             || msg.contains("Too many requests")
             || msg.contains("the server is currently unable to handle the request")
     }
-    /// What the API server saw: requests per method, conflicts, connections.
+    /// What the API server saw.
     fn report(&self) {
-        let reqs = self.w.api.requests();
-        let mut by_method: BTreeMap<String, usize> = BTreeMap::new();
-        let mut by_status: BTreeMap<u16, usize> = BTreeMap::new();
-        for r in &reqs {
-            *by_method.entry(r.method.clone()).or_insert(0) += 1;
-            *by_status.entry(r.status).or_insert(0) += 1;
-        }
-        eprintln!(
-            "API server: {} requests {by_method:?}, statuses {by_status:?}, {} connections",
-            reqs.len(),
-            self.w.api.handshakes()
-        );
-        self.w.api.clear_requests();
+        self.w.api.report();
     }
     fn assert_clean(&self) {
         self.w.assert_clean();
@@ -148,38 +200,67 @@ impl Nodes for Kdd {
 
 #[test]
 fn kdd_ten_nodes_fifty_pods_default_config() {
-    let c = Kdd::new(10, "10.70.0.0/16", 26, None);
+    require_root();
+    let c = real_kdd!(
+        "kdd_ten_nodes_fifty_pods_default_config",
+        10,
+        "10.70.0.0/16",
+        26,
+        None
+    );
     ipam_churn::ten_nodes_fifty_pods_default_config(&c);
 }
 
 #[test]
 fn kdd_ten_nodes_strict_affinity() {
+    require_root();
     let config = json!({"strictAffinity": true, "autoAllocateBlocks": true});
-    let c = Kdd::new(10, "10.71.0.0/16", 26, Some(config));
+    let c = real_kdd!(
+        "kdd_ten_nodes_strict_affinity",
+        10,
+        "10.71.0.0/16",
+        26,
+        Some(config)
+    );
     // 30 per node (20 live at most) is enough to interleave every node's claims.
     ipam_churn::ten_nodes_strict_affinity(&c, 30);
 }
 
 #[test]
 fn kdd_ten_nodes_one_block_each() {
+    require_root();
     let config =
         json!({"autoAllocateBlocks": true, "strictAffinity": false, "maxBlocksPerHost": 1});
-    let c = Kdd::new(10, "10.72.0.0/16", 27, Some(config));
+    let c = real_kdd!(
+        "kdd_ten_nodes_one_block_each",
+        10,
+        "10.72.0.0/16",
+        27,
+        Some(config)
+    );
     ipam_churn::ten_nodes_one_block_each(&c);
 }
 
 #[test]
 fn kdd_small_pool_runs_out_cleanly() {
-    let c = Kdd::new(10, "10.73.0.0/25", 28, None);
+    require_root();
+    let c = real_kdd!(
+        "kdd_small_pool_runs_out_cleanly",
+        10,
+        "10.73.0.0/25",
+        28,
+        None
+    );
     ipam_churn::small_pool_runs_out_cleanly(&c);
 }
 
 #[test]
 fn kdd_api_server_errors_mid_run() {
-    // Midway, the API server answers 30 requests with 500s, then 20 with 429s: the calls
-    // that meet them fail with the server's message (and are DELed, as kubelet does) or
-    // retry; nothing is leaked or handed out twice.
-    let c = Kdd::new(10, "10.74.0.0/16", 26, None);
+    // FAKE SERVER (injected 500s and 429s). Midway, the API server answers 30 requests with
+    // 500s, then 20 with 429s: the calls that meet them fail with the server's message (and
+    // are DELed, as kubelet does) or retry; nothing is leaked or handed out twice.
+    require_root();
+    let c = Kdd::new(KddWorld::new(), 10, "10.74.0.0/16", 26, None);
     let mut ledger = ipam_churn::churn(&c, 10, 30, |c| {
         c.w.api.fail_next(30, 500);
         std::thread::sleep(Duration::from_millis(500));

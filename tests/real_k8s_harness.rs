@@ -47,6 +47,10 @@ fn real_apiserver_starts_with_calico_installed() {
     assert_eq!(reqs.len(), 1, "{reqs:?}");
     assert_eq!((reqs[0].verb.as_str(), reqs[0].code), ("list", 403));
     assert_eq!(reqs[0].user, PLUGIN_USER);
+    // The check of what the server refused of the plugin sees it.
+    let bad = k.plugin_nonconformance();
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert!(bad[0].starts_with("list /api/v1/pods -> 403"), "{bad:?}");
     // Freezing holds every answer back until the thaw.
     k.put("/api/v1/namespaces/default", json!({"apiVersion":"v1","kind":"Namespace","metadata":{"name":"default","labels":{"a":"b"}}}));
     k.freeze();

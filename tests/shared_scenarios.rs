@@ -1,7 +1,8 @@
 //! The end-to-end scenarios that do not depend on how Calico stores its objects, written
 //! once over [`Cluster`] and run on both datastores: `etcd::<scenario>` against a real etcd
-//! ([`World`]), `kdd::<scenario>` against the test Kubernetes API server ([`KddWorld`], with
-//! `policy.type: k8s` as the Kubernetes datastore requires). Every pod here is a Kubernetes
+//! ([`World`]), `kdd::<scenario>` against a real kube-apiserver with Calico's CRDs and the
+//! plugin's upstream RBAC ([`RealKddWorld`], with `policy.type: k8s` as the Kubernetes
+//! datastore requires). Every pod here is a Kubernetes
 //! pod (K8S_POD_* args); the cni-orchestrator scenarios stay in calico_etcd.rs (etcd only,
 //! as upstream), and so do the assertions on exact keys and JSON (calico_etcd.rs,
 //! calico_kdd.rs, ipam_datastore.rs).
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::cluster::{Allocation, Cluster, NODE_POD_CIDR_V4, NODE_POD_CIDR_V6};
 use common::cni::{run_plugin, with_prev_result, Invocation, Outcome, TempDir};
-use common::kdd::KddWorld;
+use common::kdd::RealKddWorld;
 use common::netns::{ping_available, require_root};
 use common::world::{sysctl, World, NODE};
 use serde_json::{json, Value};

@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use serde_json::{json, Value};
 
 use super::cni::{Invocation, Outcome};
-use super::kdd::{KddWorld, CRD};
+use super::kdd::{KddWorld, KubeStore, CRD};
 use super::kube_api::KubeApi;
 use super::netns::Netns;
 use super::world::{World, WEP_PREFIX};
@@ -28,7 +28,8 @@ pub struct Allocation {
 }
 
 /// Each scenario (a `fn name(c: &impl Cluster)` in the invoking file, which imports
-/// `World`, `KddWorld` and `require_root`) as `etcd::<name>` and `kdd::<name>`; attributes
+/// `World`, `RealKddWorld` and `require_root`) as `etcd::<name>` and `kdd::<name>` (on the
+/// real kube-apiserver; `SKIPPED` and passing when ../shared/k8s is absent); attributes
 /// after `kdd:` apply to the Kubernetes-datastore test only (an `#[ignore]` with the reason
 /// while the plugin is wrong).
 #[macro_export]
@@ -49,7 +50,9 @@ macro_rules! on_both_backends {
                 $(#[$kdd])*
                 fn $name() {
                     super::require_root();
-                    super::$name(&super::KddWorld::new());
+                    if let Some(w) = super::RealKddWorld::real_or_skip(stringify!($name)) {
+                        super::$name(&w);
+                    }
                 }
             )*
         }
@@ -374,7 +377,7 @@ fn wep_of(w: &World, ns: &str, pod: &str) -> Option<Value> {
 
 // ------------------------------------------------------------------------ Kubernetes
 
-impl Cluster for KddWorld {
+impl<A: KubeStore> Cluster for KddWorld<A> {
     fn backend(&self) -> &'static str {
         "kdd"
     }

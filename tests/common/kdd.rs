@@ -1,31 +1,133 @@
 #![allow(dead_code)]
-//! One end-to-end scenario on the Kubernetes datastore: a test "host" netns with the test
-//! API server listening on its loopback (so the plugin, run inside the host netns as kubelet
+//! One end-to-end scenario on the Kubernetes datastore: a test "host" netns with an API
+//! server listening on its loopback (so the plugin, run inside the host netns as kubelet
 //! would run it, reaches it at 127.0.0.1), seeded as a cluster with Calico installed would
 //! be (ClusterInformation ready, the core Node, an IPPool, namespace `default`), and a
 //! kubeconfig for the plugin.
+//!
+//! The API server is either the real kube-apiserver ([`RealKddWorld`], Calico's CRDs and the
+//! plugin's upstream RBAC, see real_k8s.rs) or the fault-injecting test server
+//! ([`KddWorld::new`], kube_api/), kept for what a real server cannot be made to show.
+
+use std::path::PathBuf;
 
 use serde_json::{json, Value};
 
-use super::cni::{Bin, Invocation, Outcome, TempDir};
+use super::cni::{report_skip, Bin, Invocation, Outcome, TempDir};
 use super::kube_api::KubeApi;
 use super::netns::HostNetns;
+use super::real_k8s::RealK8s;
 use super::world::{merge, netconf};
 pub use super::world::{NODE, POOL_CIDR};
 
 pub const CRD: &str = "/apis/crd.projectcalico.org/v1";
 
-pub struct KddWorld {
-    pub api: KubeApi,
+/// What a scenario needs of an API server: an admin's read/write access and the plugin's
+/// kubeconfig.
+pub trait KubeStore {
+    /// Creates or replaces the object at `path`; the stored object.
+    fn put(&self, path: &str, obj: Value) -> Value;
+    fn get(&self, path: &str) -> Option<Value>;
+    /// The objects of a collection, each with kind and apiVersion.
+    fn list(&self, collection: &str) -> Vec<Value>;
+    /// Deletes the object at `path` (a pod at once); a missing one is fine.
+    fn remove(&self, path: &str);
+    /// The plugin's kubeconfig.
+    fn kubeconfig(&self) -> PathBuf;
+    fn url(&self) -> String;
+    /// Panics if the server refused (RBAC) or rejected anything the plugin sent (a real
+    /// server only; the test server enforces no RBAC).
+    fn assert_plugin_conformant(&self) {}
+}
+
+impl KubeStore for KubeApi {
+    fn put(&self, path: &str, obj: Value) -> Value {
+        KubeApi::put(self, path, obj)
+    }
+    fn get(&self, path: &str) -> Option<Value> {
+        KubeApi::get(self, path)
+    }
+    fn list(&self, collection: &str) -> Vec<Value> {
+        KubeApi::list(self, collection)
+    }
+    fn remove(&self, path: &str) {
+        KubeApi::remove(self, path)
+    }
+    fn kubeconfig(&self) -> PathBuf {
+        KubeApi::kubeconfig(self)
+    }
+    fn url(&self) -> String {
+        KubeApi::url(self)
+    }
+}
+
+impl KubeStore for RealK8s {
+    fn put(&self, path: &str, obj: Value) -> Value {
+        RealK8s::put(self, path, obj)
+    }
+    fn get(&self, path: &str) -> Option<Value> {
+        RealK8s::get(self, path)
+    }
+    fn list(&self, collection: &str) -> Vec<Value> {
+        RealK8s::list(self, collection)
+    }
+    fn remove(&self, path: &str) {
+        RealK8s::remove(self, path)
+    }
+    fn kubeconfig(&self) -> PathBuf {
+        RealK8s::kubeconfig(self)
+    }
+    fn url(&self) -> String {
+        RealK8s::url(self)
+    }
+    fn assert_plugin_conformant(&self) {
+        RealK8s::assert_plugin_conformant(self)
+    }
+}
+
+/// Field order = drop order: the API server stops before its netns goes.
+pub struct KddWorld<A: KubeStore = KubeApi> {
+    pub api: A,
     pub host: HostNetns,
     pub bin: Bin,
     pub scratch: TempDir,
 }
 
-impl KddWorld {
-    pub fn new() -> KddWorld {
+/// A [`KddWorld`] on the real kube-apiserver.
+pub type RealKddWorld = KddWorld<RealK8s>;
+
+impl KddWorld<KubeApi> {
+    /// On the fault-injecting test API server.
+    pub fn new() -> KddWorld<KubeApi> {
         let host = HostNetns::new();
         let api = KubeApi::start_in_netns(host.path());
+        KddWorld::seeded(api, host)
+    }
+}
+
+impl KddWorld<RealK8s> {
+    /// On the real kube-apiserver; panics if it cannot run here.
+    pub fn real() -> RealKddWorld {
+        let host = HostNetns::new();
+        let api = RealK8s::start(&host);
+        KddWorld::seeded(api, host)
+    }
+
+    /// On the real kube-apiserver, or `None` (the test printed `SKIPPED <why>` and should
+    /// return) when ../shared/k8s is not there.
+    pub fn real_or_skip(test: &str) -> Option<RealKddWorld> {
+        match RealK8s::available() {
+            Ok(()) => Some(KddWorld::real()),
+            Err(why) => {
+                report_skip(test, &why);
+                None
+            }
+        }
+    }
+}
+
+impl<A: KubeStore> KddWorld<A> {
+    fn seeded(api: A, host: HostNetns) -> KddWorld<A> {
         let w = KddWorld {
             api,
             host,
@@ -112,8 +214,10 @@ impl KddWorld {
     }
 
     /// Nothing of any pod is left: no handle, no allocation, no pod address annotation, no
-    /// cali veth or pool route in the host netns.
+    /// cali veth or pool route in the host netns; and (on a real server) nothing the plugin
+    /// sent was refused or rejected.
     pub fn assert_clean(&self) {
+        self.api.assert_plugin_conformant();
         let handles = self.crs("ipamhandles");
         assert!(handles.is_empty(), "handles left: {handles:?}");
         for b in self.crs("ipamblocks") {

@@ -28,7 +28,7 @@ use std::io::BufRead;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -207,7 +207,9 @@ impl RealK8s {
         )
         .unwrap();
         // Every request at Metadata level, once (at ResponseComplete); pod status patches at
-        // Request level, so the patch the plugin sent is in the log.
+        // Request level, so the patch the plugin sent is in the log. (A create's or update's
+        // requestObject is logged as decoded, already pruned and defaulted: the log cannot
+        // show a field the CRDs' schemas dropped; the suites assert the stored fields.)
         fs::write(
             p("audit-policy.yaml"),
             "apiVersion: audit.k8s.io/v1
@@ -543,9 +545,9 @@ current-context: real
         a.body
     }
 
-    /// Creates the object at `path` or replaces it (keeping a pod's spec, which cannot
-    /// change, and taking the rest from `obj`), as the test server's put does. Returns the
-    /// stored object.
+    /// Creates the object at `path` or replaces it (keeping a pod's spec and a node's pod
+    /// CIDRs, which cannot change, and taking the rest from `obj`), as the test server's put does; a new
+    /// namespace gets its `default` ServiceAccount. Returns the stored object.
     pub fn put(&self, path: &str, mut obj: Value) -> Value {
         for _ in 0..5 {
             let a = match self.get(path) {
@@ -558,10 +560,22 @@ current-context: real
                     if path.starts_with("/api/v1/namespaces/") && path.contains("/pods/") {
                         obj["spec"] = old["spec"].clone();
                     }
+                    // A Node's pod CIDRs, once set, cannot change.
+                    if path.starts_with("/api/v1/nodes/") {
+                        for f in ["podCIDR", "podCIDRs"] {
+                            if !old["spec"][f].is_null() {
+                                obj["spec"][f] = old["spec"][f].clone();
+                            }
+                        }
+                    }
                     self.request("PUT", path, Some(obj.clone()), "application/json")
                 }
             };
             match a.status {
+                201 if is_namespace_path(path) => {
+                    self.ensure_namespace(path.rsplit('/').next().unwrap());
+                    return a.body;
+                }
                 200 | 201 => return a.body,
                 409 => continue, // raced with a writer (the plugin): read again
                 _ => panic!("put {path}: {a:?}"),
@@ -690,6 +704,39 @@ current-context: real
             .collect()
     }
 
+    /// What the server held against the plugin's requests so far: refused by RBAC (403) or
+    /// rejected (400, 422, e.g. by a CRD's schema or CEL rule).
+    pub fn plugin_nonconformance(&self) -> Vec<String> {
+        self.settle_audit();
+        self.nonconformance_now()
+    }
+
+    /// [`RealK8s::plugin_nonconformance`] without waiting for the log to settle (the server
+    /// may be frozen).
+    fn nonconformance_now(&self) -> Vec<String> {
+        let mut out = vec![];
+        for e in self.audit_events() {
+            if e["user"]["username"] != PLUGIN_USER {
+                continue;
+            }
+            let a = audited(&e);
+            if matches!(a.code, 400 | 403 | 422) {
+                out.push(format!("{}: {}", a.line(), e["responseStatus"]["message"]));
+            }
+        }
+        out
+    }
+
+    /// Panics with [`RealK8s::plugin_nonconformance`] unless it is empty.
+    pub fn assert_plugin_conformant(&self) {
+        let bad = self.plugin_nonconformance();
+        assert!(
+            bad.is_empty(),
+            "the real API server refused or rejected the plugin's requests:\n{}",
+            bad.join("\n")
+        );
+    }
+
     /// The audit log's path (to follow it while a test runs).
     pub fn audit_log(&self) -> PathBuf {
         self.audit_path()
@@ -709,8 +756,92 @@ current-context: real
     }
 }
 
+/// A freeze set to happen when the plugin's k-th request is answered (see
+/// [`RealK8s::freeze_after_plugin_requests`]); dropping it stops watching (it never thaws).
+pub struct FreezeTrap {
+    fired: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FreezeTrap {
+    /// Whether the server was frozen.
+    pub fn fired(&self) -> bool {
+        self.fired.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for FreezeTrap {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl RealK8s {
+    /// Freezes kube-apiserver (SIGSTOP) the moment the audit log shows the plugin's `k`-th
+    /// request from now answered (k >= 1): that request has been applied and answered (the
+    /// plugin may or may not have read the answer); whatever it sends next waits in the
+    /// kernel until [`RealK8s::thaw`]. The log is followed by a thread polling every
+    /// millisecond, so a request sent in that moment may get through before the freeze.
+    pub fn freeze_after_plugin_requests(&self, k: usize) -> FreezeTrap {
+        assert!(k >= 1, "k counts requests from 1");
+        self.settle_audit();
+        let path = self.audit_path();
+        let start = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        let pid = self.apiserver.id();
+        let fired = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (f, st) = (fired.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            use std::io::{Read, Seek, SeekFrom};
+            let mut file = fs::File::open(&path).expect("open the audit log");
+            file.seek(SeekFrom::Start(start)).unwrap();
+            let (mut pending, mut seen) = (Vec::new(), 0);
+            let mut buf = [0u8; 65536];
+            while !st.load(Ordering::SeqCst) {
+                let n = file.read(&mut buf).unwrap_or(0);
+                if n == 0 {
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                }
+                pending.extend_from_slice(&buf[..n]);
+                while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = pending.drain(..=end).collect();
+                    let Ok(e) = serde_json::from_slice::<Value>(&line) else {
+                        continue;
+                    };
+                    if e["stage"] == "ResponseComplete" && e["user"]["username"] == PLUGIN_USER {
+                        seen += 1;
+                        if seen == k {
+                            signal(pid, libc::SIGSTOP);
+                            f.store(true, Ordering::SeqCst);
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        FreezeTrap {
+            fired,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
 impl Drop for RealK8s {
     fn drop(&mut self) {
+        // What the server refused or rejected of the plugin's requests, for the log.
+        let bad = self.nonconformance_now();
+        if !bad.is_empty() {
+            eprintln!(
+                "kube-apiserver refused or rejected the plugin's requests:\n{}",
+                bad.join("\n")
+            );
+        }
         // By PID: the child is kube-apiserver itself (`ip netns exec` execs it). A frozen
         // process dies of SIGKILL too. etcd stops in its own Drop.
         let _ = self.apiserver.kill();
@@ -724,6 +855,12 @@ fn signal(pid: u32, sig: libc::c_int) {
     unsafe {
         libc::kill(pid as libc::pid_t, sig);
     }
+}
+
+/// `/api/v1/namespaces/<name>`.
+fn is_namespace_path(path: &str) -> bool {
+    path.strip_prefix("/api/v1/namespaces/")
+        .is_some_and(|rest| !rest.is_empty() && !rest.contains('/'))
 }
 
 fn audited(e: &Value) -> Audited {
