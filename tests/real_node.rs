@@ -20,8 +20,8 @@ use common::cni::report_skip;
 use common::installer::calico_node_account;
 use common::netns::{require_root, UPLINK_V4};
 use common::real_node::{
-    install_cni, plugin_binary, read_recorded_calls, record_calls, shared_k8s, wait_until,
-    InstallInputs, RealNode, RecordedCall, BUSYBOX_IMAGE,
+    install_cni, read_recorded_calls, record_calls, shared_k8s, wait_until, InstallInputs,
+    RealNode, RecordedCall, BUSYBOX_IMAGE,
 };
 use serde_json::{json, Value};
 
@@ -677,8 +677,7 @@ fn pods_through_kubelet_and_containerd_get_addresses_and_leave_nothing() {
         .map(|(_, d)| *d)
         .collect();
     say(&format!(
-        "RunPodSandbox through kubelet (containerd's log; plugin {}, {WAVE} pods at a time): median {:?} over {} churn sandboxes (min {:?}, max {:?})",
-        plugin_binary().display(),
+        "RunPodSandbox through kubelet (containerd's log; plugin installed by {how}, {WAVE} pods at a time): median {:?} over {} churn sandboxes (min {:?}, max {:?})",
         median(churn.clone()),
         churn.len(),
         churn.iter().min().unwrap(),

@@ -879,7 +879,7 @@ pub fn install_cni(i: &InstallInputs) -> &'static str {
             let cmd = podman.cmd(Some(i.host_netns), &args);
             (
                 super::cni::run_command_within(cmd, "", Duration::from_secs(300), "install-cni"),
-                "the image's install under podman",
+                "the image's install under podman (the image's static calico)",
             )
         }
         None => {
@@ -904,7 +904,7 @@ pub fn install_cni(i: &InstallInputs) -> &'static str {
                 .envs(env);
             (
                 super::cni::run_command_within(cmd, "", Duration::from_secs(300), "install"),
-                "the installer from an image layout of this build",
+                "the installer from an image layout of this build (REAL_NODE_CALICO or the test build)",
             )
         }
     };
