@@ -419,10 +419,24 @@ fn kdd_request_budget_of_an_add_into_an_affine_block() {
         listing(&reqs)
     );
     assert!(reqs.iter().all(accepted), "{}", listing(&reqs));
+    let mark = w.api.audit_mark();
     w.calico(&second.as_del(), &conf).assert_ok();
+    let reqs = w.api.plugin_requests_since(mark);
+    eprintln!("DEL of that pod ({}):\n{}", reqs.len(), listing(&reqs));
+    assert!(
+        reqs.len() <= DEL_BUDGET,
+        "{} requests:\n{}",
+        reqs.len(),
+        listing(&reqs)
+    );
+    assert!(reqs.iter().all(accepted), "{}", listing(&reqs));
     w.calico(&first.as_del(), &conf).assert_ok();
     w.assert_clean();
 }
+
+/// Requests of a DEL of a pod whose block stays (today's count on the real server's audit log:
+/// reads, the pod status patch, the block update, the handle update and delete).
+const DEL_BUDGET: usize = 9;
 
 /// FAKE SERVER: a latency added to every answer (to count sequential round trips) and the
 /// TLS handshake count exist only on the test API server.
