@@ -92,28 +92,16 @@ fn podman_runs_the_images_install_as_the_daemonset_does() {
         format!("{}:/host/etc/cni/net.d", net.display()),
     ];
     let started = Instant::now();
-    let out = run(
-        podman.cmd(
-            None,
-            &[
-                "run",
-                "--rm",
-                "--network",
-                "none",
-                "-v",
-                &mounts[0],
-                "-v",
-                &mounts[1],
-                "-e",
-                "SLEEP=false",
-                "-e",
-                "KUBERNETES_NODE_NAME=node-1",
-                "-e",
-                "CNI_MTU=1450",
-                &name,
-            ],
-        ),
-        "podman run install",
+    let out = podman.run_container(
+        None,
+        &mounts,
+        &[
+            ("SLEEP", "false"),
+            ("KUBERNETES_NODE_NAME", "node-1"),
+            ("CNI_MTU", "1450"),
+        ],
+        &name,
+        &[],
     );
     assert_eq!(out.code, 0, "install: {}{}", out.stdout, out.stderr);
     eprintln!("install in podman took {:?}", started.elapsed());
@@ -269,45 +257,27 @@ fn podman_runs_install_cni_against_the_real_api_server() {
         format!("{}:/host/etc/cni/net.d", net.display()),
         service_account_mount(&dirs.path().join("sa"), &k, &node_token),
     ];
-    let port = format!("KUBERNETES_SERVICE_PORT={}", k.port());
+    let port = k.port().to_string();
     let template = r#"{"name":"k8s-pod-network","cniVersion":"0.3.1","plugins":[{"type":"calico",
         "log_level":"__LOG_LEVEL__","log_file_path":"__LOG_FILE_PATH__","datastore_type":"kubernetes",
         "nodename":"__KUBERNETES_NODE_NAME__","mtu":__CNI_MTU__,"ipam":{"type":"calico-ipam"},
         "policy":{"type":"k8s"},"kubernetes":{"kubeconfig":"__KUBECONFIG_FILEPATH__"}},
         {"type":"portmap","snat":true,"capabilities":{"portMappings":true}},
         {"type":"bandwidth","capabilities":{"bandwidth":true}}]}"#;
-    let config = format!("CNI_NETWORK_CONFIG={template}");
-    let out = run(
-        podman.cmd(
-            Some(host.path()),
-            &[
-                "run",
-                "--rm",
-                "--network",
-                "host",
-                "-v",
-                &mounts[0],
-                "-v",
-                &mounts[1],
-                "-v",
-                &mounts[2],
-                "-e",
-                "SLEEP=false",
-                "-e",
-                "CNI_CONF_NAME=10-calico.conflist",
-                "-e",
-                &config,
-                "-e",
-                &format!("KUBERNETES_NODE_NAME={NODE}"),
-                "-e",
-                "KUBERNETES_SERVICE_HOST=127.0.0.1",
-                "-e",
-                &port,
-                &name,
-                "/opt/cni/bin/install",
-            ],
-        ),
-        "podman run install-cni",
+    let node_name = NODE.to_string();
+    let out = podman.run_container(
+        Some(host.path()),
+        &mounts,
+        &[
+            ("SLEEP", "false"),
+            ("CNI_CONF_NAME", "10-calico.conflist"),
+            ("CNI_NETWORK_CONFIG", template),
+            ("KUBERNETES_NODE_NAME", &node_name),
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1"),
+            ("KUBERNETES_SERVICE_PORT", &port),
+        ],
+        &name,
+        &["/opt/cni/bin/install"],
     );
     assert_eq!(out.code, 0, "install-cni: {}{}", out.stdout, out.stderr);
     // Every file it wrote.
@@ -398,35 +368,19 @@ fn podman_runs_upgrade_ipam_against_the_real_api_server() {
         format!("{}:/host/opt/cni/bin", bin.display()),
         service_account_mount(&dirs.path().join("sa"), &k, &k.admin_token()),
     ];
-    let port = format!("KUBERNETES_SERVICE_PORT={}", k.port());
-    let out = run(
-        podman.cmd(
-            Some(host.path()),
-            &[
-                "run",
-                "--rm",
-                "--network",
-                "host",
-                "-v",
-                &mounts[0],
-                "-v",
-                &mounts[1],
-                "-v",
-                &mounts[2],
-                "-e",
-                &format!("KUBERNETES_NODE_NAME={NODE}"),
-                "-e",
-                "CALICO_NETWORKING_BACKEND=bird",
-                "-e",
-                "KUBERNETES_SERVICE_HOST=127.0.0.1",
-                "-e",
-                &port,
-                &name,
-                "/opt/cni/bin/calico-ipam",
-                "-upgrade",
-            ],
-        ),
-        "podman run upgrade-ipam",
+    let port = k.port().to_string();
+    let node_name = NODE.to_string();
+    let out = podman.run_container(
+        Some(host.path()),
+        &mounts,
+        &[
+            ("KUBERNETES_NODE_NAME", &node_name),
+            ("CALICO_NETWORKING_BACKEND", "bird"),
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1"),
+            ("KUBERNETES_SERVICE_PORT", &port),
+        ],
+        &name,
+        &["/opt/cni/bin/calico-ipam", "-upgrade"],
     );
     assert_eq!(out.code, 0, "upgrade-ipam: {}{}", out.stdout, out.stderr);
     assert!(

@@ -203,8 +203,8 @@ current-context: calico-context
     ))
 }
 
-/// Standard base64 with padding.
-fn base64_std(data: &[u8]) -> String {
+/// Standard base64 with padding (also the tests' encoder for kubeconfigs they write).
+pub fn base64_std(data: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for chunk in data.chunks(3) {

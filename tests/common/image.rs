@@ -86,6 +86,39 @@ runtime = "runc"
         cmd
     }
 
+    /// `podman run --rm` of `image` with `mounts` (`host:container[:ro]`), `env` and
+    /// `command` (the image's CMD when empty); in `netns` with `--network host` (the
+    /// container shares it), else with no network.
+    pub fn run_container(
+        &self,
+        netns: Option<&str>,
+        mounts: &[String],
+        env: &[(&str, &str)],
+        image: &str,
+        command: &[&str],
+    ) -> Outcome {
+        let network = if netns.is_some() { "host" } else { "none" };
+        let mut args: Vec<String> = vec![
+            "run".into(),
+            "--rm".into(),
+            "--network".into(),
+            network.into(),
+        ];
+        for m in mounts {
+            args.extend(["-v".into(), m.clone()]);
+        }
+        for (k, v) in env {
+            args.extend(["-e".into(), format!("{k}={v}")]);
+        }
+        args.push(image.into());
+        args.extend(command.iter().map(|c| c.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run(
+            self.cmd(netns, &args),
+            &format!("podman run {image} {command:?}"),
+        )
+    }
+
     pub fn load(&self, tar: &Path) -> String {
         let out = run(
             self.cmd(None, &["load", "-i", &tar.display().to_string()]),

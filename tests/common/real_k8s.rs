@@ -501,7 +501,7 @@ contexts:
 current-context: real
 ",
             url = self.url(),
-            ca = base64(self.ca_pem.as_bytes())
+            ca = calico_cni::install::kubeconfig::base64_std(self.ca_pem.as_bytes())
         )
     }
 
@@ -1181,26 +1181,6 @@ fn random_bytes<const N: usize>() -> [u8; N] {
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Standard base64 with padding (kubeconfig `*-data` fields).
-fn base64(data: &[u8]) -> String {
-    const ABC: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in data.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, b)| n | (*b as u32) << (16 - 8 * i));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ABC[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
 
 /// Counts of `VERB path` over a list of audited requests, for messages.

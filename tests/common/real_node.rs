@@ -204,28 +204,6 @@ impl Drop for Daemon {
     }
 }
 
-/// Standard base64 with padding.
-pub fn base64(data: &[u8]) -> String {
-    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(T[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
 fn writeln_stderr(msg: &str) -> std::io::Result<()> {
     use std::io::Write as _;
     writeln!(std::io::stderr(), "{msg}")
@@ -864,21 +842,14 @@ pub fn install_cni(i: &InstallInputs) -> &'static str {
                     sa.display()
                 ),
             ];
-            let mut args: Vec<String> = ["run", "--rm", "--network", "host"]
-                .into_iter()
-                .map(String::from)
-                .collect();
-            for m in &mounts {
-                args.extend(["-v".to_string(), m.clone()]);
-            }
-            for (k, v) in env {
-                args.extend(["-e".to_string(), format!("{k}={v}")]);
-            }
-            args.extend([name, "/opt/cni/bin/install".to_string()]);
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let cmd = podman.cmd(Some(i.host_netns), &args);
             (
-                super::cni::run_command_within(cmd, "", Duration::from_secs(300), "install-cni"),
+                podman.run_container(
+                    Some(i.host_netns),
+                    &mounts,
+                    &env,
+                    &name,
+                    &["/opt/cni/bin/install"],
+                ),
                 "the image's install under podman (the image's static calico)",
             )
         }

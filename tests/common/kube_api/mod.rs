@@ -214,7 +214,7 @@ impl KubeApi {
         } else {
             format!(
                 "certificate-authority-data: {}",
-                base64(self.ca_pem.as_bytes())
+                calico_cni::install::kubeconfig::base64_std(self.ca_pem.as_bytes())
             )
         };
         format!(
@@ -584,24 +584,4 @@ fn rfc3339(t: SystemTime) -> String {
 
 fn now_rfc3339() -> String {
     rfc3339(SystemTime::now())
-}
-
-/// Standard base64 with padding (kubeconfig `*-data` fields).
-fn base64(data: &[u8]) -> String {
-    const ABC: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in data.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, b)| n | (*b as u32) << (16 - 8 * i));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ABC[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
