@@ -724,6 +724,9 @@ impl Kubelet {
         cgroup_root: &str,
     ) -> Kubelet {
         fs::create_dir_all(dir.join("root")).unwrap();
+        // The test machine's disk is the node's: kubelet's default eviction (imagefs under
+        // 15 % free) and image GC (over 85 % used) would refuse pods and delete the locally
+        // imported images on a build machine with a full disk, which is not what is tested.
         let config = format!(
             "apiVersion: kubelet.config.k8s.io/v1beta1\n\
              kind: KubeletConfiguration\n\
@@ -738,6 +741,9 @@ impl Kubelet {
              kubeAPIQPS: 100\n\
              kubeAPIBurst: 200\n\
              serializeImagePulls: false\n\
+             evictionHard: {{memory.available: 1Mi, nodefs.available: 1%, nodefs.inodesFree: 1%, imagefs.available: 1%}}\n\
+             imageGCHighThresholdPercent: 100\n\
+             imageGCLowThresholdPercent: 99\n\
              volumePluginDir: {dir}/volume-plugins\n",
             dir = dir.display()
         );
