@@ -1,8 +1,14 @@
 //! calico-cni-rs: a single-binary Rust re-implementation of Project Calico's CNI plugins.
-//! `calico` (network plugin) and `calico-ipam` (IPAM plugin) share this library; `main.rs`
-//! dispatches on argv[0].
+//! `calico` (network plugin, `plugin`), `calico-ipam` (IPAM plugin, `ipam_plugin`) and the
+//! node installer (`install`) share this library; `main.rs` dispatches on argv[0].
+//!
+//! Layers, each importing only from those below it: `skel` (CNI, nothing of Calico) and the
+//! three entry modules; `ipam_driver` (the IPAM a `calico` call delegates to) and
+//! `dataplane`; `ipam` (the allocator library) and `cluster_ready`; `datastore`; `config`,
+//! `identifiers`, `net`, `deadline`, `logging`.
 
 pub mod client;
+pub mod cluster_ready;
 pub mod config;
 pub mod dataplane;
 pub mod datastore;
@@ -11,6 +17,8 @@ pub mod error;
 pub mod identifiers;
 pub mod install;
 pub mod ipam;
+pub mod ipam_driver;
+pub mod ipam_plugin;
 pub mod logging;
 pub mod net;
 pub mod plugin;

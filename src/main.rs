@@ -2,7 +2,7 @@
 //! as `calico-ipam` (a symlink) the IPAM plugin, as `install` the installer of the calico/cni
 //! image (`install`). Flags: `-v`/`--version` prints the version; `calico -t` tests the
 //! datastore connection (used by installers to gate writing the CNI config); `calico-ipam
-//! -upgrade` migrates this node from host-local IPAM (`ipam::upgrade`).
+//! -upgrade` migrates this node from host-local IPAM (`ipam_plugin::upgrade`).
 
 use std::io::Read;
 use std::path::Path;
@@ -10,8 +10,8 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use calico_cni::deadline;
-use calico_cni::ipam::plugin::IpamPlugin;
-use calico_cni::ipam::upgrade;
+use calico_cni::ipam_plugin::upgrade;
+use calico_cni::ipam_plugin::IpamPlugin;
 use calico_cni::plugin::CalicoPlugin;
 use calico_cni::skel::error::CODE_TRY_AGAIN_LATER;
 use calico_cni::skel::{self, CniError};

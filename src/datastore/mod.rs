@@ -197,6 +197,9 @@ pub enum DatastoreError {
     Unauthorized(String),
     #[error("failed to decode {key}: {error}")]
     Decode { key: String, error: String },
+    /// A Kubernetes object the API server sent that does not decode as its kind.
+    #[error("invalid object from the API server at {path}: {error}")]
+    InvalidObject { path: String, error: String },
     #[error("{0}")]
     Config(String),
     #[error("{0}")]

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use super::InstallError;
-use crate::ipam::upgrade::parse_go_bool;
+use crate::ipam_plugin::upgrade::parse_go_bool;
 
 /// Where the installer reads and writes: upstream's container paths unless moved.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,10 +1,9 @@
-//! The `calico-ipam` plugin and Calico's block allocator.
+//! Calico's block allocator: a library on the datastore, knowing nothing of CNI or the
+//! plugins (`ipam_driver::calico` and `ipam_plugin` are its CNI-facing users).
 
 pub mod allocator;
 pub mod block;
 pub mod lock;
-pub mod plugin;
 pub mod randwalk;
 pub mod selector;
-pub mod upgrade;
 pub mod verify;

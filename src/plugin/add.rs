@@ -26,8 +26,9 @@ use std::net::IpAddr;
 use serde_json::Value;
 use tracing::{info, warn};
 
-use crate::config::NetConf;
+use crate::cluster_ready::check_datastore_ready;
 use crate::dataplane::{self, AddressRequest, DataplaneError, Families, PodLink, VethRequest};
+use crate::datastore::kubernetes::core_objects;
 use crate::datastore::model::{IpNat, Profile, WorkloadEndpoint, WorkloadEndpointSpec};
 use crate::datastore::resources::{delete_resource, get_resource};
 use crate::datastore::{validate, DatastoreError, Kind};
@@ -35,15 +36,16 @@ use crate::deadline;
 use crate::error::{Error, Result};
 use crate::ipam::allocator::{Ipam, ViewReads};
 use crate::ipam::lock::IpamLock;
-use crate::ipam::plugin::Prepared;
+use crate::ipam_driver::exec::{host_local_add_stdin, uses_pod_cidr};
+use crate::ipam_driver::{calico, IpamDriver, IpamKind, Prepared};
 use crate::net::IpNet;
 use crate::plugin::endpoint;
 use crate::plugin::endpoint_status;
-use crate::plugin::ipam_exec;
 use crate::plugin::k8s_pod::{self, AddressSource, PodInfo};
+use crate::plugin::plan::{expected_families, families_of};
 use crate::plugin::readiness;
 use crate::plugin::sandbox_lock::SandboxLock;
-use crate::plugin::{check_datastore_ready, connect, load, Call};
+use crate::plugin::{connect, load, Call};
 use crate::skel::error::CODE_INVALID_ENV;
 use crate::skel::result::IpConfig;
 use crate::skel::{CmdArgs, CniError, CniResult};
@@ -55,10 +57,8 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     // The netlink handles on both sides are opened while the datastore is connected to and
     // read (opening them creates nothing; their error, if any, is reported where the veth
     // pair is built).
-    let handles = tokio::spawn(dataplane::Handles::open(
-        args.netns.clone(),
-        expected_families(&conf, args),
-    ));
+    let families = expected_families(IpamKind::of(&conf.ipam.ipam_type), &conf, args);
+    let handles = tokio::spawn(dataplane::Handles::open(args.netns.clone(), families));
     let call = connect(args, conf, true).await?;
     let conf = &call.conf;
     // Before anything is read or written: no other ADD of this pod interface may run
@@ -69,15 +69,13 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     // and its namespace are independent reads: one round trip. Nothing is written before
     // the gate has passed. On the Kubernetes datastore the endpoint is the pod itself, so
     // the pod is read once.
-    let want_profile = conf.policy.policy_type.is_empty();
-    let policy_k8s = call.ids.is_k8s() && conf.policy.policy_type == "k8s";
-    let endpoint_from_pod = policy_k8s && call.ds.is_kubernetes();
+    let plan = &call.plan;
+    let (want_profile, policy_k8s) = (plan.want_profile, plan.policy_k8s);
+    let endpoint_from_pod = plan.endpoint_from_pod;
     // With calico-ipam in-process, the host's IPAM lock is taken now and AutoAssign's reads
     // join this round trip (they are the same reads, under the same lock, as after the
     // gate). Not with readiness gates, which may wait: the lock would be held meanwhile.
-    let early_ipam = call.ids.is_k8s()
-        && conf.readiness_gates.is_empty()
-        && ipam_exec::is_own_ipam(&conf.ipam.ipam_type, &args.path);
+    let early_ipam = plan.k8s && conf.readiness_gates.is_empty() && plan.ipam_in_process;
     let lock = early_ipam.then(|| IpamLock::acquire(conf.ipam_lock_file()));
     let (ready, existing, profile_exists, pod, reads) = tokio::join!(
         check_datastore_ready(&call.ds),
@@ -99,7 +97,7 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
             if !policy_k8s {
                 return Ok(None);
             }
-            let client = k8s_pod::client_for(conf, &call.ds).await?;
+            let client = core_objects::client_for(conf, &call.ds).await?;
             k8s_pod::read(&client, &call.ids.namespace, &call.ids.pod)
                 .await
                 .map(Some)
@@ -134,7 +132,7 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
         None
     };
 
-    let mut result = if call.ids.is_k8s() {
+    let mut result = if plan.k8s {
         add_k8s(args, &call, existing, profile, mtu, pod, early, handles).await?
     } else {
         add_cni(args, &call, existing, profile, mtu, handles).await?
@@ -223,7 +221,7 @@ async fn add_cni(
     wep.spec.interface_name = ids.host_veth_name();
     validate_and_ensure_profile(call, &wep, profile).await?;
 
-    let veth = veth_request(args, call, &wep, mtu, None, expected_families(conf, args));
+    let veth = veth_request(args, call, &wep, mtu, None, call.plan.families);
     let ipam = ipam_add(
         call,
         args,
@@ -283,9 +281,9 @@ async fn add_k8s(
     extras.container_mac = pod.hw_addr()?;
     let source = pod.address_source(conf)?;
     let mut args = args.clone();
-    if conf.ipam.ipam_type == "host-local" && ipam_exec::uses_pod_cidr(&args.stdin_data) {
+    if call.plan.ipam == IpamKind::HostLocal && uses_pod_cidr(&args.stdin_data) {
         let (v4, v6) = k8s_pod::node_pod_cidrs(call).await?;
-        args.stdin_data = ipam_exec::host_local_add_stdin(&args.stdin_data, &v4, &v6)?;
+        args.stdin_data = host_local_add_stdin(&args.stdin_data, &v4, &v6)?;
     }
     let args = &args;
     validate_and_ensure_profile(call, &wep, profile).await?;
@@ -295,8 +293,8 @@ async fn add_k8s(
         AddressSource::Ipam => {
             let mut ipam_args = args.clone();
             // With the pool and family annotations, the families are IPAM's to tell.
-            let mut families = expected_families(conf, args);
-            if conf.ipam.ipam_type == "calico-ipam" {
+            let mut families = call.plan.families;
+            if call.plan.ipam == IpamKind::Calico {
                 if let Some(stdin) = pod.ipam_stdin(&args.stdin_data)? {
                     ipam_args.stdin_data = stdin;
                     families = None;
@@ -344,7 +342,7 @@ async fn add_k8s(
         }
     };
     // A calico-ipam result without routes is a KubeVirt migration target: no host routes.
-    extras.skip_host_routes = conf.ipam.ipam_type == "calico-ipam" && result.routes.is_empty();
+    extras.skip_host_routes = call.plan.ipam == IpamKind::Calico && result.routes.is_empty();
     let result = network_and_write(args, call, result, link, wep, routes, extras, mtu).await?;
     endpoint_status::wait_for_policy(
         &conf.endpoint_status_dir,
@@ -359,13 +357,13 @@ async fn add_k8s(
 /// The namespace's labels for calico-ipam's pool selection: those already read with the
 /// pod, else read when a kubeconfig is configured (as calico-ipam does).
 async fn namespace_labels(call: &Call, pod: &PodInfo) -> Result<BTreeMap<String, String>> {
-    if call.conf.ipam.ipam_type != "calico-ipam" {
+    if call.plan.ipam != IpamKind::Calico {
         return Ok(BTreeMap::new());
     }
     if call.conf.policy.policy_type == "k8s" {
         return Ok(pod.namespace_labels.clone());
     }
-    crate::ipam::plugin::namespace_labels(&call.conf, &call.ids.namespace, &call.ds).await
+    calico::namespace_labels(&call.conf, &call.ids.namespace, &call.ds).await
 }
 
 /// `ipAddrs` on a re-ADD: the endpoint's previous addresses are released first.
@@ -382,7 +380,7 @@ async fn release_old_addresses(call: &Call, args: &CmdArgs, old: &[String]) -> R
         ?ips,
         "releasing the endpoint's previous addresses before ipAddrs"
     );
-    crate::ipam::plugin::release_any(&call.ds, args, &ips)
+    calico::release_any(&call.ds, args, &ips)
         .await
         .map_err(|e| Error::msg(format!("failed to release ipAddrs: {e}")))
 }
@@ -404,15 +402,13 @@ async fn assign_each(
             namespace_labels: labels.clone(),
             ..Default::default()
         };
-        let got = ipam_exec::exec_add(call, &call.conf.ipam.ipam_type, &one, prepared)
-            .await
-            .and_then(|r| {
-                if r.ips.is_empty() {
-                    Err(Error::msg("IPAM plugin returned missing IP config"))
-                } else {
-                    Ok(r)
-                }
-            });
+        let got = call.ipam().add(&one, prepared).await.and_then(|r| {
+            if r.ips.is_empty() {
+                Err(Error::msg("IPAM plugin returned missing IP config"))
+            } else {
+                Ok(r)
+            }
+        });
         match got {
             Ok(r) => {
                 assigned.push(r.ips[0].address.addr);
@@ -422,7 +418,7 @@ async fn assign_each(
             Err(e) => {
                 undo(
                     "releasing the addresses already assigned",
-                    ipam_exec::release_assigned(&call.ds, &call.conf, args, &assigned),
+                    call.ipam().give_back(args, &assigned),
                 )
                 .await;
                 return Err(Error::msg(format!("error getting IP from IPAM: {e}")));
@@ -487,14 +483,15 @@ async fn ipam_add(
     prepared: Prepared,
     empty: &str,
 ) -> Result<CniResult> {
-    let ipam_type = &call.conf.ipam.ipam_type;
-    let result = ipam_exec::exec_add(call, ipam_type, args, prepared).await?;
+    let ipam = call.ipam();
+    let result = ipam.add(args, prepared).await?;
     info!(ips = ?result.ips.iter().map(|i| i.address.to_string()).collect::<Vec<_>>(), "Got result from IPAM plugin");
     if result.ips.is_empty() {
-        undo(
-            "releasing an empty IPAM result",
-            ipam_exec::release(&call.ds, ipam_type, args),
-        )
+        undo("releasing an empty IPAM result", async {
+            if let Err(e) = ipam.del(args).await {
+                warn!(error = %e, "failed to release IPAM allocation");
+            }
+        })
         .await;
         return Err(Error::msg(empty));
     }
@@ -519,34 +516,6 @@ fn veth_request(
         num_queues: call.conf.num_queues(),
         container_mac,
         families,
-    }
-}
-
-/// The families calico-ipam's answer will have, as the configuration tells them: the
-/// family of `IP=` in CNI_ARGS, else `assign_ipv4`/`assign_ipv6` (calico-ipam fails rather
-/// than return fewer). `None` for other IPAM plugins.
-fn expected_families(conf: &NetConf, args: &CmdArgs) -> Option<Families> {
-    if conf.ipam.ipam_type != "calico-ipam" {
-        return None;
-    }
-    let requested = args
-        .args
-        .split(';')
-        .find_map(|kv| kv.strip_prefix("IP="))
-        .filter(|v| !v.is_empty());
-    match requested {
-        Some(ip) => ip.parse::<IpAddr>().ok().map(|ip| families_of(&[ip])),
-        None => Some(Families {
-            v4: conf.assign_ipv4(),
-            v6: conf.assign_ipv6(),
-        }),
-    }
-}
-
-fn families_of(ips: &[IpAddr]) -> Families {
-    Families {
-        v4: ips.iter().any(IpAddr::is_ipv4),
-        v6: ips.iter().any(IpAddr::is_ipv6),
     }
 }
 
@@ -585,7 +554,7 @@ async fn alongside(
             let assigned: Vec<IpAddr> = result.ips.iter().map(|ip| ip.address.addr).collect();
             undo(
                 "releasing the addresses after a failed dataplane setup",
-                ipam_exec::release_assigned(&call.ds, &call.conf, args, &assigned),
+                call.ipam().give_back(args, &assigned),
             )
             .await;
             Err(e.into())
@@ -620,7 +589,7 @@ async fn network_and_write(
         Err(e) => {
             undo(
                 "releasing the addresses after a failed dataplane setup",
-                ipam_exec::release_assigned(&call.ds, &call.conf, args, &assigned),
+                call.ipam().give_back(args, &assigned),
             )
             .await;
             return Err(e.into());
@@ -640,7 +609,7 @@ async fn network_and_write(
             if new_endpoint && outcome_unknown(&e) {
                 remove_unanswered_endpoint(call, &wep).await;
             }
-            ipam_exec::release_assigned(&call.ds, &call.conf, args, &assigned).await;
+            call.ipam().give_back(args, &assigned).await;
         })
         .await;
         return Err(e);
@@ -732,7 +701,7 @@ pub(crate) fn default_routes() -> Vec<IpNet> {
 /// routes without `dst` skipped), after the defaults when `include_default_routes`;
 /// otherwise, or when there are none, the default routes.
 pub(crate) fn k8s_routes(conf: &crate::config::NetConf) -> Result<Vec<IpNet>> {
-    if conf.ipam.ipam_type != "host-local" {
+    if IpamKind::of(&conf.ipam.ipam_type) != IpamKind::HostLocal {
         return Ok(default_routes());
     }
     let Some(routes) = &conf.ipam.routes else {

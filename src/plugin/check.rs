@@ -17,25 +17,11 @@ use crate::datastore::model::WorkloadEndpointSpec;
 use crate::datastore::resources::get_resource;
 use crate::datastore::Kind;
 use crate::error::{Error, Result};
+use crate::ipam_driver::{IpamDriver, IpamKind};
 use crate::net::IpNet;
-use crate::plugin::{add, connect, ipam_exec, load, Call};
+use crate::plugin::{add, connect, load, Call};
+use crate::skel::result::prev_result;
 use crate::skel::{CmdArgs, CniResult};
-
-/// The previous result, parsed in the config's version (libcni's `ParsePrevResult`).
-pub fn prev_result(stdin: &[u8]) -> Result<CniResult> {
-    let conf: serde_json::Value = serde_json::from_slice(stdin)
-        .map_err(|e| Error::msg(format!("failed to parse network config: {e}")))?;
-    let Some(prev) = conf.get("prevResult").filter(|p| p.is_object()) else {
-        return Err(Error::msg("Required prevResult missing"));
-    };
-    let mut prev = prev.clone();
-    if let (Some(v), Some(obj)) = (conf.get("cniVersion"), prev.as_object_mut()) {
-        obj.insert("cniVersion".into(), v.clone());
-    }
-    let bytes = serde_json::to_vec(&prev).map_err(|e| Error::msg(e.to_string()))?;
-    CniResult::parse(&bytes)
-        .map_err(|e| Error::msg(format!("failed to parse prevResult: {}", e.msg)))
-}
 
 pub async fn cmd_check(args: &CmdArgs) -> Result<()> {
     let conf = load(args)?;
@@ -52,7 +38,8 @@ pub async fn cmd_check(args: &CmdArgs) -> Result<()> {
     );
     kernel?;
     endpoint?;
-    check_ipam(args, &call, &prev).await
+    // Calico IPAM in-process: the handle holds the addresses; any other IPAM: its CHECK.
+    call.ipam().check(args, &prev).await
 }
 
 /// What ADD made, from the previous result and the config.
@@ -68,7 +55,7 @@ fn expected(args: &CmdArgs, call: &Call, prev: &CniResult) -> Result<Expected> {
         .iter()
         .find(|i| !i.sandbox.is_empty() && i.name == args.ifname);
     let ips: Vec<IpAddr> = prev.ips.iter().map(|i| i.address.addr).collect();
-    let routes: Vec<IpNet> = if call.ids.is_k8s() {
+    let routes: Vec<IpNet> = if call.plan.k8s {
         add::k8s_routes(&call.conf)?
     } else {
         add::default_routes()
@@ -84,7 +71,7 @@ fn expected(args: &CmdArgs, call: &Call, prev: &CniResult) -> Result<Expected> {
         ips,
         routes,
         // ADD skips them for a calico-ipam result without routes (KubeVirt targets).
-        host_routes: !(call.conf.ipam.ipam_type == "calico-ipam" && prev.routes.is_empty()),
+        host_routes: !(call.plan.ipam == IpamKind::Calico && prev.routes.is_empty()),
     })
 }
 
@@ -153,26 +140,6 @@ async fn check_endpoint(args: &CmdArgs, call: &Call, prev: &CniResult) -> Result
         }
     }
     Ok(())
-}
-
-/// Calico IPAM in-process: the handle holds the addresses; any other IPAM plugin: its CHECK.
-async fn check_ipam(args: &CmdArgs, call: &Call, prev: &CniResult) -> Result<()> {
-    let ipam = call.conf.ipam.ipam_type.as_str();
-    if ipam_exec::is_own_ipam(ipam, &args.path) {
-        return crate::ipam::plugin::check_with(&call.ds, &call.conf.name, &call.ids, prev).await;
-    }
-    if ipam.is_empty() {
-        return Ok(());
-    }
-    if ipam == "host-local" {
-        // host-local checks by container ID; `usePodCidr` needs a parsable stand-in, as DEL.
-        let args = CmdArgs {
-            stdin_data: ipam_exec::host_local_del_stdin(&args.stdin_data)?,
-            ..args.clone()
-        };
-        return ipam_exec::exec_verb(ipam, "CHECK", &args);
-    }
-    ipam_exec::exec_verb(ipam, "CHECK", args)
 }
 
 fn join(ips: &[IpAddr]) -> String {

@@ -7,14 +7,15 @@
 
 use tracing::{info, warn};
 
+use crate::cluster_ready::check_datastore_ready;
 use crate::dataplane;
 use crate::dataplane::link_watch::LinkGoneWatch;
 use crate::datastore::model::{WorkloadEndpoint, WorkloadEndpointSpec};
 use crate::datastore::resources::{delete_resource, get_resource};
 use crate::datastore::{DatastoreError, Kind};
 use crate::error::{Error, Result};
-use crate::plugin::ipam_exec;
-use crate::plugin::{check_datastore_ready, connect, identifiers, load};
+use crate::ipam_driver::IpamDriver;
+use crate::plugin::{connect, identifiers, load};
 use crate::skel::error::CODE_TRY_AGAIN_LATER;
 use crate::skel::{CmdArgs, CniError};
 
@@ -63,7 +64,7 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
             None
         }
     };
-    let ipam_type = &call.conf.ipam.ipam_type;
+    let ipam = call.ipam();
     // The ready gate and (k8s) the endpoint's first read are independent reads: one round
     // trip. Nothing is written before the gate has passed.
     let k8s_name = name.as_deref().filter(|_| ids.is_k8s());
@@ -79,7 +80,7 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
         return failures.into_result();
     }
 
-    if ids.is_k8s() {
+    if call.plan.k8s {
         // A configuration error: nothing was started.
         if let Err(e) = dataplane {
             return Err(e.into());
@@ -102,15 +103,14 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
             None => Some((&mut finished).await),
         };
         match torn {
-            Some(Ok(())) => failures.add(ipam_exec::exec_del(&call, ipam_type, args).await),
+            Some(Ok(())) => failures.add(ipam.del(args).await),
             Some(Err(e)) => {
                 warn!("the pod's addresses are kept until its interface is gone (a retried DEL releases them)");
                 failures.push(e);
             }
             None => {
                 info!("the host veth is gone; releasing the pod's addresses while the kernel finishes its removal");
-                let (released, torn) =
-                    tokio::join!(ipam_exec::exec_del(&call, ipam_type, args), &mut finished);
+                let (released, torn) = tokio::join!(ipam.del(args), &mut finished);
                 failures.add(released);
                 failures.add(torn);
             }
@@ -118,7 +118,7 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
         return failures.into_result();
     }
 
-    failures.add(ipam_exec::exec_del(&call, ipam_type, args).await);
+    failures.add(ipam.del(args).await);
     if let Some(name) = &name {
         match delete_resource(
             &call.ds,

@@ -11,13 +11,15 @@
 use tracing::{info, warn};
 
 use crate::client;
+use crate::cluster_ready::check_datastore_ready;
 use crate::datastore::model::{Resource, WorkloadEndpointSpec};
 use crate::datastore::resources::{delete_resource, list_resources};
 use crate::datastore::{Datastore, Kind, ListKind};
 use crate::error::{Error, Result};
 use crate::identifiers::ORCH_K8S;
 use crate::ipam::allocator::gc::{node_handles, NodeHandles};
-use crate::plugin::{check_datastore_ready, ipam_exec, load};
+use crate::ipam_driver::{calico::Known, pick, runs_in_process, GcScope, IpamDriver, IpamKind};
+use crate::plugin::{identifiers, load};
 use crate::skel::attachments::{self, Attachment};
 use crate::skel::{CmdArgs, CniError};
 
@@ -30,10 +32,11 @@ pub async fn cmd_gc(args: &CmdArgs) -> Result<(), CniError> {
     let node = conf.node_name();
     let network = conf.name.as_str();
     let ipam_type = conf.ipam.ipam_type.as_str();
+    let kind = IpamKind::of(ipam_type);
     let cids = attachments::container_ids(&valid);
     let mut failures: Vec<String> = Vec::new();
 
-    let handles = if ipam_type == "calico-ipam" {
+    let handles = if kind == IpamKind::Calico {
         match node_handles(&ds, &node, network).await {
             Ok(h) => Some(h),
             Err(e) => {
@@ -51,19 +54,20 @@ pub async fn cmd_gc(args: &CmdArgs) -> Result<(), CniError> {
         delete_stale_endpoints(&ds, &node, network, owned, &valid, &mut failures).await;
     }
 
-    if ipam_exec::is_own_ipam(ipam_type, &args.path) {
-        match &handles {
-            Some(h) => {
-                let outcome = crate::ipam::plugin::gc_with(&ds, &conf, &node, h, &cids).await;
-                failures.extend(outcome.failures);
-            }
-            None => failures.push("IPAM addresses were not collected".into()),
-        }
-    } else if !ipam_type.is_empty() {
-        if let Err(e) = ipam_exec::exec_verb(ipam_type, "GC", args) {
-            failures.push(format!("{ipam_type} GC: {}", CniError::from(e).msg));
-        }
-    }
+    // GC names no container: the identifiers only complete the driver's inputs.
+    let ids = identifiers(args, &conf).unwrap_or_default();
+    let known = Known {
+        conf: &conf,
+        ids: &ids,
+    };
+    let in_process = runs_in_process(kind, ipam_type, &args.path);
+    let scope = GcScope {
+        node: &node,
+        handles: handles.as_ref(),
+        valid: &cids,
+    };
+    let ipam = pick(in_process, &ds, known, &args.stdin_data);
+    failures.extend(ipam.gc(args, &scope).await);
 
     if failures.is_empty() {
         return Ok(());

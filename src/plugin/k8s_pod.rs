@@ -7,17 +7,13 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
 use serde_json::Value;
 
 use crate::config::NetConf;
-use crate::datastore::backend::{Backend, DATASTORE_TIMEOUT};
 use crate::datastore::kubernetes::client::KubeClient;
-use crate::datastore::kubernetes::pods;
+use crate::datastore::kubernetes::{core_objects, pods};
 use crate::datastore::model::WorkloadEndpoint;
-use crate::datastore::settings::DatastoreSettings;
 use crate::error::{Error, Result};
 
 const ANN_IPV4_POOLS: &str = "cni.projectcalico.org/ipv4pools";
@@ -26,19 +22,6 @@ const ANN_IP_FAMILIES: &str = "cni.projectcalico.org/ipFamilies";
 const ANN_IP_ADDRS: &str = "cni.projectcalico.org/ipAddrs";
 const ANN_IP_ADDRS_NO_IPAM: &str = "cni.projectcalico.org/ipAddrsNoIpam";
 const ANN_HW_ADDR: &str = "cni.projectcalico.org/hwAddr";
-
-/// The API client for the plugin's own reads: the datastore's when it is the Kubernetes
-/// datastore reached the same way (one connection for everything), else a new one from the
-/// NetConf (`kubernetes.kubeconfig`, `policy.k8s_*`).
-pub async fn client_for(conf: &NetConf, ds: &Backend) -> Result<Arc<KubeClient>> {
-    let wanted = DatastoreSettings::plugin_kube(conf);
-    if let Some(c) = ds.kube_client() {
-        if c.settings() == &wanted || wanted.is_empty() {
-            return Ok(c.clone());
-        }
-    }
-    Ok(Arc::new(KubeClient::new(&wanted, DATASTORE_TIMEOUT).await?))
-}
 
 /// The node's pod CIDRs by family (k8s.go `getPodCidrs`, `getIPsByFamily`), for host-local's
 /// `usePodCidr`; the node is `kubernetes.node_name`, else this node.
@@ -49,9 +32,8 @@ pub async fn node_pod_cidrs(call: &crate::plugin::Call) -> Result<(String, Strin
     } else {
         conf.kubernetes.node_name.clone()
     };
-    let client = client_for(conf, &call.ds).await?;
-    let n: k8s_openapi::api::core::v1::Node =
-        get_json(&client, &format!("/api/v1/nodes/{node}")).await?;
+    let client = core_objects::client_for(conf, &call.ds).await?;
+    let n = core_objects::node(&client, &node).await?;
     let cidrs = n.spec.and_then(|s| s.pod_cidrs).unwrap_or_default();
     if cidrs.is_empty() {
         return Err(Error::msg(format!("no podCidr for node {node}")));
@@ -90,22 +72,11 @@ pub struct PodInfo {
     pub endpoint: Option<WorkloadEndpoint>,
 }
 
-async fn get_json<T: serde::de::DeserializeOwned>(client: &KubeClient, path: &str) -> Result<T> {
-    let resp = client.get(path).await?;
-    if !resp.ok() {
-        return Err(Error::msg(resp.status_object().message));
-    }
-    serde_json::from_slice(&resp.body)
-        .map_err(|e| Error::msg(format!("invalid object from the API server at {path}: {e}")))
-}
-
 /// Reads the namespace and the pod (both requests in flight together).
 pub async fn read(client: &KubeClient, namespace: &str, pod: &str) -> Result<PodInfo> {
-    let ns_path = format!("/api/v1/namespaces/{namespace}");
-    let pod_path = format!("/api/v1/namespaces/{namespace}/pods/{pod}");
     let (ns, p) = tokio::join!(
-        get_json::<Namespace>(client, &ns_path),
-        get_json::<Pod>(client, &pod_path),
+        core_objects::namespace(client, namespace),
+        core_objects::pod(client, namespace, pod),
     );
     let ns = ns?;
     let p = p?;

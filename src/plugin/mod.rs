@@ -8,8 +8,8 @@ pub mod del;
 pub mod endpoint;
 pub mod endpoint_status;
 pub mod gc;
-pub mod ipam_exec;
 pub mod k8s_pod;
+pub mod plan;
 pub mod readiness;
 pub mod sandbox_lock;
 pub mod status;
@@ -17,16 +17,16 @@ pub mod status;
 use tracing::info;
 
 use crate::client;
+use crate::cluster_ready::check_datastore_ready;
 use crate::config::NetConf;
 use crate::datastore::backend::Backend;
 use crate::datastore::kubernetes::client::{KubeClient, KubeSettings};
-use crate::datastore::model::ClusterInformation;
-use crate::datastore::resources::get_resource;
-use crate::datastore::Kind;
 use crate::error::{Error, Result};
 use crate::identifiers::WepIdentifiers;
+use crate::ipam_driver::{self, calico::Known, Driver};
 use crate::skel::args::prepend_ignore_unknown;
 use crate::skel::{CmdArgs, CniError, CniResult, Plugin};
+use plan::Plan;
 
 pub struct CalicoPlugin;
 
@@ -85,6 +85,18 @@ pub struct Call {
     /// The stdin `conf` was parsed from (an in-process calico-ipam given the same bytes uses
     /// `conf` and `ids` instead of parsing them again).
     pub stdin: Vec<u8>,
+    pub plan: Plan,
+}
+
+impl Call {
+    /// The call's IPAM (`ipam_driver::pick`, with the plan's answer to where it runs).
+    pub fn ipam(&self) -> Driver<'_, Backend> {
+        let known = Known {
+            conf: &self.conf,
+            ids: &self.ids,
+        };
+        ipam_driver::pick(self.plan.ipam_in_process, &self.ds, known, &self.stdin)
+    }
 }
 
 /// The first steps of every call: the config, logging, and the nodename-file gate.
@@ -117,11 +129,14 @@ pub async fn connect(args: &CmdArgs, conf: NetConf, for_add: bool) -> Result<Cal
             e
         }
     })?;
+    let plan = Plan::new(&conf, args, &ids, ds.is_kubernetes());
+    tracing::debug!(?plan, "the call's plan");
     Ok(Call {
         conf,
         ids,
         ds,
         stdin: args.stdin_data.clone(),
+        plan,
     })
 }
 
@@ -139,20 +154,6 @@ pub fn identifiers(args: &CmdArgs, conf: &NetConf) -> Result<WepIdentifiers> {
 pub async fn prelude(args: &CmdArgs) -> Result<Call> {
     let conf = load(args)?;
     connect(args, conf, false).await
-}
-
-/// ClusterInformation `default` must say `datastoreReady: true`.
-pub async fn check_datastore_ready<D: crate::datastore::Datastore>(ds: &D) -> Result<()> {
-    let ci: ClusterInformation = get_resource(ds, Kind::ClusterInformation, None, "default")
-        .await
-        .map_err(|e| Error::msg(format!("error getting ClusterInformation: {e}")))?;
-    if ci.spec.datastore_ready != Some(true) {
-        info!("Upgrade may be in progress, ready flag is not set");
-        return Err(Error::msg(
-            "Calico is currently not ready to process requests",
-        ));
-    }
-    Ok(())
 }
 
 /// `calico -t`: can we reach the datastore and is it ready? (2 s budget, as upstream)

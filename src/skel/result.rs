@@ -200,6 +200,23 @@ pub fn go_escape(s: &str) -> String {
         .replace('\u{2029}', "\\u2029")
 }
 
+/// The previous result of CHECK, parsed in the config's version (libcni's
+/// `ParsePrevResult`). Its errors are untyped (999), as Go's skel reports them.
+pub fn prev_result(stdin: &[u8]) -> Result<CniResult, CniError> {
+    let conf: Value = serde_json::from_slice(stdin)
+        .map_err(|e| CniError::internal(format!("failed to parse network config: {e}")))?;
+    let Some(prev) = conf.get("prevResult").filter(|p| p.is_object()) else {
+        return Err(CniError::internal("Required prevResult missing"));
+    };
+    let mut prev = prev.clone();
+    if let (Some(v), Some(obj)) = (conf.get("cniVersion"), prev.as_object_mut()) {
+        obj.insert("cniVersion".into(), v.clone());
+    }
+    let bytes = serde_json::to_vec(&prev).map_err(|e| CniError::internal(e.to_string()))?;
+    CniResult::parse(&bytes)
+        .map_err(|e| CniError::internal(format!("failed to parse prevResult: {}", e.msg)))
+}
+
 impl CniResult {
     /// Prints the result in `cni_version`'s format.
     pub fn encode(&self, cni_version: &str) -> Result<String, CniError> {

@@ -10,6 +10,7 @@
 //! the call, so that a delete does not need to read the object again.
 
 pub mod client;
+pub mod core_objects;
 pub mod crd;
 pub mod names;
 pub mod pods;
@@ -23,6 +24,7 @@ use k8s_openapi::api::core::v1::{Node as K8sNode, Pod};
 use serde_json::{json, Value};
 
 use self::client::{ApiResponse, KubeClient};
+use self::core_objects::pod_path;
 use self::crd::{crd_ref, from_cr, mark_deleted, to_cr, CrdRef, Group};
 use super::{Datastore, DatastoreError, Key, Kind, KvPair, ListKind, Revision};
 use crate::identifiers::parse_wep_name;
@@ -81,10 +83,6 @@ fn decode<T: serde::de::DeserializeOwned>(key: &Key, v: Value) -> Result<T, Data
         key: key.describe(),
         error: e.to_string(),
     })
-}
-
-fn pod_path(namespace: &str, pod: &str) -> String {
-    format!("/api/v1/namespaces/{namespace}/pods/{pod}")
 }
 
 impl KubeDatastore {
@@ -462,7 +460,7 @@ impl KubeDatastore {
     // ---- nodes and profiles ----
 
     async fn get_node(&self, key: &Key, name: &str) -> Result<KvPair, DatastoreError> {
-        let resp = self.client.get(&format!("/api/v1/nodes/{name}")).await?;
+        let resp = self.client.get(&core_objects::node_path(name)).await?;
         if !resp.ok() {
             return Err(api_error(key, &resp));
         }
@@ -494,10 +492,7 @@ impl KubeDatastore {
         };
         match prefix {
             "kns" => {
-                let resp = self
-                    .client
-                    .get(&format!("/api/v1/namespaces/{rest}"))
-                    .await?;
+                let resp = self.client.get(&core_objects::namespace_path(rest)).await?;
                 if !resp.ok() {
                     return Err(api_error(key, &resp));
                 }

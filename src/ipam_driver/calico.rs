@@ -1,98 +1,50 @@
-//! The `calico-ipam` plugin (cni-plugin/pkg/ipamplugin): ADD assigns addresses (AutoAssign,
-//! or AssignIP for `IP=` in CNI_ARGS) to the handle `<network>.<containerID>`; DEL releases
-//! that handle and the legacy one; CHECK verifies the handle still holds the previous
-//! result's addresses; STATUS is Calico's readiness; GC releases this node's handles of
-//! containers that are gone (`ipam::allocator::gc`).
+//! Calico IPAM on an open datastore, as `calico-ipam` does it (cni-plugin/pkg/ipamplugin):
+//! ADD assigns addresses (AutoAssign, or AssignIP for `IP=` in CNI_ARGS) to the handle
+//! `<network>.<containerID>`; DEL releases that handle and the legacy one; CHECK verifies the
+//! handle still holds the previous result's addresses; GC releases this node's handles of
+//! containers that are gone (`ipam::allocator::gc`). The `calico-ipam` process
+//! (`ipam_plugin`) and the `calico` plugin running it in-process (`InProcess`) share this.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
-use crate::client;
 use crate::config::NetConf;
 use crate::datastore::backend::Backend;
+use crate::datastore::kubernetes::core_objects;
 use crate::datastore::model::IpPool;
 use crate::datastore::{Datastore, Key};
 use crate::error::{Error, Result};
 use crate::identifiers::WepIdentifiers;
+use crate::ipam::allocator::gc::{GcOutcome, NodeHandles};
 use crate::ipam::allocator::{AutoAssignArgs, Ipam, IpamError, ViewReads};
 use crate::ipam::lock::IpamLock;
 use crate::net::IpNet;
-use crate::plugin::k8s_pod;
 use crate::skel::args::{load_args, ArgKind, IGNORE_UNKNOWN};
 use crate::skel::result::{IpConfig, Route};
-use crate::skel::{CmdArgs, CniError, CniResult, Plugin};
+use crate::skel::{CmdArgs, CniResult};
 use crate::timefmt;
 
 /// Upstream's budget for one assignment or release, counted after the lock is taken.
 pub const IPAM_TIMEOUT: Duration = Duration::from_secs(90);
 
-pub struct IpamPlugin;
-
-impl Plugin for IpamPlugin {
-    fn about(&self) -> String {
-        format!("Calico CNI IPAM {}", crate::VERSION)
-    }
-
-    fn default_result_version(&self) -> &'static str {
-        "0.1.0"
-    }
-
-    fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
-        client::block_on(cmd_add(args))
-            .and_then(|r| r)
-            .map_err(CniError::from)
-    }
-
-    fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
-        client::block_on(cmd_del(args))
-            .and_then(|r| r)
-            .map_err(CniError::from)
-    }
-
-    /// Upstream has no IPAM CHECK (success); ours verifies the handle holds the previous
-    /// result's addresses.
-    fn check(&self, args: &CmdArgs) -> Result<(), CniError> {
-        client::block_on(cmd_check(args))
-            .and_then(|r| r)
-            .map_err(CniError::from)
-    }
-
-    fn status(&self, args: &CmdArgs) -> Result<(), CniError> {
-        client::block_on(async {
-            let conf = load(args)?;
-            crate::plugin::status::calico_ready(&conf, false)
-                .await
-                .map_err(Error::from)
-        })
-        .and_then(|r| r)
-        .map_err(CniError::from)
-    }
-
-    fn gc(&self, args: &CmdArgs) -> Result<(), CniError> {
-        client::block_on(cmd_gc(args))
-            .and_then(|r| r)
-            .map_err(CniError::from)
-    }
-}
-
 /// `ipamArgs` of ipam_plugin.go: the second CNI_ARGS pass of ADD knows only these keys, so
 /// `K8S_*` keys without `IgnoreUnknown=1` fail there (`calico` always prepends it).
 const IPAM_ARGS: &[(&str, ArgKind)] = &[IGNORE_UNKNOWN, ("IP", ArgKind::Ip)];
 
-/// What one calico-ipam call works with: parsed here, or borrowed from the `calico` plugin
-/// that runs this one in-process.
-struct Call<'a> {
-    conf: Cow<'a, NetConf>,
-    ids: Cow<'a, WepIdentifiers>,
+/// What one Calico IPAM call works with: parsed from its stdin, or borrowed from the
+/// `calico` plugin that runs it in-process.
+pub struct Call<'a> {
+    pub conf: Cow<'a, NetConf>,
+    pub ids: Cow<'a, WepIdentifiers>,
 }
 
 /// What the `calico` plugin has already made of the same stdin and CNI_ARGS: an in-process
-/// calico-ipam uses it instead of parsing the NetConf, reading the nodename file, building
-/// the identifiers and setting up logging and the deadline again.
+/// calico-ipam uses it instead of parsing the NetConf, reading the nodename file and
+/// building the identifiers again.
 #[derive(Clone, Copy)]
 pub struct Known<'a> {
     /// The NetConf parsed from the very stdin calico-ipam is given.
@@ -102,16 +54,58 @@ pub struct Known<'a> {
     pub ids: &'a WepIdentifiers,
 }
 
-/// ipam_plugin.go's first steps: the config and logging (the client comes next).
-fn load(args: &CmdArgs) -> Result<NetConf> {
-    let conf = NetConf::parse(&args.stdin_data)?;
-    crate::logging::init(&conf, "ipam");
-    crate::deadline::configure(conf.call_timeout_seconds);
-    Ok(conf)
+/// Calico IPAM in the `calico` process, on the call's datastore, with what the call has
+/// already parsed (`known`, valid for the stdin it was parsed from: `stdin`).
+pub struct InProcess<'a, D> {
+    pub ds: &'a D,
+    pub known: Known<'a>,
+    pub stdin: &'a [u8],
+}
+
+impl<D: Datastore> InProcess<'_, D> {
+    /// What the call knows of `args`, when `args` carries the very stdin it was parsed from
+    /// (ADD rewrites the IPAM's stdin for some pod annotations: that one is parsed anew).
+    fn known_for(&self, args: &CmdArgs) -> Option<Known<'_>> {
+        (args.stdin_data == self.stdin).then_some(self.known)
+    }
+
+    pub async fn add(&self, args: &CmdArgs, prepared: Prepared) -> Result<CniResult> {
+        debug!("running calico-ipam ADD in-process");
+        let args = ipam_args(args);
+        let call = prepare(&args, self.known_for(&args), true)?;
+        assign(self.ds, &call, requested_ip(&args)?, prepared).await
+    }
+
+    pub async fn del(&self, args: &CmdArgs) -> Result<()> {
+        debug!("running calico-ipam DEL in-process");
+        let args = ipam_args(args);
+        release(self.ds, &prepare(&args, self.known_for(&args), false)?).await
+    }
+
+    pub async fn check(&self, prev: &CniResult) -> Result<()> {
+        check_with(self.ds, &self.known.conf.name, self.known.ids, prev).await
+    }
+
+    pub async fn gc(
+        &self,
+        node: &str,
+        handles: &NodeHandles,
+        valid: &std::collections::BTreeSet<String>,
+    ) -> GcOutcome {
+        gc_with(self.ds, self.known.conf, node, handles, valid).await
+    }
+}
+
+/// The arguments calico-ipam sees (calico runs with `IgnoreUnknown=1` prepended).
+pub fn ipam_args(args: &CmdArgs) -> CmdArgs {
+    CmdArgs {
+        args: crate::skel::args::prepend_ignore_unknown(&args.args),
+        ..args.clone()
+    }
 }
 
 /// Then the node name and the identifiers (`K8sArgs`), and the checks both paths make.
-fn identify(args: &CmdArgs, conf: NetConf, for_add: bool) -> Result<Call<'static>> {
+pub fn identify(args: &CmdArgs, conf: NetConf, for_add: bool) -> Result<Call<'static>> {
     let node = conf.node_name();
     let ids = WepIdentifiers::from_cni_args(&node, &args.container_id, &args.ifname, &args.args)?;
     checked(
@@ -143,28 +137,17 @@ fn prepare<'a>(args: &CmdArgs, known: Option<Known<'a>>, for_add: bool) -> Resul
             },
             for_add,
         ),
-        None => identify(args, load(args)?, for_add),
+        None => identify(args, NetConf::parse(&args.stdin_data)?, for_add),
     }
 }
 
 /// The `IP=` of ADD's second CNI_ARGS pass.
-fn requested_ip(args: &CmdArgs) -> Result<Option<IpAddr>> {
+pub fn requested_ip(args: &CmdArgs) -> Result<Option<IpAddr>> {
     let ipam_args = load_args(&args.args, IPAM_ARGS)?;
     Ok(ipam_args
         .get("IP")
         .filter(|s| !s.is_empty())
         .and_then(|s| s.parse().ok()))
-}
-
-async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
-    let conf = load(args)?;
-    let ds = client::connect(&conf).await?;
-    let call = identify(args, conf, true)?;
-    let prepared = Prepared {
-        namespace_labels: namespace_labels(&call.conf, &call.ids.namespace, &ds).await?,
-        ..Default::default()
-    };
-    assign(&ds, &call, requested_ip(args)?, prepared).await
 }
 
 /// The namespace's labels for pools' `namespaceSelector`: read from the Kubernetes API when
@@ -181,16 +164,12 @@ pub async fn namespace_labels(
     }
     let fail =
         |e: &dyn std::fmt::Display| Error::msg(format!("failed to get namespace {namespace}: {e}"));
-    let client = k8s_pod::client_for(conf, ds).await.map_err(|e| fail(&e))?;
-    let resp = client
-        .get(&format!("/api/v1/namespaces/{namespace}"))
+    let client = core_objects::client_for(conf, ds)
         .await
         .map_err(|e| fail(&e))?;
-    if !resp.ok() {
-        return Err(fail(&resp.status_object().message));
-    }
-    let ns: k8s_openapi::api::core::v1::Namespace =
-        serde_json::from_slice(&resp.body).map_err(|e| fail(&e))?;
+    let ns = core_objects::namespace(&client, namespace)
+        .await
+        .map_err(|e| fail(&e))?;
     Ok(ns.metadata.labels.unwrap_or_default())
 }
 
@@ -203,28 +182,6 @@ pub struct Prepared {
     pub reads: Option<ViewReads>,
     /// The host's IPAM lock, already held.
     pub lock: Option<IpamLock>,
-}
-
-/// calico-ipam ADD on an open datastore (the `calico` plugin calls this in-process when
-/// `ipam.type` is this very binary, with what it has already parsed, read and locked). The
-/// second CNI_ARGS pass (`IP=`, checked as upstream's `ipamArgs`) is made either way.
-pub async fn add_with<D: Datastore>(
-    ds: &D,
-    known: Option<Known<'_>>,
-    args: &CmdArgs,
-    prepared: Prepared,
-) -> Result<CniResult> {
-    let call = prepare(args, known, true)?;
-    assign(ds, &call, requested_ip(args)?, prepared).await
-}
-
-/// calico-ipam DEL on an open datastore.
-pub async fn del_with<D: Datastore>(
-    ds: &D,
-    known: Option<Known<'_>>,
-    args: &CmdArgs,
-) -> Result<()> {
-    release(ds, &prepare(args, known, false)?).await
 }
 
 /// Gives back exactly these addresses, and only where they still belong to this call's
@@ -263,7 +220,7 @@ pub async fn release_any<D: Datastore>(ds: &D, args: &CmdArgs, ips: &[IpAddr]) -
     Ok(())
 }
 
-async fn assign<D: Datastore>(
+pub async fn assign<D: Datastore>(
     ds: &D,
     call: &Call<'_>,
     ip: Option<IpAddr>,
@@ -352,12 +309,6 @@ async fn assign<D: Datastore>(
     Ok(result)
 }
 
-async fn cmd_del(args: &CmdArgs) -> Result<()> {
-    let conf = load(args)?;
-    let ds = client::connect(&conf).await?;
-    release(&ds, &identify(args, conf, false)?).await
-}
-
 /// DEL's release: the handle `<network>.<containerID>`, then the legacy one, within one 90 s
 /// budget; a handle that does not exist is success.
 ///
@@ -367,7 +318,7 @@ async fn cmd_del(args: &CmdArgs) -> Result<()> {
 /// blocks. It is then held for the block reads and writes, one round trip shorter than
 /// upstream's (which takes it first), and not at all when neither handle exists (a repeated
 /// DEL).
-async fn release<D: Datastore>(ds: &D, call: &Call<'_>) -> Result<()> {
+pub async fn release<D: Datastore>(ds: &D, call: &Call<'_>) -> Result<()> {
     let (conf, ids) = (&*call.conf, &*call.ids);
     let ipam = Ipam::new(ds, &ids.node);
     let handles = [ids.handle_id(&conf.name), ids.legacy_handle_id()];
@@ -464,15 +415,6 @@ async fn resolve_pools<D: Datastore>(
     Ok(out)
 }
 
-/// CHECK: the handle `<network>.<containerID>` holds every address of the previous result.
-async fn cmd_check(args: &CmdArgs) -> Result<()> {
-    let conf = load(args)?;
-    let prev = crate::plugin::check::prev_result(&args.stdin_data)?;
-    let ds = client::connect(&conf).await?;
-    let call = identify(args, conf, false)?;
-    check_with(&ds, &call.conf.name, &call.ids, &prev).await
-}
-
 /// The IPAM half of CHECK, shared with `calico`'s in-process path.
 pub async fn check_with<D: Datastore>(
     ds: &D,
@@ -486,35 +428,14 @@ pub async fn check_with<D: Datastore>(
         .map_err(|e| Error::msg(format!("CHECK: {e}")))
 }
 
-/// GC: this node's stale handles of this network, released under the IPAM lock.
-async fn cmd_gc(args: &CmdArgs) -> Result<()> {
-    let valid = crate::skel::attachments::valid_attachments(&args.stdin_data)?;
-    let conf = load(args)?;
-    let ds = client::connect(&conf).await?;
-    crate::plugin::check_datastore_ready(&ds).await?;
-    let node = conf.node_name();
-    let handles = crate::ipam::allocator::gc::node_handles(&ds, &node, &conf.name).await?;
-    let cids = crate::skel::attachments::container_ids(&valid);
-    let outcome = gc_with(&ds, &conf, &node, &handles, &cids).await;
-    if outcome.failures.is_empty() {
-        return Ok(());
-    }
-    Err(Error::msg(format!(
-        "GC of network {} on node {node} failed for {} handle(s): {}",
-        conf.name,
-        outcome.failures.len(),
-        outcome.failures.join("; ")
-    )))
-}
-
 /// Releases the stale handles of `handles` under the host's IPAM lock.
 pub async fn gc_with<D: Datastore>(
     ds: &D,
     conf: &NetConf,
     node: &str,
-    handles: &crate::ipam::allocator::gc::NodeHandles,
+    handles: &NodeHandles,
     valid: &std::collections::BTreeSet<String>,
-) -> crate::ipam::allocator::gc::GcOutcome {
+) -> GcOutcome {
     let _lock = IpamLock::acquire(conf.ipam_lock_file());
     crate::ipam::allocator::gc::release_stale(ds, node, handles, valid).await
 }

@@ -147,7 +147,9 @@ pub fn run(opts: Options, env: &dyn Fn(&str) -> Option<String>) -> u8 {
             error!(node = %nodename, "failed to initialize api client");
             return false;
         };
-        let Ok(kube) = crate::plugin::k8s_pod::client_for(&NetConf::default(), &ds).await else {
+        let Ok(kube) =
+            crate::datastore::kubernetes::core_objects::client_for(&NetConf::default(), &ds).await
+        else {
             error!(node = %nodename, "failed to initialize api client");
             return false;
         };
@@ -766,7 +768,7 @@ fn node_key(nodename: &str) -> Key {
 }
 
 fn node_path(nodename: &str) -> String {
-    format!("/api/v1/nodes/{nodename}")
+    crate::datastore::kubernetes::core_objects::node_path(nodename)
 }
 
 /// The core Node, read as the Calico Node is (errors in libcalico-go's terms).

@@ -1,40 +1,78 @@
 //! Running the IPAM plugin named in `ipam.type` (libcni `ipam.ExecAdd/ExecDel`): found in
 //! CNI_PATH, fed the same stdin, the same environment except CNI_COMMAND (and CNI_ARGS with
 //! `IgnoreUnknown=1` prepended), its result parsed from any CNI version and its error JSON
-//! passed through unchanged. When `ipam.type` is `calico-ipam` and that file is this very
-//! binary, the IPAM runs in-process on the already open datastore: the same code and the
-//! same stdin, without a second process start and datastore connection, and with the NetConf
-//! and identifiers the caller has already made of that stdin (`ipam::plugin::Known`).
+//! passed through unchanged.
 //!
 //! A child plugin runs within the call's deadline (`crate::deadline`): it is given a budget
 //! (`CALICO_CALL_TIMEOUT_SECONDS`) of what is left minus the grace, in whole seconds and at
 //! least 1, so that a calico-ipam child gives up and undoes its own work before ours ends;
-//! one still running at the deadline is killed and reaped, and the call fails.
+//! one still running at the deadline is killed and reaped, and the call fails. The child is
+//! driven by the call's runtime (tokio's process support): its stdin, stdout and exit are
+//! awaited, so the veth pair built meanwhile (`plugin::add`) is not held up by the wait.
 //!
-//! host-local DEL gets upstream's `DeleteIPAM` rewrite: `usePodCidr`/`usePodCidrIPv6`
+//! host-local DEL and CHECK get upstream's `DeleteIPAM` rewrite: `usePodCidr`/`usePodCidrIPv6`
 //! subnets become `0.0.0.0/0`/`::/0` (host-local releases by container ID; it only needs a
 //! valid CIDR).
 
-use std::io::{Read, Write};
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{mpsc, Mutex};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
 use tracing::{debug, warn};
 
-use crate::config::NetConf;
-use crate::datastore::Datastore;
 use crate::error::{Error, Result};
-use crate::ipam::plugin::{Known, Prepared};
-use crate::plugin::Call;
 use crate::skel::{CmdArgs, CniError, CniResult};
 
-/// CHECK, STATUS or GC of an external IPAM plugin: same stdin, no output expected; its CNI
-/// error is passed through.
-pub fn exec_verb(plugin: &str, command: &str, args: &CmdArgs) -> Result<()> {
-    exec(plugin, command, args, &args.stdin_data).map(|_| ())
+/// An IPAM plugin run as a child process, by its `ipam.type` name.
+#[derive(Clone, Debug)]
+pub struct Exec {
+    pub plugin: String,
+}
+
+impl Exec {
+    pub fn new(plugin: &str) -> Exec {
+        Exec {
+            plugin: plugin.to_string(),
+        }
+    }
+
+    fn is_host_local(&self) -> bool {
+        self.plugin == "host-local"
+    }
+
+    /// ADD: the plugin's result, converted to the 1.0 model.
+    pub async fn add(&self, args: &CmdArgs) -> Result<CniResult> {
+        let out = exec(&self.plugin, "ADD", args, &args.stdin_data).await?;
+        Ok(CniResult::parse(&out)?)
+    }
+
+    /// DEL (host-local's `usePodCidr` replaced by a stand-in, as upstream).
+    pub async fn del(&self, args: &CmdArgs) -> Result<()> {
+        let stdin = self.by_container_stdin(args)?;
+        exec(&self.plugin, "DEL", args, &stdin).await.map(|_| ())
+    }
+
+    /// CHECK (host-local checks by container ID: the same stand-in as DEL).
+    pub async fn check(&self, args: &CmdArgs) -> Result<()> {
+        let stdin = self.by_container_stdin(args)?;
+        exec(&self.plugin, "CHECK", args, &stdin).await.map(|_| ())
+    }
+
+    /// STATUS or GC: same stdin, no output expected; its CNI error is passed through.
+    pub async fn verb(&self, command: &str, args: &CmdArgs) -> Result<()> {
+        exec(&self.plugin, command, args, &args.stdin_data)
+            .await
+            .map(|_| ())
+    }
+
+    fn by_container_stdin(&self, args: &CmdArgs) -> Result<Vec<u8>> {
+        match self.is_host_local() {
+            true => host_local_del_stdin(&args.stdin_data),
+            false => Ok(args.stdin_data.clone()),
+        }
+    }
 }
 
 /// Locates `plugin` in the colon-separated CNI_PATH.
@@ -55,7 +93,7 @@ pub fn find_plugin(plugin: &str, cni_path: &str) -> Result<PathBuf> {
     )))
 }
 
-fn exec(plugin: &str, command: &str, args: &CmdArgs, stdin: &[u8]) -> Result<Vec<u8>> {
+async fn exec(plugin: &str, command: &str, args: &CmdArgs, stdin: &[u8]) -> Result<Vec<u8>> {
     let path = find_plugin(plugin, &args.path)?;
     debug!(plugin = %path.display(), command, "executing IPAM plugin");
     let what = format!("running the IPAM plugin {} ({command})", path.display());
@@ -79,9 +117,10 @@ fn exec(plugin: &str, command: &str, args: &CmdArgs, stdin: &[u8]) -> Result<Vec
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
+        .kill_on_drop(true)
         .spawn()
         .map_err(|e| Error::msg(format!("failed to execute {}: {e}", path.display())))?;
-    let out = wait_for_child(&mut child, &path, stdin, &what)?;
+    let out = wait_for_child(&mut child, &path, stdin, &what).await?;
     if out.status.success() {
         return Ok(out.stdout);
     }
@@ -103,106 +142,93 @@ fn exec(plugin: &str, command: &str, args: &CmdArgs, stdin: &[u8]) -> Result<Vec
 
 /// What a finished child left.
 struct ChildOutput {
-    status: ExitStatus,
+    status: std::process::ExitStatus,
     stdout: Vec<u8>,
 }
 
-/// Feeds the child its stdin and collects its stdout on helper threads (a child that stops
-/// reading or writing must not block us), and waits for it until the call's limit; a child
-/// still running then is killed and reaped.
-fn wait_for_child(child: &mut Child, path: &Path, stdin: &[u8], what: &str) -> Result<ChildOutput> {
+/// Feeds the child its stdin and collects its stdout while waiting for it to exit, until the
+/// call's limit; a child still running then is killed and reaped.
+async fn wait_for_child(
+    child: &mut tokio::process::Child,
+    path: &Path,
+    stdin: &[u8],
+    what: &str,
+) -> Result<ChildOutput> {
     let limit = crate::deadline::limit();
-    let writer = child.stdin.take().map(|mut input| {
-        let data = stdin.to_vec();
-        std::thread::spawn(move || input.write_all(&data))
-    });
-    let (tx, rx) = mpsc::channel();
-    if let Some(mut output) = child.stdout.take() {
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            let _ = tx.send(output.read_to_end(&mut buf).map(|_| buf));
-        });
-    } else {
-        let _ = tx.send(Ok(Vec::new()));
-    }
     let waited =
         |e: std::io::Error| Error::msg(format!("failed waiting for {}: {e}", path.display()));
-    let status = match limit {
-        None => child.wait().map_err(waited)?,
-        Some(limit) => {
-            // Polled (1 ms, doubling to 20 ms): a quick plugin costs next to nothing extra.
-            let mut pause = Duration::from_millis(1);
-            loop {
-                if let Some(status) = child.try_wait().map_err(waited)? {
-                    break status;
-                }
-                let now = Instant::now();
-                if now >= limit {
-                    warn!(plugin = %path.display(), "killing the IPAM plugin at the call's deadline");
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(crate::deadline::expired(what).into());
-                }
-                std::thread::sleep(pause.min(limit - now));
-                pause = (pause * 2).min(Duration::from_millis(20));
+    let input = child.stdin.take();
+    let write = async move {
+        match input {
+            // Dropped at the end: the child sees end of input.
+            Some(mut input) => input.write_all(stdin).await,
+            None => Ok(()),
+        }
+    };
+    let output = child.stdout.take();
+    let read = async move {
+        let mut buf = Vec::new();
+        if let Some(mut o) = output {
+            o.read_to_end(&mut buf).await?;
+        }
+        Ok::<_, std::io::Error>(buf)
+    };
+    tokio::pin!(read);
+    let run = async { tokio::join!(write, child.wait()) };
+    let mut read_done = None;
+    let finished = async {
+        // The exit and stdout's end are awaited together: a child whose output fills the pipe
+        // only exits once it has been read.
+        tokio::pin!(run);
+        loop {
+            tokio::select! {
+                r = &mut read, if read_done.is_none() => read_done = Some(r),
+                out = &mut run => return out,
             }
         }
     };
-    if let Some(Ok(Err(e))) = writer.map(|w| w.join()) {
+    let (written, status) = match limit {
+        None => finished.await,
+        Some(limit) => match tokio::time::timeout_at(limit.into(), finished).await {
+            Ok(out) => out,
+            Err(_) => {
+                warn!(plugin = %path.display(), "killing the IPAM plugin at the call's deadline");
+                let _ = child.kill().await;
+                return Err(crate::deadline::expired(what).into());
+            }
+        },
+    };
+    let status = status.map_err(waited)?;
+    if let Err(e) = written {
         return Err(Error::msg(format!(
             "failed to write to {}: {e}",
             path.display()
         )));
     }
     // The pipe closes when the child exits, unless it left a process holding it open. (A
-    // moment's floor: the reader may not have sent what the child wrote just before exiting.)
-    let read = match limit {
-        None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
-        Some(limit) => rx.recv_timeout(
-            limit
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(50)),
-        ),
-    };
-    let stdout = match read {
-        Ok(Ok(buf)) => buf,
-        Ok(Err(e)) => return Err(waited(e)),
-        Err(mpsc::RecvTimeoutError::Timeout) => return Err(crate::deadline::expired(what).into()),
-        Err(mpsc::RecvTimeoutError::Disconnected) => {
-            return Err(Error::msg(format!(
-                "failed reading the output of {}",
-                path.display()
-            )))
+    // moment's floor: what the child wrote just before exiting may not have been read yet.)
+    let read_done = match read_done {
+        Some(r) => r,
+        None => {
+            let floor = Duration::from_millis(50);
+            let wait = limit.map_or(Duration::MAX, |l| {
+                l.saturating_duration_since(Instant::now()).max(floor)
+            });
+            match tokio::time::timeout(wait, &mut read).await {
+                Ok(r) => r,
+                Err(_) => return Err(crate::deadline::expired(what).into()),
+            }
         }
     };
+    let stdout = read_done.map_err(waited)?;
     Ok(ChildOutput { status, stdout })
 }
 
-/// Whether `plugin` in CNI_PATH is this executable under its IPAM name (then it runs
-/// in-process). The answer is kept for the rest of the call (one process is one call), so
-/// the lookup and the two path resolutions are made once, not at every step that asks.
-pub fn is_own_ipam(plugin: &str, cni_path: &str) -> bool {
-    if plugin != "calico-ipam" {
-        return false;
-    }
-    static SEEN: Mutex<Option<(String, bool)>> = Mutex::new(None);
-    if let Ok(seen) = SEEN.lock() {
-        if let Some((path, own)) = seen.as_ref().filter(|(p, _)| p == cni_path) {
-            debug!(cni_path = %path, own, "calico-ipam lookup (kept)");
-            return *own;
-        }
-    }
-    let own = resolve_own_ipam(plugin, cni_path);
-    if let Ok(mut seen) = SEEN.lock() {
-        *seen = Some((cni_path.to_string(), own));
-    }
-    own
-}
-
-/// The same file: the plugin found (through its symlinks) and this executable
-/// (`/proc/self/exe`) have the same device and inode. Two `stat`s, where resolving both
-/// paths component by component took a dozen `readlink`s.
-fn resolve_own_ipam(plugin: &str, cni_path: &str) -> bool {
+/// Whether `plugin` in CNI_PATH is this very executable (then Calico IPAM runs in-process):
+/// the plugin found (through its symlinks) and this executable (`/proc/self/exe`) have the
+/// same device and inode. Two `stat`s, where resolving both paths component by component
+/// took a dozen `readlink`s.
+pub fn is_this_executable(plugin: &str, cni_path: &str) -> bool {
     use std::os::unix::fs::MetadataExt;
     let Ok(found) = find_plugin(plugin, cni_path) else {
         return false;
@@ -214,70 +240,6 @@ fn resolve_own_ipam(plugin: &str, cni_path: &str) -> bool {
         (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
         _ => false,
     }
-}
-
-/// What `call` has made of `args`, when `args` carries the very stdin it was parsed from
-/// (ADD rewrites the IPAM's stdin for some pod annotations: that one is parsed anew).
-fn known<'a>(call: &'a Call, args: &CmdArgs) -> Option<Known<'a>> {
-    (args.stdin_data == call.stdin).then_some(Known {
-        conf: &call.conf,
-        ids: &call.ids,
-    })
-}
-
-/// The arguments the IPAM plugin sees (calico runs with `IgnoreUnknown=1` prepended).
-fn ipam_args(args: &CmdArgs) -> CmdArgs {
-    CmdArgs {
-        args: crate::skel::args::prepend_ignore_unknown(&args.args),
-        ..args.clone()
-    }
-}
-
-/// IPAM ADD: the plugin's result, converted to the 1.0 model. In-process calico-ipam gets
-/// what the caller has already parsed, read and locked (a separate calico-ipam does it
-/// itself).
-pub async fn exec_add(
-    call: &Call,
-    plugin: &str,
-    args: &CmdArgs,
-    prepared: Prepared,
-) -> Result<CniResult> {
-    if is_own_ipam(plugin, &args.path) {
-        debug!("running calico-ipam ADD in-process");
-        let known = known(call, args);
-        // Boxed (as below): the IPAM's state machine is large, and the poll functions of
-        // every future holding it inline reserve (and probe, page by page) stack for it.
-        let ipam_args = ipam_args(args);
-        let add = crate::ipam::plugin::add_with(&call.ds, known, &ipam_args, prepared);
-        return Box::pin(add).await;
-    }
-    drop(prepared);
-    let out = exec(plugin, "ADD", args, &args.stdin_data)?;
-    Ok(CniResult::parse(&out)?)
-}
-
-/// IPAM DEL.
-pub async fn exec_del(call: &Call, plugin: &str, args: &CmdArgs) -> Result<()> {
-    del(&call.ds, known(call, args), plugin, args).await
-}
-
-/// IPAM DEL, in-process with what the caller knows, if anything.
-async fn del<D: Datastore>(
-    ds: &D,
-    known: Option<Known<'_>>,
-    plugin: &str,
-    args: &CmdArgs,
-) -> Result<()> {
-    if is_own_ipam(plugin, &args.path) {
-        debug!("running calico-ipam DEL in-process");
-        let ipam_args = ipam_args(args);
-        return Box::pin(crate::ipam::plugin::del_with(ds, known, &ipam_args)).await;
-    }
-    if plugin == "host-local" {
-        let stdin = host_local_del_stdin(&args.stdin_data)?;
-        return exec(plugin, "DEL", args, &stdin).map(|_| ());
-    }
-    exec(plugin, "DEL", args, &args.stdin_data).map(|_| ())
 }
 
 /// upstream's `ReplaceHostLocalIPAMPodCIDRs` with the dummy CIDRs DEL uses: `usePodCidr`
@@ -376,43 +338,6 @@ fn rewrite_pod_cidr_subnets(
         }
     }
     serde_json::to_vec(&conf).map_err(|e| Error::msg(e.to_string()))
-}
-
-/// The rollback of a failed ADD: give back exactly `addresses`. With Calico IPAM they are
-/// released by address, and only while they still belong to this call's handle, so an
-/// address another ADD of the same sandbox holds under the same handle survives; any other
-/// IPAM plugin only has DEL (upstream's `ReleaseIPAllocation`). Failures are only logged.
-pub async fn release_assigned<D: Datastore>(
-    ds: &D,
-    conf: &NetConf,
-    args: &CmdArgs,
-    addresses: &[IpAddr],
-) {
-    if conf.ipam.ipam_type == "calico-ipam" {
-        debug!(
-            ?addresses,
-            "releasing this call's addresses after a failed ADD"
-        );
-        if let Err(e) = Box::pin(crate::ipam::plugin::release_addresses(
-            ds,
-            &ipam_args(args),
-            addresses,
-        ))
-        .await
-        {
-            warn!(error = %e, "failed to release IPAM allocation");
-        }
-        return;
-    }
-    release(ds, &conf.ipam.ipam_type, args).await;
-}
-
-/// Rollback after a failed ADD ("ReleaseIPAllocation"): failures are only logged.
-pub async fn release<D: Datastore>(ds: &D, plugin: &str, args: &CmdArgs) {
-    debug!("releasing IPAM allocation after a failed ADD");
-    if let Err(e) = del(ds, None, plugin, args).await {
-        warn!(error = %e, "failed to release IPAM allocation");
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,68 @@
+//! The Kubernetes core objects the plugins read (Node, Namespace, Pod), by one set of paths,
+//! typed, on the client the datastore already holds when it can (`client_for`): the pod and
+//! namespace for `policy.type: k8s`, the node's pod CIDRs for host-local's `usePodCidr`, the
+//! namespace's labels for IP pools' `namespaceSelector`, and the upgrade's node and pods.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use serde::de::DeserializeOwned;
+
+use crate::config::NetConf;
+use crate::datastore::backend::{Backend, DATASTORE_TIMEOUT};
+use crate::datastore::kubernetes::client::KubeClient;
+use crate::datastore::settings::DatastoreSettings;
+use crate::datastore::DatastoreError;
+
+pub fn node_path(name: &str) -> String {
+    format!("/api/v1/nodes/{name}")
+}
+
+pub fn namespace_path(name: &str) -> String {
+    format!("/api/v1/namespaces/{name}")
+}
+
+pub fn pod_path(namespace: &str, name: &str) -> String {
+    format!("/api/v1/namespaces/{namespace}/pods/{name}")
+}
+
+/// The API client for the plugins' own reads: the datastore's when it is the Kubernetes
+/// datastore reached the same way (one connection for everything), else a new one from the
+/// NetConf (`kubernetes.kubeconfig`, `policy.k8s_*`).
+pub async fn client_for(conf: &NetConf, ds: &Backend) -> Result<Arc<KubeClient>, DatastoreError> {
+    let wanted = DatastoreSettings::plugin_kube(conf);
+    if let Some(c) = ds.kube_client() {
+        if c.settings() == &wanted || wanted.is_empty() {
+            return Ok(c.clone());
+        }
+    }
+    Ok(Arc::new(KubeClient::new(&wanted, DATASTORE_TIMEOUT).await?))
+}
+
+/// GETs one object: an answer other than 2xx is the API server's message, as upstream's
+/// client-go error prints.
+pub async fn get<T: DeserializeOwned>(
+    client: &KubeClient,
+    path: &str,
+) -> Result<T, DatastoreError> {
+    let resp = client.get(path).await?;
+    if !resp.ok() {
+        return Err(DatastoreError::Other(resp.status_object().message));
+    }
+    serde_json::from_slice(&resp.body).map_err(|e| DatastoreError::InvalidObject {
+        path: path.to_string(),
+        error: e.to_string(),
+    })
+}
+
+pub async fn node(client: &KubeClient, name: &str) -> Result<Node, DatastoreError> {
+    get(client, &node_path(name)).await
+}
+
+pub async fn namespace(client: &KubeClient, name: &str) -> Result<Namespace, DatastoreError> {
+    get(client, &namespace_path(name)).await
+}
+
+pub async fn pod(client: &KubeClient, namespace: &str, name: &str) -> Result<Pod, DatastoreError> {
+    get(client, &pod_path(namespace, name)).await
+}

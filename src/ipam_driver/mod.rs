@@ -1,0 +1,185 @@
+//! The IPAM a `calico` call delegates to (its NetConf's `ipam` section), picked once per call
+//! by `pick`, as netavark's `get_network_driver` picks a network driver:
+//! * Calico IPAM in this process (`calico::InProcess`), when `ipam.type` is `calico-ipam` and
+//!   that plugin in CNI_PATH is this very executable: the same code as a separate
+//!   `calico-ipam`, on the datastore connection the call already has;
+//! * any other plugin (a separate calico-ipam, host-local, ...) executed from CNI_PATH
+//!   (`exec::Exec`, libcni's `ipam.ExecAdd/ExecDel`).
+//!
+//! The plugin's steps see only `IpamDriver`, so their undo paths can be tested with a fake.
+
+pub mod calico;
+pub mod exec;
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use tracing::{debug, warn};
+
+use crate::datastore::Datastore;
+use crate::error::Result;
+use crate::ipam::allocator::gc::NodeHandles;
+use crate::skel::{CmdArgs, CniError, CniResult};
+
+pub use calico::Prepared;
+
+/// Which IPAM the NetConf names: what the steps that depend on it (pool annotations, the
+/// expected families, routes, host-local's pod CIDR) ask, instead of comparing strings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IpamKind {
+    /// No `ipam.type`.
+    None,
+    /// `calico-ipam`, in-process or not: its addresses live in the Calico datastore.
+    Calico,
+    /// `host-local`, which knows `usePodCidr`.
+    HostLocal,
+    Other,
+}
+
+impl IpamKind {
+    pub fn of(ipam_type: &str) -> IpamKind {
+        match ipam_type {
+            "" => IpamKind::None,
+            "calico-ipam" => IpamKind::Calico,
+            "host-local" => IpamKind::HostLocal,
+            _ => IpamKind::Other,
+        }
+    }
+}
+
+/// What GC needs besides the runtime's arguments: the node's Calico IPAM handles of this
+/// network (already listed, for the endpoints' GC too) and the valid container IDs.
+pub struct GcScope<'a> {
+    pub node: &'a str,
+    pub handles: Option<&'a NodeHandles>,
+    pub valid: &'a BTreeSet<String>,
+}
+
+/// The operations a `calico` call needs from its IPAM. Single-threaded runtime: no `Send`.
+#[allow(async_fn_in_trait)]
+pub trait IpamDriver {
+    /// ADD: the addresses, in the 1.0 result model. `prepared` is what the call has already
+    /// read and locked for an in-process Calico IPAM (dropped by any other).
+    async fn add(&self, args: &CmdArgs, prepared: Prepared) -> Result<CniResult>;
+    /// DEL: everything the IPAM holds for this container.
+    async fn del(&self, args: &CmdArgs) -> Result<()>;
+    /// The rollback of a failed ADD: gives back exactly `ips`. With Calico IPAM (wherever it
+    /// runs) they are released by address, and only while they still belong to this call's
+    /// handle, so an address another ADD of the same sandbox holds survives; any other IPAM
+    /// only has DEL (upstream's `ReleaseIPAllocation`). Failures are only logged.
+    async fn give_back(&self, args: &CmdArgs, ips: &[IpAddr]);
+    /// CHECK: the IPAM still holds the previous result's addresses.
+    async fn check(&self, args: &CmdArgs, prev: &CniResult) -> Result<()>;
+    /// STATUS (the spec's delegation to the IPAM plugin).
+    async fn status(&self, args: &CmdArgs) -> Result<()>;
+    /// GC: releases what gone attachments hold; the failures, each as one line.
+    async fn gc(&self, args: &CmdArgs, scope: &GcScope<'_>) -> Vec<String>;
+}
+
+/// The driver of one call.
+pub enum Driver<'a, D> {
+    InProcess(calico::InProcess<'a, D>),
+    /// `calico_store`: the datastore, when the executed plugin is Calico IPAM (for
+    /// `give_back` by address).
+    Exec {
+        exec: exec::Exec,
+        calico_store: Option<&'a D>,
+    },
+}
+
+/// Whether Calico IPAM runs in this process: `ipam.type` is `calico-ipam` and that plugin in
+/// CNI_PATH is this executable. Asked once per call (the plan keeps the answer).
+pub fn runs_in_process(kind: IpamKind, ipam_type: &str, cni_path: &str) -> bool {
+    kind == IpamKind::Calico && exec::is_this_executable(ipam_type, cni_path)
+}
+
+/// The one factory: the driver for a call whose NetConf and identifiers are `known` (parsed
+/// from `stdin`), on datastore `ds`.
+pub fn pick<'a, D: Datastore>(
+    in_process: bool,
+    ds: &'a D,
+    known: calico::Known<'a>,
+    stdin: &'a [u8],
+) -> Driver<'a, D> {
+    let ipam_type = known.conf.ipam.ipam_type.as_str();
+    if in_process {
+        return Driver::InProcess(calico::InProcess { ds, known, stdin });
+    }
+    let calico_store = (IpamKind::of(ipam_type) == IpamKind::Calico).then_some(ds);
+    Driver::Exec {
+        exec: exec::Exec::new(ipam_type),
+        calico_store,
+    }
+}
+
+impl<D: Datastore> IpamDriver for Driver<'_, D> {
+    async fn add(&self, args: &CmdArgs, prepared: Prepared) -> Result<CniResult> {
+        match self {
+            // Boxed: the IPAM's state machine is large, and the poll functions of every
+            // future holding it inline reserve (and probe, page by page) stack for it.
+            Driver::InProcess(ipam) => Box::pin(ipam.add(args, prepared)).await,
+            Driver::Exec { exec, .. } => {
+                drop(prepared);
+                exec.add(args).await
+            }
+        }
+    }
+
+    async fn del(&self, args: &CmdArgs) -> Result<()> {
+        match self {
+            Driver::InProcess(ipam) => Box::pin(ipam.del(args)).await,
+            Driver::Exec { exec, .. } => exec.del(args).await,
+        }
+    }
+
+    async fn give_back(&self, args: &CmdArgs, ips: &[IpAddr]) {
+        let store = match self {
+            Driver::InProcess(ipam) => Some(ipam.ds),
+            Driver::Exec { calico_store, .. } => *calico_store,
+        };
+        let released = match store {
+            Some(ds) => {
+                debug!(addresses = ?ips, "releasing this call's addresses after a failed ADD");
+                Box::pin(calico::release_addresses(ds, &calico::ipam_args(args), ips)).await
+            }
+            None => {
+                debug!("releasing IPAM allocation after a failed ADD");
+                self.del(args).await
+            }
+        };
+        if let Err(e) = released {
+            warn!(error = %e, "failed to release IPAM allocation");
+        }
+    }
+
+    async fn check(&self, args: &CmdArgs, prev: &CniResult) -> Result<()> {
+        match self {
+            Driver::InProcess(ipam) => ipam.check(prev).await,
+            Driver::Exec { exec, .. } if exec.plugin.is_empty() => Ok(()),
+            Driver::Exec { exec, .. } => exec.check(args).await,
+        }
+    }
+
+    async fn status(&self, args: &CmdArgs) -> Result<()> {
+        match self {
+            // It would repeat the very read `calico` STATUS has just made.
+            Driver::InProcess(_) => Ok(()),
+            Driver::Exec { exec, .. } if exec.plugin.is_empty() => Ok(()),
+            Driver::Exec { exec, .. } => exec.verb("STATUS", args).await,
+        }
+    }
+
+    async fn gc(&self, args: &CmdArgs, scope: &GcScope<'_>) -> Vec<String> {
+        match self {
+            Driver::InProcess(ipam) => match scope.handles {
+                Some(h) => ipam.gc(scope.node, h, scope.valid).await.failures,
+                None => vec!["IPAM addresses were not collected".into()],
+            },
+            Driver::Exec { exec, .. } if exec.plugin.is_empty() => Vec::new(),
+            Driver::Exec { exec, .. } => match exec.verb("GC", args).await {
+                Ok(()) => Vec::new(),
+                Err(e) => vec![format!("{} GC: {}", exec.plugin, CniError::from(e).msg)],
+            },
+        }
+    }
+}
