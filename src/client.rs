@@ -12,7 +12,7 @@ pub use crate::datastore::backend::DATASTORE_TIMEOUT;
 /// bare texts (`calico` ADD prefixes them with `error creating calico client: `).
 pub async fn connect(conf: &NetConf) -> Result<Backend> {
     conf.validate_name()?;
-    let s = DatastoreSettings::from_process(conf).map_err(|e| Error::msg(e.to_string()))?;
+    let s = DatastoreSettings::from_process(conf)?;
     Ok(backend::connect(&s).await?)
 }
 

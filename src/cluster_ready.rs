@@ -11,7 +11,7 @@ use crate::config::NetConf;
 use crate::datastore::model::ClusterInformation;
 use crate::datastore::resources::get_resource;
 use crate::datastore::{Datastore, Kind};
-use crate::error::{Error, Result};
+use crate::error::{Context, Error, Result};
 use crate::skel::error::CODE_NOT_AVAILABLE;
 use crate::skel::CniError;
 
@@ -22,7 +22,7 @@ pub const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
 pub async fn check_datastore_ready<D: Datastore>(ds: &D) -> Result<()> {
     let ci: ClusterInformation = get_resource(ds, Kind::ClusterInformation, None, "default")
         .await
-        .map_err(|e| Error::msg(format!("error getting ClusterInformation: {e}")))?;
+        .context("error getting ClusterInformation")?;
     if ci.spec.datastore_ready != Some(true) {
         info!("Upgrade may be in progress, ready flag is not set");
         return Err(Error::msg(

@@ -17,7 +17,7 @@
 //! the extended limit; code on other threads computes its bound before it leaves the task.
 
 use std::future::Future;
-use std::sync::{Mutex, RwLock};
+use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
 /// The budget of a call when nothing configures one.
@@ -93,8 +93,6 @@ struct State {
 }
 
 static STATE: RwLock<Option<State>> = RwLock::new(None);
-/// Every `Expired` made in this process, to recognise it inside an error's text later.
-static EXPIRED: Mutex<Vec<Expired>> = Mutex::new(Vec::new());
 
 tokio::task_local! {
     /// The limit inside `cleanup_bound` (the deadline plus the grace).
@@ -228,17 +226,11 @@ fn unlogged_expired(what: String) -> Expired {
     let (budget, source) = state()
         .map(|(d, s)| (d.budget, s))
         .unwrap_or((DEFAULT_BUDGET, BudgetSource::Default));
-    let e = Expired {
+    Expired {
         budget,
         source_name: source.name(),
         what,
-    };
-    if let Ok(mut all) = EXPIRED.lock() {
-        if !all.contains(&e) {
-            all.push(e.clone());
-        }
     }
-    e
 }
 
 /// The last resort, for a wait that somehow ignores the deadline (a kernel call that never
@@ -309,13 +301,6 @@ async fn cleanup_bound_with<F: Future>(
 /// Runs `fut` with `limit` as the limit every bounded wait inside it sees.
 async fn scoped<F: Future>(limit: Instant, fut: F) -> F::Output {
     SCOPE_LIMIT.scope(limit, fut).await
-}
-
-/// The deadline error an error's text carries, if any: errors are often re-worded on the
-/// way up (`error getting ClusterInformation: <cause>`), so the text is what survives.
-pub fn cause_in(text: &str) -> Option<Expired> {
-    let all = EXPIRED.lock().ok()?;
-    all.iter().find(|e| text.contains(&e.to_string())).cloned()
 }
 
 #[cfg(test)]
@@ -499,13 +484,5 @@ mod tests {
             took >= Duration::from_millis(150) && took < Duration::from_secs(2),
             "{took:?}"
         );
-    }
-
-    #[test]
-    fn deadline_errors_are_found_in_reworded_errors() {
-        let e = expired("waiting for etcd (txn /calico/ipam/v2/handle/h)");
-        let text = format!("error getting ClusterInformation: {e}");
-        assert_eq!(cause_in(&text), Some(e));
-        assert_eq!(cause_in("some other failure"), None);
     }
 }

@@ -1,11 +1,18 @@
-//! The crate's top-level error: one variant per layer, mapped once to a CNI error code.
+//! The crate's top-level error: one variant per layer over a typed root, context added on
+//! the way up without flattening the cause (`Chain`, as netavark's `NetavarkError::Chain`),
+//! and the one mapping of every error to a CNI error code (`From<Error> for CniError`).
+//!
+//! A deadline is recognised by type, wherever it sits in the chain (`Error::deadline`).
 
 use crate::config::ConfigError;
 use crate::dataplane::DataplaneError;
+use crate::datastore::settings::SettingsError;
+use crate::datastore::validate::ValidationError;
 use crate::datastore::DatastoreError;
-use crate::deadline::{self, Expired};
+use crate::deadline::Expired;
 use crate::identifiers::IdentifierError;
 use crate::ipam::allocator::IpamError;
+use crate::ipam::verify::VerifyError;
 use crate::skel::error::CODE_TRY_AGAIN_LATER;
 use crate::skel::CniError;
 
@@ -14,13 +21,22 @@ pub enum Error {
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error(transparent)]
+    Settings(#[from] SettingsError),
+    #[error(transparent)]
     Datastore(#[from] DatastoreError),
+    /// libcalico-go's validator refused an object before it was written.
+    #[error(transparent)]
+    Validation(#[from] ValidationError),
     #[error(transparent)]
     Ipam(#[from] IpamError),
+    #[error(transparent)]
+    Verify(#[from] VerifyError),
     #[error(transparent)]
     Dataplane(#[from] DataplaneError),
     #[error("error constructing WorkloadEndpoint name: {0}")]
     Identifiers(#[from] IdentifierError),
+    #[error("error constructing WorkloadEndpoint prefix: {0}")]
+    IdentifierPrefix(IdentifierError),
     /// The call's deadline passed (`crate::deadline`).
     #[error(transparent)]
     Deadline(#[from] Expired),
@@ -28,13 +44,70 @@ pub enum Error {
     /// through unchanged.
     #[error("{}", .0.msg)]
     Cni(CniError),
+    /// A condition found here, with no cause below it (upstream's text).
     #[error("{0}")]
     Msg(String),
+    /// `context: cause`, the cause kept with its type.
+    #[error("{context}: {source}")]
+    Chain {
+        context: String,
+        #[source]
+        source: Box<Error>,
+    },
+    /// Several independent failures of one call (DEL runs every step), joined with "; ".
+    #[error("{}", join(.0))]
+    List(Vec<Error>),
+}
+
+fn join(errors: &[Error]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 impl Error {
     pub fn msg(s: impl Into<String>) -> Self {
         Error::Msg(s.into())
+    }
+
+    /// `context: cause`.
+    pub fn chain(context: impl Into<String>, cause: impl Into<Error>) -> Self {
+        Error::Chain {
+            context: context.into(),
+            source: Box::new(cause.into()),
+        }
+    }
+
+    /// The call's deadline, when it is what this error (or any cause in its chain) is.
+    pub fn deadline(&self) -> Option<&Expired> {
+        match self {
+            Error::Deadline(e) => Some(e),
+            Error::Datastore(e) => e.deadline(),
+            Error::Ipam(IpamError::Datastore(e) | IpamError::Node(e)) => e.deadline(),
+            Error::Verify(e) => e.deadline(),
+            Error::Dataplane(DataplaneError::Deadline(e)) => Some(e),
+            Error::Chain { source, .. } => source.deadline(),
+            Error::List(all) => all.iter().find_map(Error::deadline),
+            _ => None,
+        }
+    }
+}
+
+/// Adds context to an error on its way up, keeping it as the cause.
+pub trait Context<T> {
+    fn context(self, context: impl Into<String>) -> Result<T>;
+    fn with_context<C: Into<String>>(self, context: impl FnOnce() -> C) -> Result<T>;
+}
+
+impl<T, E: Into<Error>> Context<T> for std::result::Result<T, E> {
+    fn context(self, context: impl Into<String>) -> Result<T> {
+        self.map_err(|e| Error::chain(context, e))
+    }
+
+    fn with_context<C: Into<String>>(self, context: impl FnOnce() -> C) -> Result<T> {
+        self.map_err(|e| Error::chain(context(), e))
     }
 }
 
@@ -47,28 +120,80 @@ impl From<CniError> for Error {
 /// The one place errors become CNI codes: typed CNI errors keep theirs; a call that ran out
 /// of time is code 11, "try again later" (the spec's code for a transient condition the
 /// runtime should retry: a datastore that does not answer in time is one), with the deadline
-/// as `msg` and the whole error, with its context, as `details`; everything else is 999
+/// as `msg` and the whole error, with its context, as `details`; several failures take the
+/// deadline's code when one of them is it, else the first one's; everything else is 999
 /// ("internal") with the error's text, as Go's skel does for untyped errors.
 impl From<Error> for CniError {
     fn from(e: Error) -> CniError {
         match e {
             Error::Cni(c) => c,
-            Error::Deadline(e) => CniError::new(CODE_TRY_AGAIN_LATER, e.to_string(), ""),
-            other => {
-                let text = other.to_string();
-                // The deadline error is often re-worded on the way up (`error getting
-                // ClusterInformation: <it>`): its text is what survives.
-                match deadline::cause_in(&text) {
-                    Some(expired) => {
-                        let msg = expired.to_string();
-                        let details = if text == msg { String::new() } else { text };
-                        CniError::new(CODE_TRY_AGAIN_LATER, msg, details)
-                    }
-                    None => CniError::internal(text),
-                }
+            Error::List(mut all) if all.len() == 1 => CniError::from(all.remove(0)),
+            Error::List(all) => {
+                let msg = join(&all);
+                let codes: Vec<u32> = all.into_iter().map(|e| CniError::from(e).code).collect();
+                let code = match codes.contains(&CODE_TRY_AGAIN_LATER) {
+                    true => CODE_TRY_AGAIN_LATER,
+                    false => codes
+                        .first()
+                        .copied()
+                        .unwrap_or(crate::skel::error::CODE_INTERNAL),
+                };
+                CniError::new(code, msg, "")
             }
+            other => match other.deadline() {
+                Some(expired) => {
+                    let msg = expired.to_string();
+                    let text = other.to_string();
+                    let details = if text == msg { String::new() } else { text };
+                    CniError::new(CODE_TRY_AGAIN_LATER, msg, details)
+                }
+                None => CniError::internal(other.to_string()),
+            },
         }
     }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::datastore::DatastoreError;
+
+    #[test]
+    fn a_deadline_is_found_by_type_under_any_context() {
+        let e = crate::deadline::expired("waiting for etcd (txn /calico/ipam/v2/handle/h)");
+        let wrapped = Error::chain(
+            "error creating calico client",
+            Error::chain(
+                "error getting ClusterInformation",
+                DatastoreError::Deadline(e.clone()),
+            ),
+        );
+        assert_eq!(wrapped.deadline(), Some(&e));
+        let c = CniError::from(wrapped);
+        assert_eq!(c.code, CODE_TRY_AGAIN_LATER);
+        assert_eq!(c.msg, e.to_string());
+        assert_eq!(
+            c.details,
+            format!("error creating calico client: error getting ClusterInformation: {e}")
+        );
+        // The same text without the type is not a deadline.
+        let text = Error::msg(format!("error getting ClusterInformation: {e}"));
+        assert_eq!(CniError::from(text).code, crate::skel::error::CODE_INTERNAL);
+    }
+
+    #[test]
+    fn context_keeps_the_cause() {
+        let r: Result<(), DatastoreError> = Err(DatastoreError::Conflict("x".into()));
+        let e = r.context("error deleting endpoint").unwrap_err();
+        assert_eq!(e.to_string(), "error deleting endpoint: update conflict: x");
+        let Error::Chain { source, .. } = &e else {
+            panic!("not a chain: {e:?}");
+        };
+        assert!(matches!(
+            **source,
+            Error::Datastore(DatastoreError::Conflict(_))
+        ));
+    }
+}

@@ -226,6 +226,13 @@ impl DatastoreError {
     pub fn is_deadline(&self) -> bool {
         matches!(self, DatastoreError::Deadline(_))
     }
+    /// The call's deadline, when that is what this error is.
+    pub fn deadline(&self) -> Option<&crate::deadline::Expired> {
+        match self {
+            DatastoreError::Deadline(e) => Some(e),
+            _ => None,
+        }
+    }
 }
 
 /// Typed get / list / create / update (CAS) / delete (optionally CAS).

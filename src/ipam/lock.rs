@@ -21,7 +21,7 @@ use std::fs::{DirBuilder, File, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use std::os::unix::fs::FileExt;
@@ -90,16 +90,18 @@ impl IpamLock {
     }
 
     /// Takes the lock, waiting at most `min(LOCK_WAIT, what is left of the call's budget)`.
-    pub fn acquire(path: &str) -> IpamLock {
+    pub async fn acquire(path: &str) -> IpamLock {
         let (wait, capped) = crate::deadline::cap(LOCK_WAIT);
         if capped {
             debug!(?wait, "the IPAM lock wait is cut at the call's deadline");
         }
-        Self::acquire_within(path, wait)
+        Self::acquire_within(path, wait).await
     }
 
-    /// `acquire` with an explicit bound on the wait.
-    pub fn acquire_within(path: &str, wait: Duration) -> IpamLock {
+    /// `acquire` with an explicit bound on the wait. Uncontended, it takes the lock at once
+    /// (the directory, the file and a non-blocking `flock`: no thread, no wait); contended,
+    /// the blocking `flock` runs on a helper thread and the call's runtime awaits it.
+    pub async fn acquire_within(path: &str, wait: Duration) -> IpamLock {
         let unlocked = IpamLock::held(None);
         if let Err(e) = create_dirs(Path::new(path).parent()) {
             warn!(path, error = %e, "Failed to make directory for IPAM lock; continuing unlocked");
@@ -125,7 +127,7 @@ impl IpamLock {
             }
         };
         info!(path, "About to acquire host-wide IPAM lock.");
-        match wait_for_lock(file, wait) {
+        match wait_for_lock(file, wait).await {
             Some(l) => {
                 info!(path, "Acquired host-wide IPAM lock.");
                 IpamLock::held(Some(l))
@@ -187,10 +189,12 @@ pub(crate) fn open_lock_file(path: impl AsRef<Path>) -> std::io::Result<File> {
     Ok(file)
 }
 
-/// A blocking `flock` on a helper thread, waited for at most `wait`. If the helper gets the
-/// lock after we gave up, it lets it go at once.
-fn wait_for_lock(file: File, wait: Duration) -> Option<Flock<File>> {
-    let (tx, rx) = mpsc::channel();
+/// A blocking `flock` on a helper thread (the kernel queues the waiters: no polling, and the
+/// lock goes to a waiter the moment it is let go), awaited for at most `wait`. If the helper
+/// gets the lock after we gave up, it lets it go at once. The thread is the one this wait
+/// costs, and only when the lock is contended.
+async fn wait_for_lock(file: File, wait: Duration) -> Option<Flock<File>> {
+    let (tx, mut rx) = futures::channel::oneshot::channel();
     let abandoned = Arc::new(AtomicBool::new(false));
     let flag = abandoned.clone();
     let spawned = std::thread::Builder::new()
@@ -206,12 +210,12 @@ fn wait_for_lock(file: File, wait: Duration) -> Option<Flock<File>> {
     if spawned.is_err() {
         return None;
     }
-    match rx.recv_timeout(wait) {
-        Ok(lock) => Some(lock),
+    match tokio::time::timeout(wait, &mut rx).await {
+        Ok(lock) => lock.ok(),
         Err(_) => {
             abandoned.store(true, Ordering::SeqCst);
             // It may have arrived just now.
-            rx.try_recv().ok()
+            rx.try_recv().ok().flatten()
         }
     }
 }
@@ -219,6 +223,15 @@ fn wait_for_lock(file: File, wait: Duration) -> Option<Flock<File>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn acquire(path: &str) -> IpamLock {
+        within(path, LOCK_WAIT)
+    }
+
+    /// `acquire_within` on a runtime of its own, as a call's.
+    fn within(path: &str, wait: Duration) -> IpamLock {
+        crate::client::block_on(IpamLock::acquire_within(path, wait)).unwrap()
+    }
 
     fn scratch(name: &str) -> std::path::PathBuf {
         std::env::temp_dir().join(format!("ipamlock-{name}-{}", std::process::id()))
@@ -229,7 +242,7 @@ mod tests {
         let dir = scratch("modes");
         let path = dir.join("sub").join("ipam.lock");
         let old = nix::sys::stat::umask(nix::sys::stat::Mode::empty());
-        let lock = IpamLock::acquire(path.to_str().unwrap());
+        let lock = acquire(path.to_str().unwrap());
         nix::sys::stat::umask(old);
         assert!(lock._lock.is_some());
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
@@ -245,7 +258,7 @@ mod tests {
         let dir = scratch("hint");
         let path = dir.join("ipam.lock");
         let p = path.to_str().unwrap();
-        let first = IpamLock::acquire(p);
+        let first = acquire(p);
         assert!(first.block_hint().is_empty());
         let blocks: Vec<IpNet> = vec![
             "10.0.0.64/26".parse().unwrap(),
@@ -253,20 +266,20 @@ mod tests {
         ];
         first.remember_blocks(&blocks);
         drop(first);
-        let second = IpamLock::acquire(p);
+        let second = acquire(p);
         assert_eq!(second.block_hint(), blocks.as_slice());
         // A shorter hint replaces the longer one entirely.
         second.remember_blocks(&blocks[..1]);
         drop(second);
-        assert_eq!(IpamLock::acquire(p).block_hint(), &blocks[..1]);
+        assert_eq!(acquire(p).block_hint(), &blocks[..1]);
         // Garbage is skipped; an unlocked caller has no hint and leaves none.
         std::fs::write(&path, "junk\n10.1.2.3/24\n").unwrap();
         assert_eq!(
-            IpamLock::acquire(p).block_hint(),
+            acquire(p).block_hint(),
             ["10.1.2.0/24".parse::<IpNet>().unwrap()]
         );
-        let holder = IpamLock::acquire(p);
-        let unlocked = IpamLock::acquire_within(p, Duration::from_millis(10));
+        let holder = acquire(p);
+        let unlocked = within(p, Duration::from_millis(10));
         assert!(unlocked.block_hint().is_empty());
         unlocked.remember_blocks(&blocks);
         drop(holder);
@@ -283,20 +296,16 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("ipam.lock");
         let p = path.to_str().unwrap();
-        let holder = IpamLock::acquire(p);
+        let holder = acquire(p);
         assert!(holder._lock.is_some());
         let start = Instant::now();
-        let second = IpamLock::acquire_within(p, Duration::from_millis(300));
+        let second = within(p, Duration::from_millis(300));
         assert!(second._lock.is_none());
         assert!(start.elapsed() < Duration::from_secs(2));
         // Released: the next caller gets it while waiting.
         let t = std::thread::spawn({
             let p = p.to_string();
-            move || {
-                IpamLock::acquire_within(&p, Duration::from_secs(5))
-                    ._lock
-                    .is_some()
-            }
+            move || within(&p, Duration::from_secs(5))._lock.is_some()
         });
         std::thread::sleep(Duration::from_millis(100));
         drop(holder);

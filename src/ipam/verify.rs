@@ -29,6 +29,16 @@ pub enum VerifyError {
     Decode { what: String, why: String },
 }
 
+impl VerifyError {
+    /// The call's deadline, when a datastore read ran out of it.
+    pub fn deadline(&self) -> Option<&crate::deadline::Expired> {
+        match self {
+            VerifyError::Datastore(e) => e.deadline(),
+            _ => None,
+        }
+    }
+}
+
 /// Verifies that `handle_id` holds every address of `ips`.
 pub async fn handle_holds<D: Datastore>(
     ds: &D,

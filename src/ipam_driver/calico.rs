@@ -17,7 +17,7 @@ use crate::datastore::backend::Backend;
 use crate::datastore::kubernetes::core_objects;
 use crate::datastore::model::IpPool;
 use crate::datastore::{Datastore, Key};
-use crate::error::{Error, Result};
+use crate::error::{Context, Error, Result};
 use crate::identifiers::WepIdentifiers;
 use crate::ipam::allocator::gc::{GcOutcome, NodeHandles};
 use crate::ipam::allocator::{AutoAssignArgs, Ipam, IpamError, ViewReads};
@@ -162,14 +162,13 @@ pub async fn namespace_labels(
     {
         return Ok(BTreeMap::new());
     }
-    let fail =
-        |e: &dyn std::fmt::Display| Error::msg(format!("failed to get namespace {namespace}: {e}"));
+    let fail = || format!("failed to get namespace {namespace}");
     let client = core_objects::client_for(conf, ds)
         .await
-        .map_err(|e| fail(&e))?;
+        .with_context(fail)?;
     let ns = core_objects::namespace(&client, namespace)
         .await
-        .map_err(|e| fail(&e))?;
+        .with_context(fail)?;
     Ok(ns.metadata.labels.unwrap_or_default())
 }
 
@@ -192,7 +191,7 @@ pub async fn release_addresses<D: Datastore>(ds: &D, args: &CmdArgs, ips: &[IpAd
     let call = prepare(args, None, false)?;
     let handle = call.ids.handle_id(&call.conf.name);
     let ipam = Ipam::new(ds, &call.ids.node);
-    let _lock = IpamLock::acquire(call.conf.ipam_lock_file());
+    let _lock = IpamLock::acquire(call.conf.ipam_lock_file()).await;
     info!(handle, ?ips, "releasing the addresses this call assigned");
     let not_ours = with_timeout(ipam.release_ips(ips, Some(&handle))).await??;
     if !not_ours.is_empty() {
@@ -209,7 +208,7 @@ pub async fn release_addresses<D: Datastore>(ds: &D, args: &CmdArgs, ips: &[IpAd
 pub async fn release_any<D: Datastore>(ds: &D, args: &CmdArgs, ips: &[IpAddr]) -> Result<()> {
     let call = prepare(args, None, false)?;
     let ipam = Ipam::new(ds, &call.ids.node);
-    let _lock = IpamLock::acquire(call.conf.ipam_lock_file());
+    let _lock = IpamLock::acquire(call.conf.ipam_lock_file()).await;
     let unallocated = with_timeout(ipam.release_ips(ips, None)).await??;
     if !unallocated.is_empty() {
         warn!(
@@ -244,7 +243,10 @@ pub async fn assign<D: Datastore>(
     let ipam = Ipam::new(ds, &call.ids.node);
 
     if let Some(ip) = ip {
-        let _lock = lock.unwrap_or_else(|| IpamLock::acquire(lock_file));
+        let _lock = match lock {
+            Some(l) => l,
+            None => IpamLock::acquire(lock_file).await,
+        };
         let assigned = with_timeout(ipam.assign_ip(ip, &handle, &attrs)).await??;
         info!(%assigned, "assigned the requested address");
         // As AutoAssign's: one route per address (the address itself, /32 or /128).
@@ -275,7 +277,10 @@ pub async fn assign<D: Datastore>(
         max_blocks_per_host: 0,
         namespace_labels,
     };
-    let lock = lock.unwrap_or_else(|| IpamLock::acquire(lock_file));
+    let lock = match lock {
+        Some(l) => l,
+        None => IpamLock::acquire(lock_file).await,
+    };
     let (v4, v6) = with_timeout(async {
         let reads = match reads {
             Some(reads) => reads,
@@ -339,7 +344,7 @@ pub async fn release<D: Datastore>(ds: &D, call: &Call<'_>) -> Result<()> {
     if held.is_empty() {
         return Ok(());
     }
-    let _lock = IpamLock::acquire(conf.ipam_lock_file());
+    let _lock = IpamLock::acquire(conf.ipam_lock_file()).await;
     with_timeout(async {
         // In upstream's order: `<network>.<containerID>`, then the legacy one.
         for (handle, read) in held {
@@ -425,7 +430,7 @@ pub async fn check_with<D: Datastore>(
     let ips: Vec<IpAddr> = prev.ips.iter().map(|i| i.address.addr).collect();
     crate::ipam::verify::handle_holds(ds, &ids.handle_id(network), &ips)
         .await
-        .map_err(|e| Error::msg(format!("CHECK: {e}")))
+        .context("CHECK")
 }
 
 /// Releases the stale handles of `handles` under the host's IPAM lock.
@@ -436,6 +441,6 @@ pub async fn gc_with<D: Datastore>(
     handles: &NodeHandles,
     valid: &std::collections::BTreeSet<String>,
 ) -> GcOutcome {
-    let _lock = IpamLock::acquire(conf.ipam_lock_file());
+    let _lock = IpamLock::acquire(conf.ipam_lock_file()).await;
     crate::ipam::allocator::gc::release_stale(ds, node, handles, valid).await
 }

@@ -33,7 +33,7 @@ use crate::datastore::model::{IpNat, Profile, WorkloadEndpoint, WorkloadEndpoint
 use crate::datastore::resources::{delete_resource, get_resource};
 use crate::datastore::{validate, DatastoreError, Kind};
 use crate::deadline;
-use crate::error::{Error, Result};
+use crate::error::{Context, Error, Result};
 use crate::ipam::allocator::{Ipam, ViewReads};
 use crate::ipam::lock::IpamLock;
 use crate::ipam_driver::exec::{host_local_add_stdin, uses_pod_cidr};
@@ -76,8 +76,7 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     // join this round trip (they are the same reads, under the same lock, as after the
     // gate). Not with readiness gates, which may wait: the lock would be held meanwhile.
     let early_ipam = plan.k8s && conf.readiness_gates.is_empty() && plan.ipam_in_process;
-    let lock = early_ipam.then(|| IpamLock::acquire(conf.ipam_lock_file()));
-    let (ready, existing, profile_exists, pod, reads) = tokio::join!(
+    let (ready, existing, profile_exists, pod, early) = tokio::join!(
         check_datastore_ready(&call.ds),
         async {
             if endpoint_from_pod {
@@ -103,16 +102,19 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
                 .map(Some)
         },
         async {
-            match early_ipam {
-                true => {
-                    let hint = lock.as_ref().map_or(&[][..], IpamLock::block_hint);
-                    Some(Ipam::new(&call.ds, &call.ids.node).read_view(hint).await)
-                }
-                false => None,
+            if !early_ipam {
+                return EarlyIpam::default();
+            }
+            let lock = IpamLock::acquire(conf.ipam_lock_file()).await;
+            let reads = Ipam::new(&call.ds, &call.ids.node)
+                .read_view(lock.block_hint())
+                .await;
+            EarlyIpam {
+                lock: Some(lock),
+                reads: Some(reads),
             }
         }
     );
-    let early = EarlyIpam { lock, reads };
     ready?;
     readiness::wait_for_gates(&conf.readiness_gates).await?;
     let pod: Option<PodInfo> = pod?;
@@ -173,9 +175,9 @@ async fn validate_and_ensure_profile(
     wep: &WorkloadEndpoint,
     profile: Option<Profile>,
 ) -> Result<()> {
-    validate::workload_endpoint(wep).map_err(|e| Error::msg(e.to_string()))?;
+    validate::workload_endpoint(wep)?;
     if let Some(mut p) = profile {
-        validate::profile(&p).map_err(|e| Error::msg(e.to_string()))?;
+        validate::profile(&p)?;
         endpoint::create_profile(&call.ds, &mut p).await?;
     }
     Ok(())
@@ -382,7 +384,7 @@ async fn release_old_addresses(call: &Call, args: &CmdArgs, old: &[String]) -> R
     );
     calico::release_any(&call.ds, args, &ips)
         .await
-        .map_err(|e| Error::msg(format!("failed to release ipAddrs: {e}")))
+        .context("failed to release ipAddrs")
 }
 
 /// `ipAddrs`: calico-ipam once per address with `IP=<address>` added to CNI_ARGS. A
@@ -421,7 +423,7 @@ async fn assign_each(
                     call.ipam().give_back(args, &assigned),
                 )
                 .await;
-                return Err(Error::msg(format!("error getting IP from IPAM: {e}")));
+                return Err(Error::chain("error getting IP from IPAM", e));
             }
         }
     }
@@ -432,6 +434,7 @@ async fn assign_each(
 type Handles = tokio::task::JoinHandle<dataplane::Handles>;
 
 /// The host's IPAM lock and AutoAssign's reads, taken in the first round trip.
+#[derive(Default)]
 struct EarlyIpam {
     lock: Option<IpamLock>,
     reads: Option<ViewReads>,

@@ -16,8 +16,7 @@ use crate::datastore::{DatastoreError, Kind};
 use crate::error::{Error, Result};
 use crate::ipam_driver::IpamDriver;
 use crate::plugin::{connect, identifiers, load};
-use crate::skel::error::CODE_TRY_AGAIN_LATER;
-use crate::skel::{CmdArgs, CniError};
+use crate::skel::CmdArgs;
 
 /// Attempts at the get-then-CAS-delete of a k8s endpoint.
 const K8S_DELETE_ATTEMPTS: usize = 6;
@@ -159,27 +158,13 @@ impl Failures {
         }
     }
 
-    /// One failure as it is; several as one error naming them all (joined with "; "),
-    /// code 11 when one of them is the call's deadline, else the first one's code.
+    /// One failure as it is; several as one error naming them all (`Error::List`: joined
+    /// with "; ", code 11 when one of them is the call's deadline, else the first one's).
     fn into_result(mut self) -> Result<()> {
         match self.0.len() {
             0 => Ok(()),
             1 => Err(self.0.remove(0)),
-            _ => {
-                let msg = self
-                    .0
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("; ");
-                let codes: Vec<u32> = self.0.into_iter().map(|e| CniError::from(e).code).collect();
-                let code = if codes.contains(&CODE_TRY_AGAIN_LATER) {
-                    CODE_TRY_AGAIN_LATER
-                } else {
-                    codes[0]
-                };
-                Err(Error::Cni(CniError::new(code, msg, "")))
-            }
+            _ => Err(Error::List(self.0)),
         }
     }
 }
@@ -273,15 +258,18 @@ async fn delete_k8s_endpoint<D: crate::datastore::Datastore>(
             Err(e) => return Err(e.into()),
         }
     }
-    Err(Error::msg(format!(
-        "error deleting endpoint: endpoint was modified before it could be deleted: {}",
-        last.map(|e| e.to_string()).unwrap_or_default()
-    )))
+    let context = "error deleting endpoint: endpoint was modified before it could be deleted";
+    Err(match last {
+        Some(e) => Error::chain(context, e),
+        None => Error::msg(context),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::skel::error::CODE_TRY_AGAIN_LATER;
+    use crate::skel::CniError;
 
     #[test]
     fn failures_are_all_reported() {

@@ -19,9 +19,7 @@ pub async fn find_existing<D: Datastore>(
     ds: &D,
     ids: &WepIdentifiers,
 ) -> Result<Option<WorkloadEndpoint>> {
-    let prefix = ids
-        .wep_prefix()
-        .map_err(|e| Error::msg(format!("error constructing WorkloadEndpoint prefix: {e}")))?;
+    let prefix = ids.wep_prefix().map_err(Error::IdentifierPrefix)?;
     let weps: Vec<WorkloadEndpoint> = list_resources(
         ds,
         &ListKind::Resources {

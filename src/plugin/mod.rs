@@ -122,12 +122,9 @@ pub async fn connect(args: &CmdArgs, conf: NetConf, for_add: bool) -> Result<Cal
         "calico {}",
         "call"
     );
-    let ds = client::connect(&conf).await.map_err(|e| {
-        if for_add {
-            Error::msg(format!("error creating calico client: {e}"))
-        } else {
-            e
-        }
+    let ds = client::connect(&conf).await.map_err(|e| match for_add {
+        true => Error::chain("error creating calico client", e),
+        false => e,
     })?;
     let plan = Plan::new(&conf, args, &ids, ds.is_kubernetes());
     tracing::debug!(?plan, "the call's plan");
