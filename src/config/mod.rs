@@ -12,6 +12,8 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use crate::gocompat::path_error;
+
 pub const DEFAULT_NODENAME_FILE: &str = "/var/lib/calico/nodename";
 pub const MTU_FILE: &str = "/var/lib/calico/mtu";
 pub const DEFAULT_IPAM_LOCK_FILE: &str = "/var/run/calico/ipam.lock";
@@ -360,10 +362,7 @@ impl NetConf {
             })?),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 if self.require_mtu_file {
-                    return Err(ConfigError::MtuFile(format!(
-                        "open {}: no such file or directory",
-                        file.display()
-                    )));
+                    return Err(ConfigError::MtuFile(path_error("open", file, &e)));
                 }
                 None
             }
