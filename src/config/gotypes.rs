@@ -148,6 +148,9 @@ static NETCONF: Schema = Schema {
         ("cniVersion", STRING),
         ("name", STRING),
         ("type", STRING),
+        // `mode`, `vxlan_*` and `windows_*` are Go-only (no config::NetConf field; the
+        // tests' GO_ONLY): checked as upstream's decoder checks them, read only by
+        // upstream's VXLAN and Windows code.
         ("mode", STRING),
         ("vxlan_mac_prefix", STRING),
         ("vxlan_vni", GoType::Uint64),
