@@ -14,6 +14,7 @@ pub mod dataplane;
 pub mod datastore;
 pub mod deadline;
 pub mod error;
+pub mod gocompat;
 pub mod identifiers;
 pub mod install;
 pub mod ipam;

@@ -60,7 +60,7 @@ fn main() -> ExitCode {
             "-upgrade" | "--upgrade" if is_ipam => migrate = true,
             a if is_ipam && (a.starts_with("-upgrade=") || a.starts_with("--upgrade=")) => {
                 let value = a.split_once('=').map(|(_, v)| v).unwrap_or_default();
-                match upgrade::parse_go_bool(value) {
+                match calico_cni::gocompat::parse_bool(value) {
                     Some(v) => migrate = v,
                     None => {
                         eprintln!("invalid boolean value {value:?} for -upgrade: parse error");

@@ -148,6 +148,9 @@ static NETCONF: Schema = Schema {
         ("cniVersion", STRING),
         ("name", STRING),
         ("type", STRING),
+        // `mode`, `vxlan_*` and `windows_*` are Go-only (no config::NetConf field; the
+        // tests' GO_ONLY): checked as upstream's decoder checks them, read only by
+        // upstream's VXLAN and Windows code.
         ("mode", STRING),
         ("vxlan_mac_prefix", STRING),
         ("vxlan_vni", GoType::Uint64),
@@ -344,7 +347,171 @@ fn check_value(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::fields::{shape_of, Shape};
+    use crate::config::NetConf;
     use serde_json::json;
+
+    /// Fields of Go's struct that `NetConf` does not decode (type-checked here only).
+    const GO_ONLY: &[&str] = &[
+        // Used by upstream's VXLAN/Windows code paths, which this plugin does not have.
+        "mode",
+        "vxlan_mac_prefix",
+        "vxlan_vni",
+        "windows_pod_deletion_timestamp_timeout",
+        "windows_use_single_network",
+        "windows_disable_default_deny_all_policy",
+        "windows_loopback_DSR",
+        // The IPAM struct's untagged `Name`: nothing reads it, upstream included.
+        "ipam.Name",
+    ];
+
+    /// Fields `NetConf` decodes that Go's struct does not have.
+    const SERDE_ONLY: &[&str] = &[
+        // Upstream reads host-local's routes from the raw IPAM config, not from its struct.
+        "ipam.routes",
+    ];
+
+    /// Whether a serde field decodes what the Go type holds (a Go struct may be kept as an
+    /// opaque JSON value on our side).
+    fn same_kind(go: GoType, ours: &Shape) -> bool {
+        let ours = match ours {
+            Shape::Opt(inner) => inner,
+            other => other,
+        };
+        match (go, ours) {
+            (GoType::Str(_), Shape::Str)
+            | (GoType::Int | GoType::Uint64, Shape::Int)
+            | (GoType::Bool, Shape::Bool)
+            | (GoType::AnyMap, Shape::Map)
+            | (GoType::Struct(_), Shape::Any) => true,
+            (GoType::StrSlice, Shape::Seq(item)) => **item == Shape::Str,
+            (GoType::Struct(_), Shape::Struct(_)) => true,
+            _ => false,
+        }
+    }
+
+    fn go_name(go: GoType) -> &'static str {
+        match go {
+            GoType::Str(name) | GoType::StructSlice(_, name) => name,
+            GoType::Int => "int",
+            GoType::Uint64 => "uint64",
+            GoType::Bool => "bool",
+            GoType::StrSlice => "[]string",
+            GoType::AnyMap => "map[string]interface {}",
+            GoType::Struct(schema) => schema.type_name,
+        }
+    }
+
+    /// Whether a dotted path names a field of Go's schema.
+    fn in_schema(schema: &Schema, path: &str) -> bool {
+        let (head, rest) = path.split_once('.').unwrap_or((path, ""));
+        match schema.fields.iter().find(|(name, _)| *name == head) {
+            Some((_, GoType::Struct(inner))) if !rest.is_empty() => in_schema(inner, rest),
+            Some(_) => rest.is_empty(),
+            None => false,
+        }
+    }
+
+    /// Walks Go's schema and serde's fields side by side, naming every field one has and
+    /// the other lacks, and every type that disagrees.
+    fn differences(
+        prefix: &str,
+        schema: &Schema,
+        fields: &[(&'static str, Shape)],
+        out: &mut Vec<String>,
+    ) {
+        for (name, shape) in fields {
+            let path = format!("{prefix}{name}");
+            match schema.fields.iter().find(|(go, _)| go == name) {
+                None if SERDE_ONLY.contains(&path.as_str()) => {}
+                None => out.push(format!(
+                    "`{path}` is in the serde struct (config::NetConf) but missing from \
+                     gotypes' schema `{}`: add it there with its Go type \
+                     (or to SERDE_ONLY if upstream's Go struct has no such field)",
+                    schema.type_name
+                )),
+                Some(_) if SERDE_ONLY.contains(&path.as_str()) => {
+                    out.push(format!("`{path}` is in both: drop it from SERDE_ONLY"))
+                }
+                Some((_, go)) => {
+                    if !same_kind(*go, shape) {
+                        out.push(format!(
+                            "`{path}`: serde decodes {shape:?}, gotypes checks {}",
+                            go_name(*go)
+                        ));
+                    }
+                    // A Go struct we keep as an opaque value has no fields to compare.
+                    if let GoType::Struct(inner) = go {
+                        if !shape.fields().is_empty() {
+                            differences(&format!("{path}."), inner, shape.fields(), out);
+                        }
+                    }
+                }
+            }
+        }
+        for (name, _) in schema.fields {
+            let path = format!("{prefix}{name}");
+            let decoded = fields.iter().any(|(ours, _)| ours == name);
+            match (decoded, GO_ONLY.contains(&path.as_str())) {
+                (false, false) => out.push(format!(
+                    "`{path}` is in gotypes' schema `{}` but missing from the serde struct \
+                     (config::NetConf): add the field there (or to GO_ONLY if we do not \
+                     decode it)",
+                    schema.type_name
+                )),
+                (true, true) => out.push(format!("`{path}` is decoded: drop it from GO_ONLY")),
+                _ => {}
+            }
+        }
+    }
+
+    /// The one-declaration rule: every field of the serde struct (whose names the key
+    /// folding is derived from) has its Go type in the schema, and every Go field is decoded
+    /// or listed as Go-only, nested structs included.
+    #[test]
+    fn schema_and_serde_struct_agree() {
+        let mut out = Vec::new();
+        differences("", &NETCONF, shape_of::<NetConf>().fields(), &mut out);
+        for stale in GO_ONLY.iter().filter(|p| !in_schema(&NETCONF, p)) {
+            out.push(format!(
+                "GO_ONLY names `{stale}`, which gotypes' schema lacks"
+            ));
+        }
+        assert!(out.is_empty(), "{}", out.join("\n"));
+    }
+
+    /// The check above catches a half-added field, and says where it is missing.
+    #[test]
+    fn a_half_added_field_is_named() {
+        #[derive(serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Grown {
+            name: String,
+            new_field: bool,
+        }
+        static SMALL: Schema = Schema {
+            type_name: "types.Small",
+            struct_name: "Small",
+            fields: &[
+                ("name", STRING),
+                ("mode", STRING),
+                ("go_added", GoType::Int),
+            ],
+        };
+        let mut out = Vec::new();
+        differences("", &SMALL, shape_of::<Grown>().fields(), &mut out);
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert!(
+            out[0].starts_with("`new_field` is in the serde struct"),
+            "{}",
+            out[0]
+        );
+        assert!(
+            out[1].starts_with("`go_added` is in gotypes' schema"),
+            "{}",
+            out[1]
+        );
+    }
 
     fn err(v: Value) -> String {
         check_netconf(&v).unwrap_err()

@@ -3,14 +3,22 @@
 //!
 //! Go's `encoding/json` matches keys case-insensitively and ignores unknown keys; we fold
 //! key case for the known fields before decoding, and serde ignores the rest.
+//!
+//! The serde structs below are the one declaration of the fields: the keys folded are read
+//! off them (`fields`), and a test ties Go's type schema (`gotypes`) to them.
 
+mod fields;
 mod gotypes;
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::OnceLock;
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
+
+use crate::gocompat::path_error;
+use fields::Shape;
 
 pub const DEFAULT_NODENAME_FILE: &str = "/var/lib/calico/nodename";
 pub const MTU_FILE: &str = "/var/lib/calico/mtu";
@@ -39,9 +47,11 @@ pub enum ConfigError {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default)]
 pub struct NetConf {
+    /// Not read: skel takes `cniVersion` from stdin itself (version checks, result format).
     #[serde(rename = "cniVersion")]
     pub cni_version: String,
     pub name: String,
+    /// Not read: the binary's name, not this, selects the plugin.
     #[serde(rename = "type")]
     pub plugin_type: String,
     pub mtu: i64,
@@ -57,7 +67,10 @@ pub struct NetConf {
     pub etcd_key_file: String,
     pub etcd_cert_file: String,
     pub etcd_ca_cert_file: String,
+    /// Accepted for upstream's conflists, not read: a libcalico-go v1 setting that upstream's
+    /// NetConf still declares and its v3 datastore client does not use.
     pub etcd_scheme: String,
+    /// As `etcd_scheme` (upstream marks it deprecated).
     pub etcd_authority: String,
     pub kubernetes: KubernetesConf,
     pub policy: PolicyConf,
@@ -67,6 +80,8 @@ pub struct NetConf {
     pub log_level: String,
     pub log_file_path: String,
     pub log_file_max_size: i64,
+    /// Accepted for upstream's conflists, not read: upstream's log rotation also prunes
+    /// files older than this many days; ours (`logging`) keeps `log_file_max_count` files.
     pub log_file_max_age: i64,
     pub log_file_max_count: i64,
     pub feature_control: FeatureControl,
@@ -79,11 +94,15 @@ pub struct NetConf {
     pub dataplane_options: Option<Map<String, Value>>,
     pub args: Value,
     pub calico_api_group: String,
+    /// Accepted for upstream's conflists, not read: upstream's NetConf declares `qps` and
+    /// `burst` as its Kubernetes client's request rate limits; our client has none.
     pub qps: i64,
+    /// As `qps`.
     pub burst: i64,
-    #[serde(rename = "prevResult")]
-    pub prev_result: Option<Value>,
-    #[serde(rename = "runtimeConfig")]
+    /// Accepted for upstream's conflists, not read: upstream's untagged `RuntimeConfig`
+    /// (DNS settings, used by its Windows dataplane only). `prevResult` is read from stdin
+    /// by CHECK itself, so it has no field here.
+    #[serde(rename = "RuntimeConfig")]
     pub runtime_config: Option<Value>,
 }
 
@@ -116,8 +135,11 @@ pub struct IpamConf {
     pub assign_ipv6: Option<String>,
     pub ipv4_pools: Vec<String>,
     pub ipv6_pools: Vec<String>,
+    /// Not read here: host-local's `subnet` (and `ranges`, which has no field) are rewritten
+    /// from the raw stdin when calico hands it to host-local (`plugin::ipam_exec`).
     pub subnet: String,
-    pub ranges: Option<Value>,
+    /// host-local's routes (k8s.go's pod routes); not in upstream's Go struct, which reads
+    /// them from the raw IPAM config.
     pub routes: Option<Value>,
 }
 
@@ -134,83 +156,16 @@ pub struct ContainerSettings {
     pub allow_ip_forwarding: bool,
 }
 
-const TOP_FIELDS: &[&str] = &[
-    "cniVersion",
-    "name",
-    "type",
-    "mtu",
-    "num_queues",
-    "nodename",
-    "nodename_file",
-    "nodename_file_optional",
-    "hostname",
-    "require_mtu_file",
-    "datastore_type",
-    "etcd_endpoints",
-    "etcd_discovery_srv",
-    "etcd_key_file",
-    "etcd_cert_file",
-    "etcd_ca_cert_file",
-    "etcd_scheme",
-    "etcd_authority",
-    "kubernetes",
-    "policy",
-    "ipam",
-    "include_default_routes",
-    "ipam_lock_file",
-    "log_level",
-    "log_file_path",
-    "log_file_max_size",
-    "log_file_max_age",
-    "log_file_max_count",
-    "feature_control",
-    "container_settings",
-    "readiness_gates",
-    "policy_setup_timeout_seconds",
-    "call_timeout_seconds",
-    "endpoint_status_dir",
-    "dataplane_options",
-    "args",
-    "calico_api_group",
-    "qps",
-    "burst",
-    "prevResult",
-    "runtimeConfig",
-];
-const NESTED_FIELDS: &[(&str, &[&str])] = &[
-    ("kubernetes", &["kubeconfig", "k8s_api_root", "node_name"]),
-    (
-        "policy",
-        &[
-            "type",
-            "k8s_api_root",
-            "k8s_auth_token",
-            "k8s_client_certificate",
-            "k8s_client_key",
-            "k8s_certificate_authority",
-        ],
-    ),
-    (
-        "ipam",
-        &[
-            "type",
-            "assign_ipv4",
-            "assign_ipv6",
-            "ipv4_pools",
-            "ipv6_pools",
-            "subnet",
-            "ranges",
-            "routes",
-        ],
-    ),
-    ("feature_control", &["ip_addrs_no_ipam", "floating_ips"]),
-    ("container_settings", &["allow_ip_forwarding"]),
-];
+/// The fields of `NetConf`, nested structs included, as serde decodes them.
+fn netconf_fields() -> &'static [(&'static str, Shape)] {
+    static SHAPE: OnceLock<Shape> = OnceLock::new();
+    SHAPE.get_or_init(fields::shape_of::<NetConf>).fields()
+}
 
-/// Renames keys that match a known field name case-insensitively (Go's rule: an exact match
-/// wins, otherwise the first case-insensitive one).
-fn fold_keys(obj: &mut Map<String, Value>, names: &[&str]) {
-    for name in names {
+/// Renames keys that match a field name case-insensitively (Go's rule: an exact match wins,
+/// otherwise the first case-insensitive one), in nested structs too.
+fn fold_keys(obj: &mut Map<String, Value>, fields: &[(&'static str, Shape)]) {
+    for (name, _) in fields {
         if obj.contains_key(*name) {
             continue;
         }
@@ -219,6 +174,12 @@ fn fold_keys(obj: &mut Map<String, Value>, names: &[&str]) {
             if let Some(v) = obj.remove(&k) {
                 obj.insert((*name).to_string(), v);
             }
+        }
+    }
+    for (name, shape) in fields {
+        // A field that is no struct has no fields: nothing to fold inside it.
+        if let Some(Value::Object(inner)) = obj.get_mut(*name) {
+            fold_keys(inner, shape.fields());
         }
     }
 }
@@ -230,12 +191,7 @@ impl NetConf {
             serde_json::from_slice(data).map_err(|e| ConfigError::Parse(e.to_string()))?;
         gotypes::check_netconf(&v).map_err(ConfigError::Parse)?;
         if let Value::Object(obj) = &mut v {
-            fold_keys(obj, TOP_FIELDS);
-            for (field, names) in NESTED_FIELDS {
-                if let Some(Value::Object(inner)) = obj.get_mut(*field) {
-                    fold_keys(inner, names);
-                }
-            }
+            fold_keys(obj, netconf_fields());
             // Go decodes JSON null into a struct field as "leave it zero".
             obj.retain(|_, v| !v.is_null());
         }
@@ -360,10 +316,7 @@ impl NetConf {
             })?),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 if self.require_mtu_file {
-                    return Err(ConfigError::MtuFile(format!(
-                        "open {}: no such file or directory",
-                        file.display()
-                    )));
+                    return Err(ConfigError::MtuFile(path_error("open", file, &e)));
                 }
                 None
             }
@@ -440,6 +393,16 @@ mod tests {
         assert_eq!(c.num_queues(), 1);
         assert_eq!(c.ipam_lock_file(), DEFAULT_IPAM_LOCK_FILE);
         assert_eq!(c.nodename_file(), DEFAULT_NODENAME_FILE);
+        // Every nested struct folds too; an exact match beats a folded one.
+        let c = NetConf::parse(
+            br#"{"Policy":{"TYPE":"k8s"},"feature_control":{"Floating_IPs":true},"runtimeconfig":{},"QPS":5,"Kubernetes":{"Kubeconfig":"a","kubeconfig":"b"}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.policy.policy_type, "k8s");
+        assert!(c.feature_control.floating_ips);
+        assert!(c.runtime_config.is_some());
+        assert_eq!(c.qps, 5);
+        assert_eq!(c.kubernetes.kubeconfig, "b");
     }
 
     #[test]

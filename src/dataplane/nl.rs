@@ -13,7 +13,7 @@ use netlink_packet_route::route::{
 use netlink_packet_route::AddressFamily;
 use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 
-use super::sys::errno_text;
+use crate::gocompat::{errno_text, io_error_text};
 use crate::net::IpNet;
 
 /// The errno carried by a netlink error reply, as a positive number.
@@ -113,10 +113,7 @@ pub(crate) fn del_link_blocking(name: &str, index: u32) -> Result<bool, String> 
     use rtnetlink::packet_core::{NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_REQUEST};
     use rtnetlink::sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
-    let io_text = |e: std::io::Error| match e.raw_os_error() {
-        Some(code) => errno_text(code),
-        None => e.to_string(),
-    };
+    let io_text = |e: std::io::Error| io_error_text(&e);
     let mut socket = Socket::new(NETLINK_ROUTE).map_err(io_text)?;
     socket.bind_auto().map_err(io_text)?;
     socket.connect(&SocketAddr::new(0, 0)).map_err(io_text)?;

@@ -1,8 +1,8 @@
-//! OS-level helpers: Go-style error texts, `/proc/sys` writes (read before write), entering
-//! network namespaces on dedicated threads, and netlink connections.
+//! OS-level helpers: `/proc/sys` writes (read before write), entering network namespaces on
+//! dedicated threads, and netlink connections.
 //!
 //! Upstream is Go, so its error strings embed Go's renderings of OS errors (`file exists`,
-//! `open /proc/sys/...: no such file or directory`); the helpers here reproduce those forms.
+//! `open /proc/sys/...: no such file or directory`): `crate::gocompat` renders them.
 
 use std::fs::{File, OpenOptions};
 use std::future::Future;
@@ -13,24 +13,7 @@ use nix::sched::CloneFlags;
 use nix::sys::statfs::{statfs, NSFS_MAGIC, PROC_SUPER_MAGIC};
 use rtnetlink::Handle;
 
-/// Go's text for an errno (`syscall.Errno.Error()`): the C library's description with a
-/// lower-case first letter, e.g. `file exists`, `no such device`.
-pub(crate) fn errno_text(errno: i32) -> String {
-    let desc = nix::errno::Errno::from_raw(errno.abs()).desc();
-    let mut chars = desc.chars();
-    match chars.next() {
-        Some(first) => first.to_lowercase().chain(chars).collect(),
-        None => format!("errno {errno}"),
-    }
-}
-
-/// Go's `*os.PathError` text: `<op> <path>: <errno text>`.
-pub(crate) fn path_error(op: &str, path: &str, err: &io::Error) -> String {
-    match err.raw_os_error() {
-        Some(code) => format!("{op} {path}: {}", errno_text(code)),
-        None => format!("{op} {path}: {err}"),
-    }
-}
+use crate::gocompat::{errno_text, path_error};
 
 /// Sets a sysctl through `/proc/sys`, unless it already holds `value` (read before write).
 /// `/proc/sys/net` resolves against the network namespace of the *calling thread*, so the
@@ -178,20 +161,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn errno_texts_match_go() {
-        assert_eq!(errno_text(libc::EEXIST), "file exists");
-        assert_eq!(errno_text(-libc::ENODEV), "no such device");
-        assert_eq!(errno_text(libc::ENOENT), "no such file or directory");
-        assert_eq!(errno_text(libc::EPERM), "operation not permitted");
-    }
-
-    #[test]
     fn path_errors_match_go() {
-        let e = io::Error::from_raw_os_error(libc::ENOENT);
-        assert_eq!(
-            path_error("open", "/proc/sys/x", &e),
-            "open /proc/sys/x: no such file or directory"
-        );
         let err = set_sysctl("/nonexistent-dir/file", "1").unwrap_err();
         assert_eq!(err, "open /nonexistent-dir/file: no such file or directory");
     }

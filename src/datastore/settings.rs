@@ -10,6 +10,7 @@
 
 use crate::config::NetConf;
 use crate::datastore::kubernetes::client::KubeSettings;
+use crate::gocompat::parse_bool;
 
 /// The resolved connection settings.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -98,10 +99,8 @@ impl DatastoreSettings {
                 ca_file: get("K8S_CA_FILE", ""),
                 cert_file: get("K8S_CERT_FILE", ""),
                 key_file: get("K8S_KEY_FILE", ""),
-                insecure_skip_tls_verify: matches!(
-                    get("K8S_INSECURE_SKIP_TLS_VERIFY", "").as_str(),
-                    "1" | "t" | "T" | "true" | "TRUE" | "True"
-                ),
+                insecure_skip_tls_verify: parse_bool(&get("K8S_INSECURE_SKIP_TLS_VERIFY", ""))
+                    == Some(true),
                 context: get("K8S_CURRENT_CONTEXT", ""),
             },
             calico_api_group: get("CALICO_API_GROUP", &conf.calico_api_group),

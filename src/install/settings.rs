@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use super::InstallError;
-use crate::ipam_plugin::upgrade::parse_go_bool;
+use crate::gocompat::parse_bool;
 
 /// Where the installer reads and writes: upstream's container paths unless moved.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -85,7 +85,7 @@ fn go_bool(
 ) -> Result<bool, InstallError> {
     match env(k).filter(|v| !v.is_empty()) {
         None => Ok(default),
-        Some(v) => parse_go_bool(&v).ok_or_else(|| {
+        Some(v) => parse_bool(&v).ok_or_else(|| {
             InstallError::Refused(format!(
                 "envconfig.Process: assigning {k} to {}: converting '{v}' to type bool: invalid syntax",
                 field_name(k)

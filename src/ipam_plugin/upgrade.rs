@@ -37,6 +37,7 @@ use crate::datastore::model::ClusterInformation;
 use crate::datastore::resources::{get_resource, update_resource};
 use crate::datastore::settings::DatastoreSettings;
 use crate::datastore::{Datastore, Key, Kind};
+use crate::gocompat::{io_error_text, parse_bool, path_error};
 use crate::ipam::allocator::{Ipam, IpamError};
 
 /// host-local's data dir for Calico's network (`ipAllocPath`).
@@ -176,15 +177,6 @@ pub fn run(opts: Options, env: &dyn Fn(&str) -> Option<String>) -> u8 {
     }
 }
 
-/// Go's `strconv.ParseBool`.
-pub fn parse_go_bool(s: &str) -> Option<bool> {
-    match s {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
-        _ => None,
-    }
-}
-
 /// The API client configuration from the environment (`apiconfig.LoadClientConfig("")`),
 /// the datastore type then forced to Kubernetes as upstream forces it; and `USE_POD_CIDR`.
 /// As envconfig, `CALICO_<NAME>` beats `<NAME>`; a set but unparsable boolean fails the load.
@@ -196,7 +188,7 @@ pub fn api_settings(
     let get = |name: &str| env(&format!("CALICO_{name}")).or_else(|| env(name));
     let use_pod_cidr = match get("USE_POD_CIDR") {
         None => false,
-        Some(v) => parse_go_bool(&v).ok_or_else(|| {
+        Some(v) => parse_bool(&v).ok_or_else(|| {
             format!("failed to load config from env vars: envconfig.Process: assigning CALICO_USE_POD_CIDR to K8sUsePodCIDR: converting '{v}' to type bool")
         })?,
     };
@@ -809,22 +801,6 @@ fn query_escape(s: &str) -> String {
 
 // ------------------------------------------------------------------ files, as Go sees them
 
-/// Go's errno text: the OS message, lower-cased first letter, without Rust's suffix.
-fn errno_text(e: &io::Error) -> String {
-    let s = e.to_string();
-    let s = s.rfind(" (os error ").map_or(s.as_str(), |i| &s[..i]);
-    let mut c = s.chars();
-    match c.next() {
-        Some(first) => first.to_lowercase().chain(c).collect(),
-        None => String::new(),
-    }
-}
-
-/// Go's `*PathError` text: `<op> <path>: <errno>`.
-fn path_error(op: &str, path: &Path, e: &io::Error) -> String {
-    format!("{op} {}: {}", path.display(), errno_text(e))
-}
-
 /// Go's `os.Remove`: unlink, else rmdir; the unlink error unless rmdir's says more.
 fn go_remove(path: &Path) -> io::Result<()> {
     match fs::remove_file(path) {
@@ -873,7 +849,7 @@ impl HostLocalLock {
             .custom_flags(libc::O_CREAT)
             .mode(0o750)
             .open(&path)
-            .map_err(|e| errno_text(&e))?;
+            .map_err(|e| io_error_text(&e))?;
         Ok(HostLocalLock::Unlocked(f))
     }
 
@@ -886,7 +862,7 @@ impl HostLocalLock {
                 }
                 Err((f, e)) => {
                     *self = HostLocalLock::Unlocked(f);
-                    Err(errno_text(&io::Error::from(e)))
+                    Err(io_error_text(&io::Error::from(e)))
                 }
             },
             other => {
@@ -905,7 +881,7 @@ impl HostLocalLock {
                 }
                 Err((l, e)) => {
                     *self = HostLocalLock::Locked(l);
-                    Err(errno_text(&io::Error::from(e)))
+                    Err(io_error_text(&io::Error::from(e)))
                 }
             },
             other => {
@@ -1132,24 +1108,16 @@ mod tests {
 
     #[test]
     fn go_texts() {
-        assert_eq!(parse_go_bool("True"), Some(true));
-        assert_eq!(parse_go_bool("0"), Some(false));
-        assert_eq!(parse_go_bool("yes"), None);
         assert_eq!(
             query_escape("spec.nodeName=node-1"),
             "spec.nodeName%3Dnode-1"
-        );
-        let e = io::Error::from_raw_os_error(libc::ENOENT);
-        assert_eq!(
-            path_error("open", Path::new("/x"), &e),
-            "open /x: no such file or directory"
         );
         let dir = std::env::temp_dir().join(format!("upgrade-rm-{}", std::process::id()));
         fs::create_dir_all(dir.join("sub")).unwrap();
         fs::write(dir.join("sub").join("f"), "").unwrap();
         // os.Remove removes files and empty directories; a full directory is ENOTEMPTY.
         assert_eq!(
-            errno_text(&go_remove(&dir.join("sub")).unwrap_err()),
+            io_error_text(&go_remove(&dir.join("sub")).unwrap_err()),
             "directory not empty"
         );
         go_remove(&dir.join("sub").join("f")).unwrap();

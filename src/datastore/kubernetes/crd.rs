@@ -275,7 +275,7 @@ pub fn from_cr(key: &Key, cr: &Value) -> Result<FromCr, DatastoreError> {
     let deleted_flag = match spec.get("deleted") {
         Some(Value::Bool(b)) => *b,
         Some(Value::String(s)) if s.is_empty() => false,
-        Some(Value::String(s)) => parse_go_bool(s).ok_or_else(|| {
+        Some(Value::String(s)) => crate::gocompat::parse_bool(s).ok_or_else(|| {
             DatastoreError::Decode {
                 key: key.describe(),
                 error: format!(
@@ -355,15 +355,6 @@ pub fn from_cr(key: &Key, cr: &Value) -> Result<FromCr, DatastoreError> {
         uid,
         deleted,
     })
-}
-
-/// Go's `strconv.ParseBool`.
-fn parse_go_bool(s: &str) -> Option<bool> {
-    match s {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
-        _ => None,
-    }
 }
 
 /// The same value with `deleted` set: the first half of a soft delete.
