@@ -75,11 +75,13 @@ fn add_check_and_del_through_the_agent() {
     let settings = a.settings.expect("settings");
     assert_eq!((settings.mtu, settings.allow_ip_forwarding), (1400, true));
     assert_eq!(a.container_ips.len(), 1);
+    // As Calico IPAM gives it: the address with its block's prefix.
     let address = &a.container_ips[0].address;
     assert!(
-        address.starts_with("10.65.") && address.ends_with("/32"),
+        address.starts_with("10.65.") && address.ends_with("/26"),
         "{address}"
     );
+    let ip = address.trim_end_matches("/26");
     // Calico IPAM gives no gateway: Go's rendering of a nil IP.
     assert_eq!(a.container_ips[0].gateway, "<nil>");
     assert_eq!(a.container_routes, ["0.0.0.0/0", "::/0"]);
@@ -119,13 +121,13 @@ fn add_check_and_del_through_the_agent() {
     assert_eq!(ifaces[1]["name"], "eth0");
     assert_eq!(ifaces[1]["mac"], "02:00:00:00:00:0a");
     assert_eq!(ifaces[1]["sandbox"], pod.path());
-    assert_eq!(r["ips"][0]["address"], address.as_str());
+    assert_eq!(r["ips"][0]["address"], format!("{ip}/32").as_str());
     assert_eq!(r["ips"][0]["interface"], 1);
     let wep = w.get(&format!("{WEP_PREFIX}default/{WEP}"));
     assert_eq!(wep["spec"]["interfaceName"], "tun-vpp7");
     assert_eq!(wep["spec"]["mac"], "02:00:00:00:00:0a");
     assert_eq!(wep["spec"]["containerID"], "grpc1");
-    assert_eq!(wep["spec"]["ipNetworks"][0], address.as_str());
+    assert_eq!(wep["spec"]["ipNetworks"][0], format!("{ip}/32").as_str());
     assert_no_veth(&w, &pod);
 
     // CHECK: the datastore and IPAM agree; the kernel is the agent's, not compared.
@@ -165,6 +167,55 @@ fn del_without_the_agent_still_releases() {
         msg.starts_with("cannot connect to grpc dataplane: "),
         "{msg}"
     );
+    w.assert_clean();
+}
+
+/// The endpoint cannot be written after the agent plumbed the pod (another writer took its
+/// name meanwhile): the agent is asked to remove the interface again, the addresses are
+/// given back, and the other writer's endpoint is left alone.
+#[test]
+fn a_failed_endpoint_write_sends_del() {
+    require_root();
+    let w = World::new();
+    let pod = w.pod();
+    let agent = GrpcDataplane::start(Reply::success("tun-vpp7", VPP_MAC));
+    let conf = conf(&w, &agent.address());
+    let (added, add_seen) = std::sync::mpsc::channel();
+    let (name_taken, taken) = std::sync::mpsc::channel::<()>();
+    // The Add waits until the name is taken.
+    agent.on_add(move || {
+        let _ = added.send(());
+        let _ = taken.recv_timeout(Duration::from_secs(20));
+    });
+    let key = format!("{WEP_PREFIX}default/{WEP}");
+    let foreign = json!({"kind":"WorkloadEndpoint","apiVersion":"projectcalico.org/v3",
+        "metadata":{"name":WEP,"namespace":"default","uid":"9d4e2e4e-1111-4222-8333-444455556666",
+            "creationTimestamp":"2026-01-01T00:00:00Z"},
+        "spec":{"orchestrator":"k8s","node":NODE,"pod":"nginx","endpoint":"eth0","containerID":"other"}});
+    let out = std::thread::scope(|s| {
+        let run = s.spawn(|| w.calico(&add(&pod, "grpc7"), &conf));
+        add_seen
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the agent got the Add");
+        w.etcd.put(&key, &foreign.to_string());
+        let _ = name_taken.send(());
+        run.join().expect("the plugin run")
+    });
+    assert!(
+        out.elapsed < Duration::from_secs(20),
+        "took {:?}",
+        out.elapsed
+    );
+    out.assert_err();
+    let dels = agent.dels();
+    assert_eq!(dels.len(), 1, "{:?}", agent.received());
+    assert_eq!(
+        (dels[0].interface_name.as_str(), dels[0].netns.as_str()),
+        ("eth0", pod.path())
+    );
+    assert_eq!(w.get(&key)["spec"]["containerID"], "other");
+    assert!(w.keys("/calico/ipam/v2/handle/").is_empty());
+    w.etcd.delete_prefix(WEP_PREFIX);
     w.assert_clean();
 }
 

@@ -41,15 +41,18 @@ impl Reply {
 /// One request the agent received.
 #[derive(Clone, Debug)]
 pub enum Received {
-    Add(proto::AddRequest),
+    Add(Box<proto::AddRequest>),
     Del(proto::DelRequest),
 }
 
-#[derive(Debug)]
+/// Run (on the agent's thread) when an Add arrives, before it is answered.
+pub type Hook = Box<dyn Fn() + Send>;
+
 struct State {
     add: Reply,
     del: Reply,
     received: Vec<Received>,
+    on_add: Option<Hook>,
 }
 
 struct Agent(Arc<Mutex<State>>);
@@ -73,7 +76,10 @@ impl CniDataplane for Agent {
         &self,
         request: tonic::Request<proto::AddRequest>,
     ) -> Result<tonic::Response<proto::AddReply>, tonic::Status> {
-        let reply = self.record(Received::Add(request.into_inner()), true);
+        let reply = self.record(Received::Add(Box::new(request.into_inner())), true);
+        if let Some(hook) = &self.0.lock().unwrap().on_add {
+            hook();
+        }
         let out = match reply {
             Reply::Success {
                 host_interface,
@@ -132,6 +138,7 @@ impl GrpcDataplane {
             add,
             del: Reply::success("", ""),
             received: Vec::new(),
+            on_add: None,
         }));
         // Bound here, so the socket exists once `start` returns.
         let listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind the socket");
@@ -183,6 +190,12 @@ impl GrpcDataplane {
         self.state.lock().unwrap().add = r;
     }
 
+    /// Runs `hook` at every Add, before answering it (it may block: the agent serves one
+    /// call at a time anyway).
+    pub fn on_add(&self, hook: impl Fn() + Send + 'static) {
+        self.state.lock().unwrap().on_add = Some(Box::new(hook));
+    }
+
     pub fn set_del(&self, r: Reply) {
         self.state.lock().unwrap().del = r;
     }
@@ -196,7 +209,7 @@ impl GrpcDataplane {
         self.received()
             .into_iter()
             .filter_map(|r| match r {
-                Received::Add(a) => Some(a),
+                Received::Add(a) => Some(*a),
                 Received::Del(_) => None,
             })
             .collect()
