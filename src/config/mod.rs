@@ -40,8 +40,8 @@ pub enum ConfigError {
     DataplaneType(String),
     #[error("GRPC dataplane socket not configured")]
     GrpcSocket,
-    #[error("the gRPC dataplane (dataplane_options type \"grpc\", socket {0}) is not supported by this build of the Calico CNI plugin; remove dataplane_options to use the Linux dataplane")]
-    GrpcUnsupported(String),
+    #[error("invalid GRPC dataplane socket {socket:?}: {reason}")]
+    GrpcAddress { socket: String, reason: String },
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -242,9 +242,18 @@ impl NetConf {
         ok.then_some(()).ok_or(ConfigError::NetworkName)
     }
 
+    /// Whether `dataplane_options` choose the gRPC dataplane (`dataplane::grpc`).
+    pub fn uses_grpc_dataplane(&self) -> bool {
+        self.dataplane_options
+            .as_ref()
+            .and_then(|o| o.get("type"))
+            .and_then(Value::as_str)
+            == Some("grpc")
+    }
+
     /// `dataplane_options` as upstream's `GetDataplane`: without a `type` the Linux
-    /// dataplane; `grpc` needs a `socket` (and is not implemented here: a clear error
-    /// rather than silently building Linux veths); any other type is refused.
+    /// dataplane; `grpc` needs a `socket` that names a Unix socket
+    /// (`dataplane::grpc::socket_path`); any other type is refused.
     pub fn check_dataplane(&self) -> Result<(), ConfigError> {
         let Some(opts) = &self.dataplane_options else {
             return Ok(());
@@ -262,7 +271,7 @@ impl NetConf {
             return Err(ConfigError::DataplaneType(shown));
         }
         match opts.get("socket").and_then(Value::as_str) {
-            Some(socket) => Err(ConfigError::GrpcUnsupported(socket.to_string())),
+            Some(socket) => crate::dataplane::grpc::socket_path(socket).map(drop),
             None => Err(ConfigError::GrpcSocket),
         }
     }
@@ -471,9 +480,13 @@ mod tests {
             check(r#"{"name":"n","dataplane_options":{"type":"grpc"}}"#).unwrap_err(),
             ConfigError::GrpcSocket
         );
-        assert!(matches!(
+        assert_eq!(
             check(r#"{"name":"n","dataplane_options":{"type":"grpc","socket":"unix:///x"}}"#),
-            Err(ConfigError::GrpcUnsupported(_))
+            Ok(())
+        );
+        assert!(matches!(
+            check(r#"{"name":"n","dataplane_options":{"type":"grpc","socket":"host:1"}}"#),
+            Err(ConfigError::GrpcAddress { .. })
         ));
     }
 

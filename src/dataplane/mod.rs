@@ -17,6 +17,7 @@
 //! ends at the call's deadline (`crate::deadline`).
 
 pub mod check;
+pub mod grpc;
 pub mod link_watch;
 mod netns;
 mod nl;
@@ -141,6 +142,18 @@ pub enum DataplaneError {
     /// CHECK found the kernel different from the previous result (`check.rs`).
     #[error("CHECK: {0}")]
     Check(String),
+    /// The gRPC dataplane could not be reached (`grpc.rs`).
+    #[error("cannot connect to grpc dataplane: {0}")]
+    GrpcConnect(String),
+    /// A gRPC request failed (or timed out), as grpc-go renders its status.
+    #[error("rpc error: code = {code} desc = {message}")]
+    GrpcStatus { code: &'static str, message: String },
+    /// The gRPC dataplane answered, unsuccessfully.
+    #[error("grpc dataplane error: {0}")]
+    GrpcReply(String),
+    /// The gRPC dataplane's container MAC (Go's `net.ParseMAC` text).
+    #[error("address {0}: invalid MAC address")]
+    GrpcMac(String),
     /// The call's deadline passed during a wait (`crate::deadline`).
     #[error(transparent)]
     Deadline(#[from] crate::deadline::Expired),
@@ -225,27 +238,65 @@ impl NetworkingRequest {
 }
 
 /// A veth pair built (by `build`) before the pod's addresses were known, with the call's
-/// handles on both sides.
+/// handles on both sides; or, with the gRPC dataplane, the agent that will plumb the pod.
 pub struct PodLink {
     req: VethRequest,
-    ns: Netns,
-    /// What this call made. `None` when a link with the host-side name already existed:
-    /// deleting it (upstream's "old hostVeth") waits until the addresses are there, so an ADD
-    /// that fails in IPAM leaves it alone; `finish` builds the pair then. Also `None` once a
-    /// failure has removed the pair.
-    made: Option<veth::Made>,
+    plane: Plane,
+}
+
+enum Plane {
+    Linux {
+        ns: Netns,
+        /// What this call made. `None` when a link with the host-side name already existed:
+        /// deleting it (upstream's "old hostVeth") waits until the addresses are there, so
+        /// an ADD that fails in IPAM leaves it alone; `finish` builds the pair then. Also
+        /// `None` once a failure has removed the pair.
+        made: Option<veth::Made>,
+    },
+    /// Nothing is built before `finish`; `added` once the agent accepted this call's Add
+    /// (undoing the ADD is then a Del).
+    Grpc {
+        dp: grpc::GrpcDataplane,
+        added: bool,
+    },
+}
+
+/// What the gRPC dataplane is told about the pod besides the interface's names and
+/// addresses (the Linux dataplane needs none of it).
+#[derive(Clone, Copy, Debug)]
+pub struct PodFacts<'a> {
+    /// IPAM's addresses as it gave them (prefix and gateway included).
+    pub ips: &'a [crate::skel::result::IpConfig],
+    /// The WorkloadEndpoint as it will be written.
+    pub endpoint: &'a crate::datastore::model::WorkloadEndpoint,
+    /// The pod's annotations (none outside Kubernetes' `policy.type: k8s`).
+    pub annotations: &'a std::collections::BTreeMap<String, String>,
 }
 
 /// ADD's netlink handles on both sides (`netns.rs`), opened ahead of their use: opening
 /// them creates nothing, so ADD opens them while its first datastore round trip is under
-/// way; a failure to open them is `build`'s error.
-pub struct Handles(Result<Netns>);
+/// way; a failure to open them is `build`'s error. With the gRPC dataplane there is
+/// nothing to open.
+pub struct Handles(Result<Opened>);
+
+enum Opened {
+    Linux(Netns),
+    Grpc(grpc::GrpcDataplane),
+}
 
 impl Handles {
     /// Opens the handles for the pod netns at `netns_path`, and the pod's forwarding sysctls
-    /// of the `expected` families (either, when unknown). Must run on the call's runtime,
-    /// from a thread in the host netns.
-    pub async fn open(netns_path: String, expected: Option<Families>) -> Handles {
+    /// of the `expected` families (either, when unknown); with `grpc`, opens nothing (the
+    /// pod is that dataplane's). Must run on the call's runtime, from a thread in the host
+    /// netns.
+    pub async fn open(
+        netns_path: String,
+        expected: Option<Families>,
+        grpc: Option<grpc::GrpcDataplane>,
+    ) -> Handles {
+        if let Some(dp) = grpc {
+            return Handles(Ok(Opened::Grpc(dp)));
+        }
         let forwarding = expected.unwrap_or(Families { v4: true, v6: true });
         let opened = async {
             let pod_ns =
@@ -258,62 +309,105 @@ impl Handles {
                     OpenError::Pod(e) => internal(format!("failed to open netlink in netns: {e}")),
                 })
         };
-        Handles(opened.await)
+        Handles(opened.await.map(Opened::Linux))
     }
 }
 
 /// The first half of Calico's `DoNetworking`, run while IPAM allocates: the veth pair and
 /// whatever of its set-up needs no address (`veth.rs`), through `handles`. A failure
 /// removes what it made. Must run on the call's runtime, from a thread in the host netns.
+/// With the gRPC dataplane, nothing happens before `finish`.
 pub async fn build(req: VethRequest, handles: Handles) -> Result<PodLink> {
+    let ns = match handles.0? {
+        Opened::Linux(ns) => ns,
+        Opened::Grpc(dp) => {
+            let plane = Plane::Grpc { dp, added: false };
+            return Ok(PodLink { req, plane });
+        }
+    };
     tracing::info!("Setting the host side veth name to {}", req.host_veth);
-    let ns = handles.0?;
     if veth::host_link_exists(&ns.host, &req.host_veth).await {
         tracing::info!(
             "A link named {} exists; it is replaced once the addresses are known.",
             req.host_veth
         );
-        return Ok(PodLink {
-            req,
-            ns,
-            made: None,
-        });
+        let plane = Plane::Linux { ns, made: None };
+        return Ok(PodLink { req, plane });
     }
     let cx = veth::Ctx { req: &req, ns: &ns };
     let made = veth::create(&cx, req.families).await?;
-    Ok(PodLink {
-        req,
+    let plane = Plane::Linux {
         ns,
         made: Some(made),
-    })
+    };
+    Ok(PodLink { req, plane })
 }
 
 impl PodLink {
     /// The second half of `DoNetworking`, once the addresses are known. Unlike upstream, a
     /// failure removes the veth pair again: only what this call created, never an
     /// interface that was there before (a pod's running `eth0`, another call's veth).
-    pub async fn finish(&mut self, addrs: &AddressRequest) -> Result<NetworkingResult> {
-        let cx = veth::Ctx {
-            req: &self.req,
-            ns: &self.ns,
+    /// With the gRPC dataplane, the agent's Add (`pod` is what it is told besides).
+    pub async fn finish(
+        &mut self,
+        addrs: &AddressRequest,
+        pod: &PodFacts<'_>,
+    ) -> Result<NetworkingResult> {
+        let (ns, made_slot) = match &mut self.plane {
+            Plane::Linux { ns, made } => (&*ns, made),
+            Plane::Grpc { dp, added } => {
+                let got = dp
+                    .add(&grpc::AddArgs {
+                        ifname: &self.req.ifname,
+                        netns: &self.req.netns_path,
+                        host_interface: &self.req.host_veth,
+                        ips: pod.ips,
+                        routes: &addrs.routes,
+                        endpoint: pod.endpoint,
+                        annotations: pod.annotations,
+                    })
+                    .await?;
+                *added = true;
+                return Ok(NetworkingResult {
+                    host_veth: got.host_interface,
+                    container_mac: got.container_mac,
+                    container_index: 0,
+                });
+            }
         };
-        let mut made = match self.made.take() {
+        let cx = veth::Ctx { req: &self.req, ns };
+        let mut made = match made_slot.take() {
             Some(m) => m,
             None => {
-                veth::delete_old_host_link(&self.ns.host, &self.req.host_veth).await?;
+                veth::delete_old_host_link(&ns.host, &self.req.host_veth).await?;
                 veth::create(&cx, None).await?
             }
         };
         let net = veth::finish(&cx, &mut made, addrs).await?;
-        self.made = Some(made);
+        *made_slot = Some(made);
         Ok(net)
     }
 
     /// Removes the veth pair this call made (the ADD failed after all), if it is still
     /// there: deleting the container end by its ifindex takes the host end and its routes
-    /// with it; an interface that replaced it meanwhile is left alone.
+    /// with it; an interface that replaced it meanwhile is left alone. With the gRPC
+    /// dataplane, a Del if the agent accepted this call's Add.
     pub async fn remove(self) -> Result<()> {
-        let Some(made) = self.made else {
+        let (ns, made) = match self.plane {
+            Plane::Linux { ns, made } => (ns, made),
+            Plane::Grpc { dp, added } => {
+                if !added {
+                    return Ok(());
+                }
+                tracing::info!(
+                    netns = self.req.netns_path,
+                    iface = self.req.ifname,
+                    "Asking the gRPC dataplane to remove the interface of this failed ADD."
+                );
+                return dp.del(&self.req.ifname, &self.req.netns_path).await;
+            }
+        };
+        let Some(made) = made else {
             return Ok(());
         };
         tracing::info!(
@@ -324,7 +418,7 @@ impl PodLink {
         );
         let cx = veth::Ctx {
             req: &self.req,
-            ns: &self.ns,
+            ns: &ns,
         };
         veth::remove_pair(&cx, made.cont_idx).await
     }
@@ -332,13 +426,21 @@ impl PodLink {
 
 /// Calico's `DoNetworking` in one go (`build`, then `finish`), for callers outside a tokio
 /// runtime: it runs on a scoped thread (in the caller's netns) with a runtime of its own.
+/// The Linux dataplane's only.
 pub fn do_networking(req: &NetworkingRequest) -> Result<NetworkingResult> {
     let (veth, addrs) = req.parts();
+    // What only the gRPC dataplane reads.
+    let (endpoint, annotations) = (Default::default(), Default::default());
+    let pod = PodFacts {
+        ips: &[],
+        endpoint: &endpoint,
+        annotations: &annotations,
+    };
     std::thread::scope(|s| {
         s.spawn(|| {
             block_on(async {
-                let handles = Handles::open(veth.netns_path.clone(), veth.families).await;
-                build(veth, handles).await?.finish(&addrs).await
+                let handles = Handles::open(veth.netns_path.clone(), veth.families, None).await;
+                build(veth, handles).await?.finish(&addrs, &pod).await
             })
             .map_err(internal)?
         })

@@ -27,7 +27,10 @@ use serde_json::Value;
 use tracing::{info, warn};
 
 use crate::cluster_ready::check_datastore_ready;
-use crate::dataplane::{self, AddressRequest, DataplaneError, Families, PodLink, VethRequest};
+use crate::dataplane::grpc::GrpcDataplane;
+use crate::dataplane::{
+    self, AddressRequest, DataplaneError, Families, PodFacts, PodLink, VethRequest,
+};
 use crate::datastore::kubernetes::core_objects;
 use crate::datastore::model::{IpNat, Profile, WorkloadEndpoint, WorkloadEndpointSpec};
 use crate::datastore::resources::{delete_resource, get_resource};
@@ -57,8 +60,11 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     // The netlink handles on both sides are opened while the datastore is connected to and
     // read (opening them creates nothing; their error, if any, is reported where the veth
     // pair is built).
+    // With the gRPC dataplane there is nothing to open (a wrong `dataplane_options` is
+    // reported by `check_dataplane` below, before anything is built).
+    let grpc = GrpcDataplane::for_conf(&conf, mtu).ok().flatten();
     let families = expected_families(IpamKind::of(&conf.ipam.ipam_type), &conf, args);
-    let handles = tokio::spawn(dataplane::Handles::open(args.netns.clone(), families));
+    let handles = tokio::spawn(dataplane::Handles::open(args.netns.clone(), families, grpc));
     let call = connect(args, conf, true).await?;
     let conf = &call.conf;
     // Before anything is read or written: no other ADD of this pod interface may run
@@ -281,6 +287,7 @@ async fn add_k8s(
     wep.spec.allow_spoofed_source_prefixes = pod.source_prefixes()?;
     extras.floating_ips = pod.floating_ips(conf)?;
     extras.container_mac = pod.hw_addr()?;
+    extras.annotations = pod.annotations.clone();
     let source = pod.address_source(conf)?;
     let mut args = args.clone();
     if call.plan.ipam == IpamKind::HostLocal && uses_pod_cidr(&args.stdin_data) {
@@ -446,6 +453,8 @@ struct Extras {
     container_mac: Option<[u8; 6]>,
     floating_ips: Vec<String>,
     skip_host_routes: bool,
+    /// The pod's, for the gRPC dataplane.
+    annotations: BTreeMap<String, String>,
 }
 
 /// The k8s endpoint as upstream builds it: a new one, or the existing one with every field
@@ -587,7 +596,12 @@ async fn network_and_write(
         allow_ip_forwarding: call.conf.container_settings.allow_ip_forwarding,
         skip_host_routes: extras.skip_host_routes,
     };
-    let net = match link.finish(&addrs).await {
+    let pod = PodFacts {
+        ips: &result.ips,
+        endpoint: &wep,
+        annotations: &extras.annotations,
+    };
+    let net = match link.finish(&addrs, &pod).await {
         Ok(n) => n,
         Err(e) => {
             undo(

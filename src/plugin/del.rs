@@ -9,7 +9,9 @@ use tracing::{info, warn};
 
 use crate::cluster_ready::check_datastore_ready;
 use crate::dataplane;
+use crate::dataplane::grpc::GrpcDataplane;
 use crate::dataplane::link_watch::LinkGoneWatch;
+use crate::dataplane::DataplaneError;
 use crate::datastore::model::{WorkloadEndpoint, WorkloadEndpointSpec};
 use crate::datastore::resources::{delete_resource, get_resource};
 use crate::datastore::{DatastoreError, Kind};
@@ -32,17 +34,20 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
     // removed the interface of a sandbox that is going away, and its retry finds nothing to
     // remove.
     let dataplane = conf.check_dataplane();
+    // With the gRPC dataplane, its agent's Del replaces the kernel's part (also started at
+    // once, as a task of this call), and there is no host veth of ours to watch.
+    let grpc = match &dataplane {
+        Ok(()) => GrpcDataplane::for_conf(&conf, 0).ok().flatten(),
+        Err(_) => None,
+    };
+    let uses_grpc = grpc.is_some();
     // With k8s, the host-side veth's removal is watched for (subscribed before the removal
     // starts): once it is gone, so are the host routes to the pod's addresses, and they are
     // released while the kernel finishes the teardown (see `dataplane::link_watch`).
-    let host_veth_gone = dataplane
-        .is_ok()
+    let host_veth_gone = (dataplane.is_ok() && !uses_grpc)
         .then(|| host_veth_watch(args, &conf))
         .flatten();
-    let teardown = dataplane
-        .is_ok()
-        .then(|| dataplane::start_clean_up(&args.netns, &args.ifname));
-    let mut teardown = Teardown(teardown);
+    let mut teardown = Teardown::start(dataplane.is_ok(), grpc, args);
     let mut failures = Failures::default();
     let call = match connect(args, conf, false).await {
         Ok(call) => call,
@@ -103,6 +108,13 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
         };
         match torn {
             Some(Ok(())) => failures.add(ipam.del(args).await),
+            // The gRPC agent's Del failed: reported, and the addresses released all the
+            // same (the agent, not a host route of ours, decides where they lead; a
+            // retried DEL asks it again).
+            Some(Err(e)) if uses_grpc => {
+                failures.push(e);
+                failures.add(ipam.del(args).await);
+            }
             Some(Err(e)) => {
                 warn!("the pod's addresses are kept until its interface is gone (a retried DEL releases them)");
                 failures.push(e);
@@ -169,15 +181,41 @@ impl Failures {
     }
 }
 
-/// The pod interface's removal, running on a thread of its own.
-struct Teardown(Option<dataplane::Teardown>);
+/// The pod interface's removal: the kernel's, running on a thread of its own, or the gRPC
+/// dataplane's Del, running as a task on the call's runtime.
+struct Teardown(Option<Removal>);
+
+enum Removal {
+    Linux(dataplane::Teardown),
+    Grpc(tokio::task::JoinHandle<std::result::Result<(), DataplaneError>>),
+}
 
 impl Teardown {
+    /// Starts the removal (nothing when the dataplane options are wrong).
+    fn start(dataplane_ok: bool, grpc: Option<GrpcDataplane>, args: &CmdArgs) -> Teardown {
+        if !dataplane_ok {
+            return Teardown(None);
+        }
+        Teardown(Some(match grpc {
+            Some(dp) => {
+                let (ifname, netns) = (args.ifname.clone(), args.netns.clone());
+                Removal::Grpc(tokio::spawn(async move { dp.del(&ifname, &netns).await }))
+            }
+            None => Removal::Linux(dataplane::start_clean_up(&args.netns, &args.ifname)),
+        }))
+    }
+
     /// Waits for the removal (once) and gives its outcome.
     async fn finish(&mut self) -> Result<()> {
         match self.0.take() {
             None => Ok(()),
-            Some(t) => Ok(t.finish().await?),
+            Some(Removal::Linux(t)) => Ok(t.finish().await?),
+            Some(Removal::Grpc(task)) => match task.await {
+                Ok(done) => Ok(done?),
+                Err(e) => {
+                    Err(DataplaneError::Internal(format!("the gRPC Del task failed: {e}")).into())
+                }
+            },
         }
     }
 }

@@ -5,6 +5,7 @@ pub mod cni;
 pub mod conformance;
 pub mod etcd;
 pub mod examples;
+pub mod grpc_dataplane;
 pub mod image;
 pub mod installer;
 pub mod ipam_churn;
