@@ -18,7 +18,10 @@ use serde_json::Value;
 use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, info, warn};
 
-use super::DataplaneError;
+use super::{
+    AddressRequest, Dataplane, DataplaneError, NetworkingResult, PodFacts, PodInterface,
+    VethRequest,
+};
 use crate::config::{ConfigError, NetConf};
 use crate::datastore::model::WorkloadEndpoint;
 use crate::net::IpNet;
@@ -381,7 +384,7 @@ fn connect_text(path: &std::path::Path, e: &tonic::transport::Error) -> String {
     while let Some(c) = cause {
         if let Some(io) = c.downcast_ref::<std::io::Error>() {
             let text = match io.raw_os_error() {
-                Some(errno) => super::sys::errno_text(errno),
+                Some(errno) => crate::gocompat::errno_text(errno),
                 None => io.to_string(),
             };
             return format!("dial unix {}: connect: {text}", path.display());
@@ -390,6 +393,68 @@ fn connect_text(path: &std::path::Path, e: &tonic::transport::Error) -> String {
         cause = c.source();
     }
     chain.join(": ")
+}
+
+impl Dataplane for GrpcDataplane {
+    type Interface = AgentInterface;
+
+    /// Nothing is built before the addresses are known: the agent does it all at `Add`.
+    async fn prepare(self, req: VethRequest) -> Result<AgentInterface, DataplaneError> {
+        Ok(AgentInterface {
+            dp: self,
+            req,
+            added: false,
+        })
+    }
+}
+
+/// The pod's interface as the agent makes it.
+pub struct AgentInterface {
+    dp: GrpcDataplane,
+    req: VethRequest,
+    /// The agent accepted this call's Add (undoing the ADD is then a Del).
+    added: bool,
+}
+
+impl PodInterface for AgentInterface {
+    /// The agent's Add (`pod` is what it is told besides the interface).
+    async fn finish(
+        &mut self,
+        addrs: &AddressRequest,
+        pod: &PodFacts<'_>,
+    ) -> Result<NetworkingResult, DataplaneError> {
+        let got = self
+            .dp
+            .add(&AddArgs {
+                ifname: &self.req.ifname,
+                netns: &self.req.netns_path,
+                host_interface: &self.req.host_veth,
+                ips: pod.ips,
+                routes: &addrs.routes,
+                endpoint: pod.endpoint,
+                annotations: pod.annotations,
+            })
+            .await?;
+        self.added = true;
+        Ok(NetworkingResult {
+            host_veth: got.host_interface,
+            container_mac: got.container_mac,
+            container_index: 0,
+        })
+    }
+
+    /// A Del, if the agent accepted this call's Add.
+    async fn remove(self) -> Result<(), DataplaneError> {
+        if !self.added {
+            return Ok(());
+        }
+        info!(
+            netns = self.req.netns_path,
+            iface = self.req.ifname,
+            "Asking the gRPC dataplane to remove the interface of this failed ADD."
+        );
+        self.dp.del(&self.req.ifname, &self.req.netns_path).await
+    }
 }
 
 #[cfg(test)]

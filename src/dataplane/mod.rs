@@ -237,28 +237,31 @@ impl NetworkingRequest {
     }
 }
 
-/// A veth pair built (by `build`) before the pod's addresses were known, with the call's
-/// handles on both sides; or, with the gRPC dataplane, the agent that will plumb the pod.
-pub struct PodLink {
-    req: VethRequest,
-    plane: Plane,
+/// Upstream's `Dataplane` (cni-plugin/pkg/dataplane): what builds a pod's interface. ADD's
+/// `DoNetworking` is split around IPAM: `prepare` runs while IPAM allocates, the interface it
+/// returns is finished once the addresses are known, or removed when the ADD fails. The
+/// call's dataplane is picked once by `Selected::pick` (upstream's `GetDataplane`); DEL's
+/// `CleanUpNamespace` is `CleanUp::start`. Single-threaded runtime: no `Send`.
+#[allow(async_fn_in_trait)]
+pub trait Dataplane {
+    type Interface: PodInterface;
+    /// What needs no address (the Linux veth pair; nothing for the gRPC agent). A failure
+    /// removes what it made.
+    async fn prepare(self, req: VethRequest) -> Result<Self::Interface>;
 }
 
-enum Plane {
-    Linux {
-        ns: Netns,
-        /// What this call made. `None` when a link with the host-side name already existed:
-        /// deleting it (upstream's "old hostVeth") waits until the addresses are there, so
-        /// an ADD that fails in IPAM leaves it alone; `finish` builds the pair then. Also
-        /// `None` once a failure has removed the pair.
-        made: Option<veth::Made>,
-    },
-    /// Nothing is built before `finish`; `added` once the agent accepted this call's Add
-    /// (undoing the ADD is then a Del).
-    Grpc {
-        dp: grpc::GrpcDataplane,
-        added: bool,
-    },
+/// A pod interface being made by one ADD.
+#[allow(async_fn_in_trait)]
+pub trait PodInterface {
+    /// The rest of `DoNetworking`, once the addresses are known (`pod`: what a dataplane
+    /// may be told besides). Unlike upstream, a failure removes what this call made.
+    async fn finish(
+        &mut self,
+        addrs: &AddressRequest,
+        pod: &PodFacts<'_>,
+    ) -> Result<NetworkingResult>;
+    /// Undoes this call's interface (the ADD failed after all): only what it made.
+    async fn remove(self) -> Result<()>;
 }
 
 /// What the gRPC dataplane is told about the pod besides the interface's names and
@@ -273,32 +276,20 @@ pub struct PodFacts<'a> {
     pub annotations: &'a std::collections::BTreeMap<String, String>,
 }
 
-/// ADD's netlink handles on both sides (`netns.rs`), opened ahead of their use: opening
-/// them creates nothing, so ADD opens them while its first datastore round trip is under
-/// way; a failure to open them is `build`'s error. With the gRPC dataplane there is
-/// nothing to open.
-pub struct Handles(Result<Opened>);
-
-enum Opened {
-    Linux(Netns),
-    Grpc(grpc::GrpcDataplane),
+/// The Linux dataplane of one ADD: its netlink handles on both sides (`netns.rs`), being
+/// opened ahead of their use. Opening them creates nothing, so ADD starts it while its first
+/// datastore round trip is under way; a failure to open them is `prepare`'s error.
+pub struct Linux {
+    handles: tokio::task::JoinHandle<Result<Netns>>,
 }
 
-impl Handles {
-    /// Opens the handles for the pod netns at `netns_path`, and the pod's forwarding sysctls
-    /// of the `expected` families (either, when unknown); with `grpc`, opens nothing (the
-    /// pod is that dataplane's). Must run on the call's runtime, from a thread in the host
-    /// netns.
-    pub async fn open(
-        netns_path: String,
-        expected: Option<Families>,
-        grpc: Option<grpc::GrpcDataplane>,
-    ) -> Handles {
-        if let Some(dp) = grpc {
-            return Handles(Ok(Opened::Grpc(dp)));
-        }
+impl Linux {
+    /// Starts opening the handles for the pod netns at `netns_path`, and the pod's
+    /// forwarding sysctls of the `expected` families (either, when unknown), as a task of
+    /// the call's runtime. Must be called on that runtime, from a thread in the host netns.
+    pub fn open(netns_path: String, expected: Option<Families>) -> Linux {
         let forwarding = expected.unwrap_or(Families { v4: true, v6: true });
-        let opened = async {
+        let handles = tokio::spawn(async move {
             let pod_ns =
                 open_netns(&netns_path).map_err(|e| DataplaneError::Netns(e.into_message()))?;
             Netns::open(&netns_path, pod_ns, forwarding)
@@ -308,106 +299,85 @@ impl Handles {
                     OpenError::Enter(e) => DataplaneError::Netns(e),
                     OpenError::Pod(e) => internal(format!("failed to open netlink in netns: {e}")),
                 })
-        };
-        Handles(opened.await.map(Opened::Linux))
+        });
+        Linux { handles }
     }
 }
 
-/// The first half of Calico's `DoNetworking`, run while IPAM allocates: the veth pair and
-/// whatever of its set-up needs no address (`veth.rs`), through `handles`. A failure
-/// removes what it made. Must run on the call's runtime, from a thread in the host netns.
-/// With the gRPC dataplane, nothing happens before `finish`.
-pub async fn build(req: VethRequest, handles: Handles) -> Result<PodLink> {
-    let ns = match handles.0? {
-        Opened::Linux(ns) => ns,
-        Opened::Grpc(dp) => {
-            let plane = Plane::Grpc { dp, added: false };
-            return Ok(PodLink { req, plane });
+impl Dataplane for Linux {
+    type Interface = VethPair;
+
+    /// The first half of Calico's `DoNetworking`: the veth pair and whatever of its set-up
+    /// needs no address (`veth.rs`). Must run on the call's runtime, from a thread in the
+    /// host netns.
+    async fn prepare(self, req: VethRequest) -> Result<VethPair> {
+        let ns = self
+            .handles
+            .await
+            .map_err(|e| internal(format!("opening the netlink handles: {e}")))??;
+        tracing::info!("Setting the host side veth name to {}", req.host_veth);
+        if veth::host_link_exists(&ns.host, &req.host_veth).await {
+            tracing::info!(
+                "A link named {} exists; it is replaced once the addresses are known.",
+                req.host_veth
+            );
+            return Ok(VethPair {
+                req,
+                ns,
+                made: None,
+            });
         }
-    };
-    tracing::info!("Setting the host side veth name to {}", req.host_veth);
-    if veth::host_link_exists(&ns.host, &req.host_veth).await {
-        tracing::info!(
-            "A link named {} exists; it is replaced once the addresses are known.",
-            req.host_veth
-        );
-        let plane = Plane::Linux { ns, made: None };
-        return Ok(PodLink { req, plane });
+        let cx = veth::Ctx { req: &req, ns: &ns };
+        let made = veth::create(&cx, req.families).await?;
+        Ok(VethPair {
+            req,
+            ns,
+            made: Some(made),
+        })
     }
-    let cx = veth::Ctx { req: &req, ns: &ns };
-    let made = veth::create(&cx, req.families).await?;
-    let plane = Plane::Linux {
-        ns,
-        made: Some(made),
-    };
-    Ok(PodLink { req, plane })
 }
 
-impl PodLink {
-    /// The second half of `DoNetworking`, once the addresses are known. Unlike upstream, a
-    /// failure removes the veth pair again: only what this call created, never an
-    /// interface that was there before (a pod's running `eth0`, another call's veth).
-    /// With the gRPC dataplane, the agent's Add (`pod` is what it is told besides).
-    pub async fn finish(
+/// A veth pair built before the pod's addresses were known, with the call's handles on
+/// both sides.
+pub struct VethPair {
+    req: VethRequest,
+    ns: Netns,
+    /// What this call made. `None` when a link with the host-side name already existed:
+    /// deleting it (upstream's "old hostVeth") waits until the addresses are there, so an ADD
+    /// that fails in IPAM leaves it alone; `finish` builds the pair then. Also `None` once a
+    /// failure has removed the pair.
+    made: Option<veth::Made>,
+}
+
+impl PodInterface for VethPair {
+    /// Never removes an interface that was there before (a pod's running `eth0`, another
+    /// call's veth).
+    async fn finish(
         &mut self,
         addrs: &AddressRequest,
-        pod: &PodFacts<'_>,
+        _pod: &PodFacts<'_>,
     ) -> Result<NetworkingResult> {
-        let (ns, made_slot) = match &mut self.plane {
-            Plane::Linux { ns, made } => (&*ns, made),
-            Plane::Grpc { dp, added } => {
-                let got = dp
-                    .add(&grpc::AddArgs {
-                        ifname: &self.req.ifname,
-                        netns: &self.req.netns_path,
-                        host_interface: &self.req.host_veth,
-                        ips: pod.ips,
-                        routes: &addrs.routes,
-                        endpoint: pod.endpoint,
-                        annotations: pod.annotations,
-                    })
-                    .await?;
-                *added = true;
-                return Ok(NetworkingResult {
-                    host_veth: got.host_interface,
-                    container_mac: got.container_mac,
-                    container_index: 0,
-                });
-            }
+        let cx = veth::Ctx {
+            req: &self.req,
+            ns: &self.ns,
         };
-        let cx = veth::Ctx { req: &self.req, ns };
-        let mut made = match made_slot.take() {
+        let mut made = match self.made.take() {
             Some(m) => m,
             None => {
-                veth::delete_old_host_link(&ns.host, &self.req.host_veth).await?;
+                veth::delete_old_host_link(&self.ns.host, &self.req.host_veth).await?;
                 veth::create(&cx, None).await?
             }
         };
         let net = veth::finish(&cx, &mut made, addrs).await?;
-        *made_slot = Some(made);
+        self.made = Some(made);
         Ok(net)
     }
 
-    /// Removes the veth pair this call made (the ADD failed after all), if it is still
-    /// there: deleting the container end by its ifindex takes the host end and its routes
-    /// with it; an interface that replaced it meanwhile is left alone. With the gRPC
-    /// dataplane, a Del if the agent accepted this call's Add.
-    pub async fn remove(self) -> Result<()> {
-        let (ns, made) = match self.plane {
-            Plane::Linux { ns, made } => (ns, made),
-            Plane::Grpc { dp, added } => {
-                if !added {
-                    return Ok(());
-                }
-                tracing::info!(
-                    netns = self.req.netns_path,
-                    iface = self.req.ifname,
-                    "Asking the gRPC dataplane to remove the interface of this failed ADD."
-                );
-                return dp.del(&self.req.ifname, &self.req.netns_path).await;
-            }
-        };
-        let Some(made) = made else {
+    /// Removes the pair if it is still there: deleting the container end by its ifindex
+    /// takes the host end and its routes with it; an interface that replaced it meanwhile
+    /// is left alone.
+    async fn remove(self) -> Result<()> {
+        let Some(made) = self.made else {
             return Ok(());
         };
         tracing::info!(
@@ -418,15 +388,103 @@ impl PodLink {
         );
         let cx = veth::Ctx {
             req: &self.req,
-            ns: &ns,
+            ns: &self.ns,
         };
         veth::remove_pair(&cx, made.cont_idx).await
     }
 }
 
-/// Calico's `DoNetworking` in one go (`build`, then `finish`), for callers outside a tokio
-/// runtime: it runs on a scoped thread (in the caller's netns) with a runtime of its own.
-/// The Linux dataplane's only.
+/// The dataplane of one call, picked once (upstream's `GetDataplane`).
+pub enum Selected {
+    Linux(Linux),
+    Grpc(grpc::GrpcDataplane),
+}
+
+impl Selected {
+    /// The gRPC dataplane when the NetConf chose it, else the Linux one (its handles start
+    /// opening now: see `Linux::open`).
+    pub fn pick(
+        grpc: Option<grpc::GrpcDataplane>,
+        netns_path: String,
+        expected: Option<Families>,
+    ) -> Selected {
+        match grpc {
+            Some(dp) => Selected::Grpc(dp),
+            None => Selected::Linux(Linux::open(netns_path, expected)),
+        }
+    }
+}
+
+/// The interface of either dataplane.
+pub enum AnyInterface {
+    Linux(VethPair),
+    Grpc(grpc::AgentInterface),
+}
+
+impl Dataplane for Selected {
+    type Interface = AnyInterface;
+
+    async fn prepare(self, req: VethRequest) -> Result<AnyInterface> {
+        match self {
+            Selected::Linux(l) => l.prepare(req).await.map(AnyInterface::Linux),
+            Selected::Grpc(g) => g.prepare(req).await.map(AnyInterface::Grpc),
+        }
+    }
+}
+
+impl PodInterface for AnyInterface {
+    async fn finish(
+        &mut self,
+        addrs: &AddressRequest,
+        pod: &PodFacts<'_>,
+    ) -> Result<NetworkingResult> {
+        match self {
+            AnyInterface::Linux(l) => l.finish(addrs, pod).await,
+            AnyInterface::Grpc(g) => g.finish(addrs, pod).await,
+        }
+    }
+
+    async fn remove(self) -> Result<()> {
+        match self {
+            AnyInterface::Linux(l) => l.remove().await,
+            AnyInterface::Grpc(g) => g.remove().await,
+        }
+    }
+}
+
+/// DEL's removal of the pod's interface, started at once: the kernel's on a thread of its
+/// own (`start_clean_up`), or the gRPC agent's Del as a task of the call's runtime.
+pub enum CleanUp {
+    Linux(Teardown),
+    Grpc(tokio::task::JoinHandle<Result<()>>),
+}
+
+impl CleanUp {
+    /// Calico's `CleanUpNamespace` of the call's dataplane, started.
+    pub fn start(grpc: Option<grpc::GrpcDataplane>, netns_path: &str, ifname: &str) -> CleanUp {
+        match grpc {
+            Some(dp) => {
+                let (ifname, netns) = (ifname.to_string(), netns_path.to_string());
+                CleanUp::Grpc(tokio::spawn(async move { dp.del(&ifname, &netns).await }))
+            }
+            None => CleanUp::Linux(start_clean_up(netns_path, ifname)),
+        }
+    }
+
+    /// Waits for the removal and gives its outcome.
+    pub async fn finish(self) -> Result<()> {
+        match self {
+            CleanUp::Linux(t) => t.finish().await,
+            CleanUp::Grpc(task) => task
+                .await
+                .map_err(|e| internal(format!("the gRPC Del task failed: {e}")))?,
+        }
+    }
+}
+
+/// Calico's `DoNetworking` in one go (`prepare`, then `finish`), for callers outside a
+/// tokio runtime: it runs on a scoped thread (in the caller's netns) with a runtime of its
+/// own. The Linux dataplane's only.
 pub fn do_networking(req: &NetworkingRequest) -> Result<NetworkingResult> {
     let (veth, addrs) = req.parts();
     // What only the gRPC dataplane reads.
@@ -439,8 +497,8 @@ pub fn do_networking(req: &NetworkingRequest) -> Result<NetworkingResult> {
     std::thread::scope(|s| {
         s.spawn(|| {
             block_on(async {
-                let handles = Handles::open(veth.netns_path.clone(), veth.families, None).await;
-                build(veth, handles).await?.finish(&addrs, &pod).await
+                let linux = Linux::open(veth.netns_path.clone(), veth.families);
+                linux.prepare(veth).await?.finish(&addrs, &pod).await
             })
             .map_err(internal)?
         })

@@ -20,7 +20,6 @@
 //! the grace, having undone what the datastore let it undo.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::net::IpAddr;
 
 use serde_json::Value;
@@ -28,20 +27,18 @@ use tracing::{info, warn};
 
 use crate::cluster_ready::check_datastore_ready;
 use crate::dataplane::grpc::GrpcDataplane;
-use crate::dataplane::{
-    self, AddressRequest, DataplaneError, Families, PodFacts, PodLink, VethRequest,
-};
+use crate::dataplane::{Families, Selected, VethRequest};
+use crate::datastore::backend::Backend;
 use crate::datastore::kubernetes::core_objects;
-use crate::datastore::model::{IpNat, Profile, WorkloadEndpoint, WorkloadEndpointSpec};
-use crate::datastore::resources::{delete_resource, get_resource};
-use crate::datastore::{validate, DatastoreError, Kind};
-use crate::deadline;
+use crate::datastore::model::{Profile, WorkloadEndpoint};
+use crate::datastore::validate;
 use crate::error::{Context, Error, Result};
 use crate::ipam::allocator::{Ipam, ViewReads};
 use crate::ipam::lock::IpamLock;
 use crate::ipam_driver::exec::{host_local_add_stdin, uses_pod_cidr};
 use crate::ipam_driver::{calico, IpamDriver, IpamKind, Prepared};
 use crate::net::IpNet;
+use crate::plugin::add_tail::{alongside, network_and_write, undo, Extras, Tail};
 use crate::plugin::endpoint;
 use crate::plugin::endpoint_status;
 use crate::plugin::k8s_pod::{self, AddressSource, PodInfo};
@@ -64,7 +61,7 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     // reported by `check_dataplane` below, before anything is built).
     let grpc = GrpcDataplane::for_conf(&conf, mtu).ok().flatten();
     let families = expected_families(IpamKind::of(&conf.ipam.ipam_type), &conf, args);
-    let handles = tokio::spawn(dataplane::Handles::open(args.netns.clone(), families, grpc));
+    let dataplane = Selected::pick(grpc, args.netns.clone(), families);
     let call = connect(args, conf, true).await?;
     let conf = &call.conf;
     // Before anything is read or written: no other ADD of this pod interface may run
@@ -141,9 +138,9 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     };
 
     let mut result = if plan.k8s {
-        add_k8s(args, &call, existing, profile, mtu, pod, early, handles).await?
+        add_k8s(args, &call, existing, profile, mtu, pod, early, dataplane).await?
     } else {
-        add_cni(args, &call, existing, profile, mtu, handles).await?
+        add_cni(args, &call, existing, profile, mtu, dataplane).await?
     };
     // Calico IPAM sets no gateway; host-local's is meaningless for a /32 interface.
     for ip in &mut result.ips {
@@ -195,7 +192,7 @@ async fn add_cni(
     existing: Option<WorkloadEndpoint>,
     profile: Option<Profile>,
     mtu: u32,
-    handles: Handles,
+    dataplane: Selected,
 ) -> Result<CniResult> {
     let conf = &call.conf;
     if conf.feature_control.ip_addrs_no_ipam {
@@ -236,11 +233,13 @@ async fn add_cni(
         Prepared::default(),
         "IPAM plugin returned no IP addresses in result",
     );
-    let (result, link) = alongside(call, args, handles, veth, ipam).await?;
+    let driver = call.ipam();
+    let tail = tail(call, &driver);
+    let (result, link) = alongside(&tail, args, dataplane, veth, ipam).await?;
     let routes = default_routes();
     network_and_write(
+        &tail,
         args,
-        call,
         result,
         link,
         wep,
@@ -260,7 +259,7 @@ async fn add_k8s(
     mtu: u32,
     pod: Option<PodInfo>,
     early: EarlyIpam,
-    handles: Handles,
+    dataplane: Selected,
 ) -> Result<CniResult> {
     let conf = &call.conf;
     let ids = &call.ids;
@@ -298,6 +297,8 @@ async fn add_k8s(
     validate_and_ensure_profile(call, &wep, profile).await?;
 
     let veth = |families| veth_request(args, call, &wep, mtu, extras.container_mac, families);
+    let driver = call.ipam();
+    let tail = tail(call, &driver);
     let (result, link) = match source {
         AddressSource::Ipam => {
             let mut ipam_args = args.clone();
@@ -320,7 +321,7 @@ async fn add_k8s(
                 prepared,
                 "IPAM plugin returned missing IP config",
             );
-            alongside(call, args, handles, veth(families), ipam).await?
+            alongside(&tail, args, dataplane, veth(families), ipam).await?
         }
         AddressSource::IpAddrs(ips) => {
             // Each address is assigned by its own calico-ipam call, which takes the lock.
@@ -331,7 +332,7 @@ async fn add_k8s(
                 assign_each(call, args, &ips, labels).await
             };
             let families = Some(families_of(&ips));
-            alongside(call, args, handles, veth(families), ipam).await?
+            alongside(&tail, args, dataplane, veth(families), ipam).await?
         }
         AddressSource::NoIpam(ips) => {
             drop(early);
@@ -347,12 +348,12 @@ async fn add_k8s(
                 ..Default::default()
             };
             let families = Some(families_of(&ips));
-            alongside(call, args, handles, veth(families), async { Ok(result) }).await?
+            alongside(&tail, args, dataplane, veth(families), async { Ok(result) }).await?
         }
     };
     // A calico-ipam result without routes is a KubeVirt migration target: no host routes.
     extras.skip_host_routes = call.plan.ipam == IpamKind::Calico && result.routes.is_empty();
-    let result = network_and_write(args, call, result, link, wep, routes, extras, mtu).await?;
+    let result = network_and_write(&tail, args, result, link, wep, routes, extras, mtu).await?;
     endpoint_status::wait_for_policy(
         &conf.endpoint_status_dir,
         &ids.namespace,
@@ -437,9 +438,6 @@ async fn assign_each(
     Ok(result)
 }
 
-/// The netlink handles, being opened (`cmd_add`).
-type Handles = tokio::task::JoinHandle<dataplane::Handles>;
-
 /// The host's IPAM lock and AutoAssign's reads, taken in the first round trip.
 #[derive(Default)]
 struct EarlyIpam {
@@ -447,14 +445,13 @@ struct EarlyIpam {
     reads: Option<ViewReads>,
 }
 
-/// What the annotations add to the interface and the endpoint.
-#[derive(Default)]
-struct Extras {
-    container_mac: Option<[u8; 6]>,
-    floating_ips: Vec<String>,
-    skip_host_routes: bool,
-    /// The pod's, for the gRPC dataplane.
-    annotations: BTreeMap<String, String>,
+/// ADD's tail on the call's datastore and IPAM.
+fn tail<'a, I>(call: &'a Call, ipam: &'a I) -> Tail<'a, Backend, I> {
+    Tail {
+        ds: &call.ds,
+        ipam,
+        allow_ip_forwarding: call.conf.container_settings.allow_ip_forwarding,
+    }
 }
 
 /// The k8s endpoint as upstream builds it: a new one, or the existing one with every field
@@ -531,178 +528,6 @@ fn veth_request(
     }
 }
 
-/// Runs IPAM (`ipam`) and builds the veth pair at the same time. A failure of either undoes
-/// the other: addresses without a pair are given back, a pair without addresses is removed.
-/// When both fail, IPAM's error is the call's (it is what the sequential order reported).
-async fn alongside(
-    call: &Call,
-    args: &CmdArgs,
-    handles: Handles,
-    veth: VethRequest,
-    ipam: impl Future<Output = Result<CniResult>>,
-) -> Result<(CniResult, PodLink)> {
-    let build = async {
-        let handles = handles
-            .await
-            .map_err(|e| DataplaneError::Internal(format!("opening the netlink handles: {e}")))?;
-        dataplane::build(veth, handles).await
-    };
-    match tokio::join!(ipam, build) {
-        (Ok(result), Ok(link)) => Ok((result, link)),
-        (Err(e), Ok(link)) => {
-            undo("removing the veth pair after IPAM failed", async {
-                if let Err(undo) = link.remove().await {
-                    warn!(error = %undo, "failed to remove the pod interface after IPAM failed");
-                }
-            })
-            .await;
-            Err(e)
-        }
-        (Err(e), Err(net)) => {
-            warn!(error = %net, "the veth pair failed too (and was removed)");
-            Err(e)
-        }
-        (Ok(result), Err(e)) => {
-            let assigned: Vec<IpAddr> = result.ips.iter().map(|ip| ip.address.addr).collect();
-            undo(
-                "releasing the addresses after a failed dataplane setup",
-                call.ipam().give_back(args, &assigned),
-            )
-            .await;
-            Err(e.into())
-        }
-    }
-}
-
-/// The common tail of both modes: finish the interface, write the endpoint, shape the
-/// result. A failure gives back this call's addresses and removes the veth pair it created.
-#[allow(clippy::too_many_arguments)]
-async fn network_and_write(
-    args: &CmdArgs,
-    call: &Call,
-    mut result: CniResult,
-    mut link: PodLink,
-    mut wep: WorkloadEndpoint,
-    routes: Vec<IpNet>,
-    extras: Extras,
-    mtu: u32,
-) -> Result<CniResult> {
-    wep.spec.ip_networks = endpoint::ip_networks(&result);
-    wep.spec.ip_nats = floating_nats(&result, &extras.floating_ips);
-    let assigned: Vec<IpAddr> = result.ips.iter().map(|ip| ip.address.addr).collect();
-    let addrs = AddressRequest {
-        ips: assigned.iter().map(|ip| IpNet::host(*ip)).collect(),
-        routes,
-        allow_ip_forwarding: call.conf.container_settings.allow_ip_forwarding,
-        skip_host_routes: extras.skip_host_routes,
-    };
-    let pod = PodFacts {
-        ips: &result.ips,
-        endpoint: &wep,
-        annotations: &extras.annotations,
-    };
-    let net = match link.finish(&addrs, &pod).await {
-        Ok(n) => n,
-        Err(e) => {
-            undo(
-                "releasing the addresses after a failed dataplane setup",
-                call.ipam().give_back(args, &assigned),
-            )
-            .await;
-            return Err(e.into());
-        }
-    };
-    info!(host_veth = %net.host_veth, mac = %net.container_mac, "Networked namespace");
-    wep.spec.mac = net.container_mac.to_lowercase();
-    wep.spec.interface_name = net.host_veth.clone();
-    let new_endpoint = wep.metadata.resource_version.is_empty();
-    if let Err(e) = endpoint::write(&call.ds, &mut wep).await {
-        undo("undoing a failed ADD", async {
-            // The interface first: it is local and always possible (and its host route must
-            // be gone before the address can go to another pod).
-            if let Err(undo) = link.remove().await {
-                warn!(error = %undo, "failed to remove the pod interface after a failed ADD");
-            }
-            if new_endpoint && outcome_unknown(&e) {
-                remove_unanswered_endpoint(call, &wep).await;
-            }
-            call.ipam().give_back(args, &assigned).await;
-        })
-        .await;
-        return Err(e);
-    }
-    info!(name = %wep.metadata.name, "Wrote endpoint to datastore");
-    finish_result(
-        &mut result,
-        &net.host_veth,
-        &args.ifname,
-        &net.container_mac,
-        mtu,
-        &args.netns,
-    );
-    Ok(result)
-}
-
-/// Runs one step of undoing a failed ADD within the call's grace; a step cut short is
-/// logged (what it could not undo, DEL will).
-async fn undo(what: &str, step: impl Future<Output = ()>) {
-    if let Err(e) = deadline::cleanup_bound(what, step).await {
-        warn!(error = %e, "the undo of a failed ADD was cut short; DEL will finish it");
-    }
-}
-
-/// Whether a failed write may have landed all the same (no answer, rather than a refusal).
-fn outcome_unknown(e: &Error) -> bool {
-    matches!(
-        e,
-        Error::Datastore(DatastoreError::Deadline(_) | DatastoreError::Unavailable(_))
-    )
-}
-
-/// After the create of a new endpoint went unanswered: delete the endpoint if it was written
-/// all the same (it is this call's: same container and addresses), so that no endpoint is
-/// left naming addresses that are being given back.
-async fn remove_unanswered_endpoint(call: &Call, wep: &WorkloadEndpoint) {
-    let (ns, name) = (&wep.metadata.namespace, &wep.metadata.name);
-    let read =
-        get_resource::<_, WorkloadEndpointSpec>(&call.ds, Kind::WorkloadEndpoint, Some(ns), name)
-            .await;
-    let stored = match read {
-        Ok(w) => w,
-        Err(e) if e.is_not_found() => return,
-        Err(e) => {
-            warn!(error = %e, name, "cannot tell whether the endpoint was written");
-            return;
-        }
-    };
-    if stored.spec.container_id != wep.spec.container_id
-        || stored.spec.ip_networks != wep.spec.ip_networks
-    {
-        return;
-    }
-    let rev = Some(stored.metadata.resource_version.as_str());
-    match delete_resource(&call.ds, Kind::WorkloadEndpoint, Some(ns), name, rev).await {
-        Ok(()) => info!(name, "deleted the endpoint whose write went unanswered"),
-        Err(e) => warn!(error = %e, name, "failed to delete the endpoint of a failed ADD"),
-    }
-}
-
-/// Floating IPs NATed to the pod's address of the same family.
-fn floating_nats(result: &CniResult, floating: &[String]) -> Vec<IpNat> {
-    let v4 = result.ips.iter().find(|i| i.address.addr.is_ipv4());
-    let v6 = result.ips.iter().find(|i| i.address.addr.is_ipv6());
-    floating
-        .iter()
-        .filter_map(|ext| {
-            let internal = if ext.contains(':') { v6 } else { v4 };
-            internal.map(|i| IpNat {
-                internal_ip: i.address.addr.to_string(),
-                external_ip: ext.clone(),
-            })
-        })
-        .collect()
-}
-
 /// `0.0.0.0/0` and `::/0`.
 pub(crate) fn default_routes() -> Vec<IpNet> {
     vec![
@@ -759,22 +584,6 @@ pub(crate) fn k8s_routes(conf: &crate::config::NetConf) -> Result<Vec<IpNet>> {
         return Ok(all);
     }
     Ok(custom)
-}
-
-/// Addresses as host networks on interface 1 (the container end), routes as IPAM gave them.
-fn finish_result(
-    result: &mut CniResult,
-    host_veth: &str,
-    ifname: &str,
-    mac: &str,
-    mtu: u32,
-    netns: &str,
-) {
-    result.interfaces = endpoint::interfaces(host_veth, ifname, mac, mtu, netns);
-    for ip in &mut result.ips {
-        ip.address = IpNet::host(ip.address.addr);
-        ip.interface = Some(1);
-    }
 }
 
 #[cfg(test)]

@@ -8,10 +8,9 @@
 use tracing::{info, warn};
 
 use crate::cluster_ready::check_datastore_ready;
-use crate::dataplane;
 use crate::dataplane::grpc::GrpcDataplane;
 use crate::dataplane::link_watch::LinkGoneWatch;
-use crate::dataplane::DataplaneError;
+use crate::dataplane::CleanUp;
 use crate::datastore::model::{WorkloadEndpoint, WorkloadEndpointSpec};
 use crate::datastore::resources::{delete_resource, get_resource};
 use crate::datastore::{DatastoreError, Kind};
@@ -181,41 +180,20 @@ impl Failures {
     }
 }
 
-/// The pod interface's removal: the kernel's, running on a thread of its own, or the gRPC
-/// dataplane's Del, running as a task on the call's runtime.
-struct Teardown(Option<Removal>);
-
-enum Removal {
-    Linux(dataplane::Teardown),
-    Grpc(tokio::task::JoinHandle<std::result::Result<(), DataplaneError>>),
-}
+/// The pod interface's removal (`dataplane::CleanUp`), awaited once.
+struct Teardown(Option<CleanUp>);
 
 impl Teardown {
     /// Starts the removal (nothing when the dataplane options are wrong).
     fn start(dataplane_ok: bool, grpc: Option<GrpcDataplane>, args: &CmdArgs) -> Teardown {
-        if !dataplane_ok {
-            return Teardown(None);
-        }
-        Teardown(Some(match grpc {
-            Some(dp) => {
-                let (ifname, netns) = (args.ifname.clone(), args.netns.clone());
-                Removal::Grpc(tokio::spawn(async move { dp.del(&ifname, &netns).await }))
-            }
-            None => Removal::Linux(dataplane::start_clean_up(&args.netns, &args.ifname)),
-        }))
+        Teardown(dataplane_ok.then(|| CleanUp::start(grpc, &args.netns, &args.ifname)))
     }
 
     /// Waits for the removal (once) and gives its outcome.
     async fn finish(&mut self) -> Result<()> {
         match self.0.take() {
             None => Ok(()),
-            Some(Removal::Linux(t)) => Ok(t.finish().await?),
-            Some(Removal::Grpc(task)) => match task.await {
-                Ok(done) => Ok(done?),
-                Err(e) => {
-                    Err(DataplaneError::Internal(format!("the gRPC Del task failed: {e}")).into())
-                }
-            },
+            Some(c) => Ok(c.finish().await?),
         }
     }
 }

@@ -3,6 +3,7 @@
 //! points; ADD and DEL live in `add.rs` and `del.rs`.
 
 pub mod add;
+pub mod add_tail;
 pub mod check;
 pub mod del;
 pub mod endpoint;

@@ -1,0 +1,553 @@
+//! ADD's tail, where everything it makes is made and, on failure, undone: IPAM alongside the
+//! pod's interface (`alongside`), then the addresses and routes, the WorkloadEndpoint and the
+//! result (`network_and_write`). A failure undoes exactly what this call made: the interface
+//! it created, the addresses it was given and an endpoint whose write may have landed
+//! unanswered, never a pre-existing interface, never an address another ADD of the same
+//! sandbox holds under the same handle.
+//!
+//! Generic over the datastore, the IPAM and the dataplane, so that every failure interleaving
+//! is unit-tested with the memory store and fakes (`tests` below), without root. The undo
+//! runs within the call's grace (`deadline::cleanup_bound`).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::IpAddr;
+
+use tracing::{info, warn};
+
+use crate::dataplane::{AddressRequest, Dataplane, PodFacts, PodInterface, VethRequest};
+use crate::datastore::model::{IpNat, WorkloadEndpoint, WorkloadEndpointSpec};
+use crate::datastore::resources::{delete_resource, get_resource};
+use crate::datastore::{Datastore, DatastoreError, Kind};
+use crate::deadline;
+use crate::error::{Error, Result};
+use crate::ipam_driver::IpamDriver;
+use crate::net::IpNet;
+use crate::plugin::endpoint;
+use crate::skel::{CmdArgs, CniResult};
+
+/// What ADD's tail works with.
+pub struct Tail<'a, D, I> {
+    pub ds: &'a D,
+    pub ipam: &'a I,
+    /// `container_settings.allow_ip_forwarding`.
+    pub allow_ip_forwarding: bool,
+}
+
+/// What the annotations add to the interface and the endpoint.
+#[derive(Default)]
+pub struct Extras {
+    pub container_mac: Option<[u8; 6]>,
+    pub floating_ips: Vec<String>,
+    pub skip_host_routes: bool,
+    /// The pod's, for the gRPC dataplane.
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// Runs IPAM (`ipam`) and builds the veth pair at the same time. A failure of either undoes
+/// the other: addresses without a pair are given back, a pair without addresses is removed.
+/// When both fail, IPAM's error is the call's (it is what the sequential order reported).
+pub async fn alongside<D, I: IpamDriver, P: Dataplane>(
+    tail: &Tail<'_, D, I>,
+    args: &CmdArgs,
+    dataplane: P,
+    veth: VethRequest,
+    ipam: impl Future<Output = Result<CniResult>>,
+) -> Result<(CniResult, P::Interface)> {
+    match tokio::join!(ipam, dataplane.prepare(veth)) {
+        (Ok(result), Ok(link)) => Ok((result, link)),
+        (Err(e), Ok(link)) => {
+            undo("removing the veth pair after IPAM failed", async {
+                if let Err(undo) = link.remove().await {
+                    warn!(error = %undo, "failed to remove the pod interface after IPAM failed");
+                }
+            })
+            .await;
+            Err(e)
+        }
+        (Err(e), Err(net)) => {
+            warn!(error = %net, "the veth pair failed too (and was removed)");
+            Err(e)
+        }
+        (Ok(result), Err(e)) => {
+            let assigned: Vec<IpAddr> = result.ips.iter().map(|ip| ip.address.addr).collect();
+            undo(
+                "releasing the addresses after a failed dataplane setup",
+                tail.ipam.give_back(args, &assigned),
+            )
+            .await;
+            Err(e.into())
+        }
+    }
+}
+
+/// The common tail of both modes: finish the interface, write the endpoint, shape the
+/// result. A failure gives back this call's addresses and removes the veth pair it created.
+#[allow(clippy::too_many_arguments)]
+pub async fn network_and_write<D: Datastore, I: IpamDriver, L: PodInterface>(
+    tail: &Tail<'_, D, I>,
+    args: &CmdArgs,
+    mut result: CniResult,
+    mut link: L,
+    mut wep: WorkloadEndpoint,
+    routes: Vec<IpNet>,
+    extras: Extras,
+    mtu: u32,
+) -> Result<CniResult> {
+    wep.spec.ip_networks = endpoint::ip_networks(&result);
+    wep.spec.ip_nats = floating_nats(&result, &extras.floating_ips);
+    let assigned: Vec<IpAddr> = result.ips.iter().map(|ip| ip.address.addr).collect();
+    let addrs = AddressRequest {
+        ips: assigned.iter().map(|ip| IpNet::host(*ip)).collect(),
+        routes,
+        allow_ip_forwarding: tail.allow_ip_forwarding,
+        skip_host_routes: extras.skip_host_routes,
+    };
+    let pod = PodFacts {
+        ips: &result.ips,
+        endpoint: &wep,
+        annotations: &extras.annotations,
+    };
+    let net = match link.finish(&addrs, &pod).await {
+        Ok(n) => n,
+        Err(e) => {
+            undo(
+                "releasing the addresses after a failed dataplane setup",
+                tail.ipam.give_back(args, &assigned),
+            )
+            .await;
+            return Err(e.into());
+        }
+    };
+    info!(host_veth = %net.host_veth, mac = %net.container_mac, "Networked namespace");
+    wep.spec.mac = net.container_mac.to_lowercase();
+    wep.spec.interface_name = net.host_veth.clone();
+    let new_endpoint = wep.metadata.resource_version.is_empty();
+    if let Err(e) = endpoint::write(tail.ds, &mut wep).await {
+        undo("undoing a failed ADD", async {
+            // The interface first: it is local and always possible (and its host route must
+            // be gone before the address can go to another pod).
+            if let Err(undo) = link.remove().await {
+                warn!(error = %undo, "failed to remove the pod interface after a failed ADD");
+            }
+            if new_endpoint && outcome_unknown(&e) {
+                remove_unanswered_endpoint(tail.ds, &wep).await;
+            }
+            tail.ipam.give_back(args, &assigned).await;
+        })
+        .await;
+        return Err(e);
+    }
+    info!(name = %wep.metadata.name, "Wrote endpoint to datastore");
+    finish_result(
+        &mut result,
+        &net.host_veth,
+        &args.ifname,
+        &net.container_mac,
+        mtu,
+        &args.netns,
+    );
+    Ok(result)
+}
+
+/// Runs one step of undoing a failed ADD within the call's grace; a step cut short is
+/// logged (what it could not undo, DEL will).
+pub async fn undo(what: &str, step: impl Future<Output = ()>) {
+    if let Err(e) = deadline::cleanup_bound(what, step).await {
+        warn!(error = %e, "the undo of a failed ADD was cut short; DEL will finish it");
+    }
+}
+
+/// Whether a failed write may have landed all the same (no answer, rather than a refusal).
+fn outcome_unknown(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Datastore(DatastoreError::Deadline(_) | DatastoreError::Unavailable(_))
+    )
+}
+
+/// After the create of a new endpoint went unanswered: delete the endpoint if it was written
+/// all the same (it is this call's: same container and addresses), so that no endpoint is
+/// left naming addresses that are being given back.
+async fn remove_unanswered_endpoint<D: Datastore>(ds: &D, wep: &WorkloadEndpoint) {
+    let (ns, name) = (&wep.metadata.namespace, &wep.metadata.name);
+    let read =
+        get_resource::<_, WorkloadEndpointSpec>(ds, Kind::WorkloadEndpoint, Some(ns), name).await;
+    let stored = match read {
+        Ok(w) => w,
+        Err(e) if e.is_not_found() => return,
+        Err(e) => {
+            warn!(error = %e, name, "cannot tell whether the endpoint was written");
+            return;
+        }
+    };
+    if stored.spec.container_id != wep.spec.container_id
+        || stored.spec.ip_networks != wep.spec.ip_networks
+    {
+        return;
+    }
+    let rev = Some(stored.metadata.resource_version.as_str());
+    match delete_resource(ds, Kind::WorkloadEndpoint, Some(ns), name, rev).await {
+        Ok(()) => info!(name, "deleted the endpoint whose write went unanswered"),
+        Err(e) => warn!(error = %e, name, "failed to delete the endpoint of a failed ADD"),
+    }
+}
+
+/// Floating IPs NATed to the pod's address of the same family.
+fn floating_nats(result: &CniResult, floating: &[String]) -> Vec<IpNat> {
+    let v4 = result.ips.iter().find(|i| i.address.addr.is_ipv4());
+    let v6 = result.ips.iter().find(|i| i.address.addr.is_ipv6());
+    floating
+        .iter()
+        .filter_map(|ext| {
+            let internal = if ext.contains(':') { v6 } else { v4 };
+            internal.map(|i| IpNat {
+                internal_ip: i.address.addr.to_string(),
+                external_ip: ext.clone(),
+            })
+        })
+        .collect()
+}
+
+/// Addresses as host networks on interface 1 (the container end), routes as IPAM gave them.
+fn finish_result(
+    result: &mut CniResult,
+    host_veth: &str,
+    ifname: &str,
+    mac: &str,
+    mtu: u32,
+    netns: &str,
+) {
+    result.interfaces = endpoint::interfaces(host_veth, ifname, mac, mtu, netns);
+    for ip in &mut result.ips {
+        ip.address = IpNet::host(ip.address.addr);
+        ip.interface = Some(1);
+    }
+}
+
+/// ADD's undo without root: Calico IPAM in-process on the memory store (so "given back" is
+/// checked in the store itself), a fake dataplane that logs what it is asked, and the
+/// store's fault injection on the endpoint write. Every interleaving the end-to-end suites
+/// reach, and the lost answer they cannot.
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::config::NetConf;
+    use crate::dataplane::{DataplaneError, NetworkingResult};
+    use crate::datastore::memory::{Fault, KeyClass, MemoryDatastore};
+    use crate::datastore::Key;
+    use crate::identifiers::WepIdentifiers;
+    use crate::ipam_driver::calico::Known;
+    use crate::ipam_driver::{pick, Prepared};
+
+    const CNI_ARGS: &str = "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=pod1";
+
+    /// Where each step of the fake dataplane fails, and what it was asked to do.
+    #[derive(Clone, Default)]
+    struct FakeDataplane {
+        fail_prepare: bool,
+        fail_finish: bool,
+        log: Rc<RefCell<Vec<&'static str>>>,
+    }
+
+    struct FakeInterface(FakeDataplane);
+
+    impl Dataplane for FakeDataplane {
+        type Interface = FakeInterface;
+        async fn prepare(self, _req: VethRequest) -> Result<FakeInterface, DataplaneError> {
+            self.log.borrow_mut().push("prepare");
+            match self.fail_prepare {
+                true => Err(DataplaneError::CreateVeth("file exists".into())),
+                false => Ok(FakeInterface(self)),
+            }
+        }
+    }
+
+    impl PodInterface for FakeInterface {
+        async fn finish(
+            &mut self,
+            _addrs: &AddressRequest,
+            _pod: &PodFacts<'_>,
+        ) -> Result<NetworkingResult, DataplaneError> {
+            self.0.log.borrow_mut().push("finish");
+            match self.0.fail_finish {
+                true => Err(DataplaneError::GatewayRoute(
+                    "network is unreachable".into(),
+                )),
+                false => Ok(NetworkingResult {
+                    host_veth: "cali0123456789a".into(),
+                    container_mac: "0A:58:0A:50:00:01".into(),
+                    container_index: 2,
+                }),
+            }
+        }
+
+        async fn remove(self) -> Result<(), DataplaneError> {
+            self.0.log.borrow_mut().push("remove");
+            Ok(())
+        }
+    }
+
+    /// A node, a pool of one /29 block and a ready ClusterInformation.
+    fn store() -> MemoryDatastore {
+        let ds = MemoryDatastore::new();
+        ds.put_raw(
+            &Key::resource(Kind::Node, None, "node1"),
+            &json!({"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node1"},"spec":{}}),
+        );
+        ds.put_raw(
+            &Key::resource(Kind::IpPool, None, "pool1"),
+            &json!({"kind":"IPPool","apiVersion":"projectcalico.org/v3","metadata":{"name":"pool1"},
+                    "spec":{"cidr":"10.80.0.0/29","blockSize":29}}),
+        );
+        ds
+    }
+
+    struct Fixture {
+        conf: NetConf,
+        ids: WepIdentifiers,
+        args: CmdArgs,
+        lock_dir: std::path::PathBuf,
+    }
+
+    impl Fixture {
+        fn new(name: &str) -> Fixture {
+            let lock_dir =
+                std::env::temp_dir().join(format!("add-tail-{name}-{}", std::process::id()));
+            let stdin = json!({
+                "cniVersion": "1.0.0", "name": "net1", "type": "calico",
+                "nodename": "node1",
+                "ipam_lock_file": lock_dir.join("ipam.lock"),
+                "ipam": {"type": "calico-ipam"},
+            })
+            .to_string()
+            .into_bytes();
+            let conf = NetConf::parse(&stdin).unwrap();
+            let ids = WepIdentifiers::from_cni_args("node1", "c1", "eth0", CNI_ARGS).unwrap();
+            let args = CmdArgs {
+                container_id: "c1".into(),
+                netns: "/run/netns/pod".into(),
+                ifname: "eth0".into(),
+                args: CNI_ARGS.into(),
+                stdin_data: stdin,
+                ..Default::default()
+            };
+            Fixture {
+                conf,
+                ids,
+                args,
+                lock_dir,
+            }
+        }
+
+        fn endpoint(&self) -> WorkloadEndpoint {
+            let name = self.ids.wep_name().unwrap();
+            let mut wep = endpoint::new_endpoint(&self.ids, &name, "net1");
+            wep.spec.interface_name = self.ids.host_veth_name();
+            wep
+        }
+
+        fn veth(&self) -> VethRequest {
+            VethRequest {
+                netns_path: self.args.netns.clone(),
+                ifname: "eth0".into(),
+                host_veth: self.ids.host_veth_name(),
+                mtu: 1450,
+                num_queues: 0,
+                container_mac: None,
+                families: None,
+            }
+        }
+
+        /// ADD's tail end to end: Calico IPAM alongside the fake interface, then the
+        /// endpoint; `ipam_fails` replaces the IPAM with one that fails.
+        fn run(
+            &self,
+            ds: &MemoryDatastore,
+            dp: FakeDataplane,
+            ipam_fails: bool,
+        ) -> Result<CniResult> {
+            let known = Known {
+                conf: &self.conf,
+                ids: &self.ids,
+            };
+            let driver = pick(true, ds, known, &self.args.stdin_data);
+            let tail = Tail {
+                ds,
+                ipam: &driver,
+                allow_ip_forwarding: false,
+            };
+            crate::client::block_on(async {
+                let ipam = async {
+                    match ipam_fails {
+                        true => Err(Error::msg("failed to request IPv4 addresses: no pool")),
+                        false => driver.add(&self.args, Prepared::default()).await,
+                    }
+                };
+                let (result, link) = alongside(&tail, &self.args, dp, self.veth(), ipam).await?;
+                network_and_write(
+                    &tail,
+                    &self.args,
+                    result,
+                    link,
+                    self.endpoint(),
+                    vec!["0.0.0.0/0".parse().unwrap()],
+                    Extras::default(),
+                    1450,
+                )
+                .await
+            })
+            .unwrap()
+        }
+    }
+
+    impl Drop for Fixture {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.lock_dir);
+        }
+    }
+
+    /// What the store holds of the call: the handle, the addresses allocated in the block,
+    /// the endpoint.
+    fn held(ds: &MemoryDatastore) -> (bool, usize, bool) {
+        let handle = ds
+            .peek(&Key::Handle {
+                id: "net1.c1".into(),
+            })
+            .is_some();
+        let allocated = ds
+            .dump()
+            .into_iter()
+            .filter(|kv| matches!(kv.key, Key::Block { .. }))
+            .map(|kv| {
+                kv.value["allocations"]
+                    .as_array()
+                    .map_or(0, |a| a.iter().filter(|x| !x.is_null()).count())
+            })
+            .sum();
+        let endpoint = ds
+            .dump()
+            .into_iter()
+            .any(|kv| KeyClass::of(&kv.key) == KeyClass::Resource(Kind::WorkloadEndpoint));
+        (handle, allocated, endpoint)
+    }
+
+    #[test]
+    fn success_writes_the_endpoint_and_undoes_nothing() {
+        let (f, ds, dp) = (Fixture::new("ok"), store(), FakeDataplane::default());
+        let result = f.run(&ds, dp.clone(), false).unwrap();
+        assert_eq!(result.ips.len(), 1);
+        assert_eq!(result.ips[0].address.to_string(), "10.80.0.0/32");
+        assert_eq!(*dp.log.borrow(), ["prepare", "finish"]);
+        assert_eq!(held(&ds), (true, 1, true));
+    }
+
+    #[test]
+    fn ipam_failing_removes_the_interface_it_ran_beside() {
+        let (f, ds, dp) = (Fixture::new("ipam"), store(), FakeDataplane::default());
+        let e = f.run(&ds, dp.clone(), true).unwrap_err();
+        assert_eq!(e.to_string(), "failed to request IPv4 addresses: no pool");
+        assert_eq!(*dp.log.borrow(), ["prepare", "remove"]);
+        assert_eq!(held(&ds), (false, 0, false));
+    }
+
+    #[test]
+    fn the_interface_failing_gives_the_addresses_back() {
+        let f = Fixture::new("prepare");
+        let (ds, dp) = (
+            store(),
+            FakeDataplane {
+                fail_prepare: true,
+                ..Default::default()
+            },
+        );
+        let e = f.run(&ds, dp.clone(), false).unwrap_err();
+        assert!(
+            matches!(e, Error::Dataplane(DataplaneError::CreateVeth(_))),
+            "{e:?}"
+        );
+        assert_eq!(*dp.log.borrow(), ["prepare"]);
+        assert_eq!(held(&ds), (false, 0, false));
+    }
+
+    #[test]
+    fn both_failing_reports_ipam_and_leaves_nothing() {
+        let f = Fixture::new("both");
+        let (ds, dp) = (
+            store(),
+            FakeDataplane {
+                fail_prepare: true,
+                ..Default::default()
+            },
+        );
+        let e = f.run(&ds, dp.clone(), true).unwrap_err();
+        assert!(e.to_string().starts_with("failed to request IPv4"), "{e}");
+        assert_eq!(held(&ds), (false, 0, false));
+    }
+
+    #[test]
+    fn finishing_the_interface_failing_gives_the_addresses_back() {
+        let f = Fixture::new("finish");
+        let (ds, dp) = (
+            store(),
+            FakeDataplane {
+                fail_finish: true,
+                ..Default::default()
+            },
+        );
+        let e = f.run(&ds, dp.clone(), false).unwrap_err();
+        assert!(
+            matches!(e, Error::Dataplane(DataplaneError::GatewayRoute(_))),
+            "{e:?}"
+        );
+        // `finish` removes what it made itself; the undo only gives the addresses back.
+        assert_eq!(*dp.log.borrow(), ["prepare", "finish"]);
+        assert_eq!(held(&ds), (false, 0, false));
+    }
+
+    /// The endpoint write refused, not applied, or applied with its answer lost: the
+    /// interface is removed first (its host route must be gone before the address can go to
+    /// another pod), then an endpoint that landed unanswered is deleted, then the addresses
+    /// are given back.
+    #[test]
+    fn a_failed_endpoint_write_undoes_everything_in_order() {
+        let wep = KeyClass::Resource(Kind::WorkloadEndpoint);
+        for (name, fault) in [
+            ("refused", Fault::ConflictOnWrite(1)),
+            ("unavailable", Fault::UnavailableOnWrite(1)),
+            ("lost", Fault::LoseAnswerOfWrite(1)),
+        ] {
+            let (f, ds, dp) = (Fixture::new(name), store(), FakeDataplane::default());
+            ds.inject(Fault::on(wep, fault));
+            let e = f.run(&ds, dp.clone(), false).unwrap_err();
+            assert!(matches!(e, Error::Datastore(_)), "{name}: {e:?}");
+            assert_eq!(*dp.log.borrow(), ["prepare", "finish", "remove"], "{name}");
+            assert_eq!(held(&ds), (false, 0, false), "{name}");
+            assert!(ds.pending_faults().is_empty(), "{name}");
+        }
+    }
+
+    /// An endpoint that another call wrote meanwhile (another container) is not this
+    /// call's to delete, even when this call's write went unanswered.
+    #[test]
+    fn an_unanswered_write_never_deletes_someone_elses_endpoint() {
+        let (f, ds, dp) = (Fixture::new("other"), store(), FakeDataplane::default());
+        let mut other = f.endpoint();
+        other.spec.container_id = "c2".into();
+        ds.put_raw(
+            &Key::resource(Kind::WorkloadEndpoint, Some("ns1"), &other.metadata.name),
+            &crate::datastore::to_value(&other).unwrap(),
+        );
+        // The create fails as "already exists", not as a lost answer: nothing is deleted.
+        let e = f.run(&ds, dp, false).unwrap_err();
+        assert!(matches!(e, Error::Datastore(_)), "{e:?}");
+        let (handle, allocated, endpoint) = held(&ds);
+        assert_eq!((handle, allocated), (false, 0));
+        assert!(endpoint, "the other container's endpoint is kept");
+    }
+}
