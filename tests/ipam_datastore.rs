@@ -1,5 +1,5 @@
 //! calico-ipam's datastore writes compared field by field with upstream's JSON
-//! (calico-datastore.md §1.9–1.12): a /29 block filled to its last address through the real
+//! (libcalico-go's `model` for blocks, handles, affinities and IPAMConfig): a /29 block filled to its last address through the real
 //! binary and emptied again, the handle and affinity objects, IPAMConfig defaults.
 
 mod common;

@@ -9,7 +9,7 @@
 //! routes land there and the etcd on that netns's 127.0.0.1 is reachable; the real host's
 //! network is never touched. Its state (storage, run and tmp dirs) lives in a temp dir, with
 //! a containers.conf carrying the two fixes this machine kind needs
-//! (shared/spec/environment.md §3c): rlimits within the hard limits (no CAP_SYS_RESOURCE)
+//! (this machine kind runs podman rootful in a VM): rlimits within the hard limits (no CAP_SYS_RESOURCE)
 //! and runc instead of crun (cgroups v1 hybrid). libcni's result cache is podman's default,
 //! /var/lib/cni, and its entries are checked gone.
 //!

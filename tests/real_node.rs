@@ -6,7 +6,7 @@
 //! SIGKILL and restarted, and nothing leaks. The suite prints how containerd called the
 //! plugin and the median RunPodSandbox time.
 //!
-//! Without ../shared/k8s it prints `SKIPPED <why>` and passes.
+//! Without the kube-apiserver + kubelet bundle it prints `SKIPPED <why>` and passes.
 
 mod common;
 

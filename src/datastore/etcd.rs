@@ -1,4 +1,4 @@
-//! etcd v3 backend: libcalico-go's key paths (calico-datastore.md §1.1) and its
+//! etcd v3 backend: libcalico-go's key paths (`backend/model`) and its
 //! transactions: create = `If(version == 0) Put`, update = `If(mod_revision == rev) Put`,
 //! delete = `[If(mod_revision == rev)] Delete`, each with `Else Get` to tell a conflict from a
 //! missing key. Revisions are decimal ModRevisions. Every request is bounded by a timeout and

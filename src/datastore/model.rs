@@ -1,5 +1,5 @@
 //! Calico's stored objects as serde types, with upstream's exact JSON field names, order,
-//! `omitempty` and `null` behaviour (calico-datastore.md §1). Every struct keeps unknown
+//! `omitempty` and `null` behaviour. Every struct keeps unknown
 //! fields in `extra` so a read-modify-write never drops what a newer Calico wrote.
 
 use std::collections::BTreeMap;

@@ -2,7 +2,7 @@
 //! AutoAssign (affine blocks, the pending → block → confirmed claim protocol, borrowing),
 //! AssignIP, ReleaseByHandle and ReleaseIPs. Every write is a compare-and-swap retried a
 //! bounded number of times, so concurrent callers on many nodes never hand out an address
-//! twice. See calico-datastore.md §3.
+//! twice.
 //!
 //! This module holds the public API (upstream's `interface.go`, `ipam_types.go`,
 //! `ipam_errors.go`): the `Ipam` type, its arguments, results and errors. The work is split

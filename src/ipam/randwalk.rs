@@ -1,7 +1,7 @@
 //! The host-seeded random walk over a pool's blocks (libcalico-go `randomBlockGenerator`),
 //! bit for bit, so every node picks the same blocks upstream Calico would: a port of Go's
 //! `math/rand` source (Additive Lagged Fibonacci, seeded as Go seeds it) and of
-//! `big.Int.Rand`. See calico-datastore.md §3.5.
+//! `big.Int.Rand`.
 
 use crate::net::{from_u128, to_u128, IpNet};
 

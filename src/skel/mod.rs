@@ -1,6 +1,6 @@
 //! The CNI protocol, knowing nothing of Calico: reads CNI_* env and stdin, validates them
 //! exactly as Go's libcni `pkg/skel` (v1.3) does, negotiates the version, calls the plugin and
-//! prints the result or the error JSON. See anchors.md §3.3.
+//! prints the result or the error JSON (containernetworking/cni `pkg/skel`).
 
 pub mod args;
 pub mod attachments;

@@ -29,7 +29,7 @@ pub struct Allocation {
 
 /// Each scenario (a `fn name(c: &impl Cluster)` in the invoking file, which imports
 /// `World`, `RealKddWorld` and `require_root`) as `etcd::<name>` and `kdd::<name>` (on the
-/// real kube-apiserver; `SKIPPED` and passing when ../shared/k8s is absent); attributes
+/// real kube-apiserver; `SKIPPED` and passing when the kube-apiserver bundle is absent); attributes
 /// after `kdd:` apply to the Kubernetes-datastore test only (an `#[ignore]` with the reason
 /// while the plugin is wrong).
 #[macro_export]

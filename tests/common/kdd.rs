@@ -114,7 +114,7 @@ impl KddWorld<RealK8s> {
     }
 
     /// On the real kube-apiserver, or `None` (the test printed `SKIPPED <why>` and should
-    /// return) when ../shared/k8s is not there.
+    /// return) when the kube-apiserver bundle is not there.
     pub fn real_or_skip(test: &str) -> Option<RealKddWorld> {
         match RealK8s::available() {
             Ok(()) => Some(KddWorld::real()),

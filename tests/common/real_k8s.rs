@@ -1,6 +1,6 @@
 #![allow(dead_code)]
 //! A real Kubernetes API server for the end-to-end suites: kube-apiserver (v1.24, from
-//! `../shared/k8s` next to the project) on a real etcd, both inside a network namespace the
+//! the bundle beside the clone, `real_k8s::bundle_dir`) on a real etcd, both inside a network namespace the
 //! test made, bound to its 127.0.0.1, with Calico's CRDs and the upstream `calico-cni-plugin`
 //! RBAC applied, and a kubeconfig carrying the plugin's own ServiceAccount token (from
 //! TokenRequest), so every request the plugin makes is authorized as on a real cluster.
@@ -42,7 +42,7 @@ use super::cni::TempDir;
 use super::etcd::EtcdServer;
 use super::netns::Netns;
 
-/// The files this harness needs in `../shared/k8s`.
+/// The files this harness needs in the bundle (`bundle_dir`).
 const APISERVER_GZ: &str = "kube-apiserver.gz";
 const CRDS: &str = "calico-crds-v3.32.1-k8s1.24.yaml";
 const RBAC: &str = "calico-cni-plugin-rbac-v3.32.1.yaml";
@@ -58,10 +58,19 @@ const READY_TIMEOUT: Duration = Duration::from_secs(90);
 
 static COUNTER: AtomicUsize = AtomicUsize::new(0);
 
-/// `$CARGO_MANIFEST_DIR/../shared/k8s`, if it holds what the harness needs (and etcd is
-/// installed); otherwise why not.
+/// Where the kube-apiserver + kubelet bundle is: `CALICO_K8S_BUNDLE`, else `shared/k8s`
+/// beside the clone (where CI puts it).
+pub fn bundle_dir() -> PathBuf {
+    match std::env::var_os("CALICO_K8S_BUNDLE") {
+        Some(d) => PathBuf::from(d),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/k8s"),
+    }
+}
+
+/// The bundle (`bundle_dir`), if it holds what the harness needs (and etcd is installed);
+/// otherwise why not.
 pub fn k8s_dir() -> Result<PathBuf, String> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/k8s");
+    let dir = bundle_dir();
     for f in [APISERVER_GZ, CRDS, RBAC] {
         let p = dir.join(f);
         if !p.is_file() {

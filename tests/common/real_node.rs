@@ -1,7 +1,7 @@
 #![allow(dead_code)]
 //! A whole Kubernetes node inside a network namespace the test made: etcd and kube-apiserver
 //! (real_k8s.rs, with Calico's CRDs and the plugin's RBAC), containerd (Debian 1.6) with its own config, root, state, socket and
-//! runc root under a temp dir, and kubelet (../shared/k8s, v1.24) on that containerd; the
+//! runc root under a temp dir, and kubelet (the bundle, v1.24) on that containerd; the
 //! CNI bin and conf dirs are the test's, set up by [`install_cni`] as Calico's DaemonSet
 //! would.
 //!
@@ -32,9 +32,9 @@ use super::cni::{run_command_within, Outcome, TempDir};
 use super::netns::{HostNetns, UPLINK_V4};
 use super::real_k8s::RealK8s;
 
-/// `../shared/k8s` from the project root, when it has both binaries.
+/// The kube-apiserver + kubelet bundle (`real_k8s::bundle_dir`), when it has both binaries.
 pub fn shared_k8s() -> Result<PathBuf, String> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/k8s");
+    let dir = super::real_k8s::bundle_dir();
     for f in ["kube-apiserver.gz", "kubelet.gz"] {
         if !dir.join(f).exists() {
             return Err(format!("{} has no {f}", dir.display()));

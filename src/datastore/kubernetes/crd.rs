@@ -1,5 +1,5 @@
-//! Calico's objects as custom resources of `crd.projectcalico.org/v1` (calico-datastore.md
-//! §2): which resource a key is, and the conversion between the model JSON the IPAM code
+//! Calico's objects as custom resources of `crd.projectcalico.org/v1` (libcalico-go's
+//! `backend/k8s`): which resource a key is, and the conversion between the model JSON the IPAM code
 //! reads and writes (the etcd format) and the CR's spec — `affinityClaimTime` for the block's
 //! `affinity_claim_time`, `strictAffinity` always written, string `deleted` on v1
 //! affinities, `handleID` in the handle, camelCase IPAMConfig fields.

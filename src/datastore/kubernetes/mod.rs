@@ -1,5 +1,5 @@
 //! The Kubernetes datastore (KDD): Calico's objects as custom resources, workload endpoints
-//! as the pods themselves (calico-datastore.md §2). Keys map to REST paths; values are
+//! as the pods themselves (libcalico-go `backend/k8s`). Keys map to REST paths; values are
 //! converted to and from the CRs (`crd`), pods (`pods`) and core Nodes.
 //!
 //! CAS is the resourceVersion: a PUT with a stale one is a 409 Conflict. The API has no
