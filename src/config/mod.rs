@@ -11,7 +11,7 @@ mod fields;
 mod gotypes;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use serde::Deserialize;
@@ -253,7 +253,7 @@ impl NetConf {
 
     /// `dataplane_options` as upstream's `GetDataplane`: without a `type` the Linux
     /// dataplane; `grpc` needs a `socket` that names a Unix socket
-    /// (`dataplane::grpc::socket_path`); any other type is refused.
+    /// (`grpc_socket_path`); any other type is refused.
     pub fn check_dataplane(&self) -> Result<(), ConfigError> {
         let Some(opts) = &self.dataplane_options else {
             return Ok(());
@@ -271,7 +271,7 @@ impl NetConf {
             return Err(ConfigError::DataplaneType(shown));
         }
         match opts.get("socket").and_then(Value::as_str) {
-            Some(socket) => crate::dataplane::grpc::socket_path(socket).map(drop),
+            Some(socket) => grpc_socket_path(socket).map(drop),
             None => Err(ConfigError::GrpcSocket),
         }
     }
@@ -384,6 +384,43 @@ fn sanitize_label(s: &str) -> String {
         out.push_str(if run.contains('.') { "." } else { &run });
     }
     out.trim_matches(|c| c == '.' || c == '-').to_string()
+}
+
+/// The Unix socket path of a `socket` option. Accepted: `unix:///abs/path` and `unix:path`
+/// (both as grpc-go reads them), and a bare absolute path. Upstream hands a bare path to
+/// grpc-go's passthrough resolver, which dials it as a TCP address and fails at every ADD;
+/// here it can only mean the socket, so it is used as one (with a warning: upstream would
+/// not accept it). Anything else (TCP targets, `unix-abstract:`, `unix://host/...`) is
+/// refused, before IPAM.
+pub fn grpc_socket_path(socket: &str) -> Result<PathBuf, ConfigError> {
+    let refuse = |reason: &str| ConfigError::GrpcAddress {
+        socket: socket.to_string(),
+        reason: reason.to_string(),
+    };
+    let path = if let Some(rest) = socket.strip_prefix("unix://") {
+        if !rest.starts_with('/') {
+            return Err(refuse(
+                "a unix:// address takes an absolute path (unix:///path) and no authority",
+            ));
+        }
+        rest
+    } else if let Some(rest) = socket.strip_prefix("unix:") {
+        rest
+    } else if socket.starts_with('/') {
+        tracing::warn!(
+            socket,
+            "the gRPC dataplane socket has no unix: scheme; using it as a Unix socket path"
+        );
+        socket
+    } else {
+        return Err(refuse(
+            "only Unix sockets (unix:///path, unix:path) are supported",
+        ));
+    };
+    if path.is_empty() {
+        return Err(refuse("no socket path"));
+    }
+    Ok(PathBuf::from(path))
 }
 
 #[cfg(test)]

@@ -42,42 +42,7 @@ pub const TIMEOUT: Duration = Duration::from_secs(5);
 /// gateway of an address IPAM gave none (Calico IPAM never does).
 const NIL_IP: &str = "<nil>";
 
-/// The Unix socket path of a `socket` option. Accepted: `unix:///abs/path` and `unix:path`
-/// (both as grpc-go reads them), and a bare absolute path. Upstream hands a bare path to
-/// grpc-go's passthrough resolver, which dials it as a TCP address and fails at every ADD;
-/// here it can only mean the socket, so it is used as one (with a warning: upstream would
-/// not accept it). Anything else (TCP targets, `unix-abstract:`, `unix://host/...`) is
-/// refused, before IPAM.
-pub fn socket_path(socket: &str) -> Result<PathBuf, ConfigError> {
-    let refuse = |reason: &str| ConfigError::GrpcAddress {
-        socket: socket.to_string(),
-        reason: reason.to_string(),
-    };
-    let path = if let Some(rest) = socket.strip_prefix("unix://") {
-        if !rest.starts_with('/') {
-            return Err(refuse(
-                "a unix:// address takes an absolute path (unix:///path) and no authority",
-            ));
-        }
-        rest
-    } else if let Some(rest) = socket.strip_prefix("unix:") {
-        rest
-    } else if socket.starts_with('/') {
-        warn!(
-            socket,
-            "the gRPC dataplane socket has no unix: scheme; using it as a Unix socket path"
-        );
-        socket
-    } else {
-        return Err(refuse(
-            "only Unix sockets (unix:///path, unix:path) are supported",
-        ));
-    };
-    if path.is_empty() {
-        return Err(refuse("no socket path"));
-    }
-    Ok(PathBuf::from(path))
-}
+pub use crate::config::grpc_socket_path as socket_path;
 
 /// The gRPC dataplane as configured by the NetConf.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -27,7 +27,7 @@ use tracing::{info, warn};
 
 use crate::cluster_ready::check_datastore_ready;
 use crate::dataplane::grpc::GrpcDataplane;
-use crate::dataplane::{Families, Selected, VethRequest};
+use crate::dataplane::{AnyInterface, Families, Selected, VethRequest};
 use crate::datastore::backend::Backend;
 use crate::datastore::kubernetes::core_objects;
 use crate::datastore::model::{Profile, WorkloadEndpoint};
@@ -299,7 +299,43 @@ async fn add_k8s(
     let veth = |families| veth_request(args, call, &wep, mtu, extras.container_mac, families);
     let driver = call.ipam();
     let tail = tail(call, &driver);
-    let (result, link) = match source {
+    let (result, link) = addresses_alongside(
+        call,
+        &tail,
+        args,
+        dataplane,
+        source,
+        (&pod, early, &old_addresses),
+        veth,
+    )
+    .await?;
+    // A calico-ipam result without routes is a KubeVirt migration target: no host routes.
+    extras.skip_host_routes = call.plan.ipam == IpamKind::Calico && result.routes.is_empty();
+    let result = network_and_write(&tail, args, result, link, wep, routes, extras, mtu).await?;
+    endpoint_status::wait_for_policy(
+        &conf.endpoint_status_dir,
+        &ids.namespace,
+        &name,
+        conf.policy_setup_timeout_seconds,
+    )
+    .await;
+    Ok(result)
+}
+
+/// Where a Kubernetes pod's addresses come from (`AddressSource`), obtained while the
+/// interface is built (`alongside`): Calico IPAM (with the pool and family annotations),
+/// `ipAddrs` (each through calico-ipam, the endpoint's old addresses released first) or
+/// `ipAddrsNoIpam`.
+async fn addresses_alongside<I: IpamDriver>(
+    call: &Call,
+    tail: &Tail<'_, Backend, I>,
+    args: &CmdArgs,
+    dataplane: Selected,
+    source: AddressSource,
+    (pod, early, old_addresses): (&PodInfo, EarlyIpam, &[String]),
+    veth: impl Fn(Option<Families>) -> VethRequest,
+) -> Result<(CniResult, AnyInterface)> {
+    match source {
         AddressSource::Ipam => {
             let mut ipam_args = args.clone();
             // With the pool and family annotations, the families are IPAM's to tell.
@@ -311,7 +347,7 @@ async fn add_k8s(
                 }
             }
             let prepared = Prepared {
-                namespace_labels: namespace_labels(call, &pod).await?,
+                namespace_labels: namespace_labels(call, pod).await?,
                 reads: early.reads,
                 lock: early.lock,
             };
@@ -321,18 +357,18 @@ async fn add_k8s(
                 prepared,
                 "IPAM plugin returned missing IP config",
             );
-            alongside(&tail, args, dataplane, veth(families), ipam).await?
+            alongside(tail, args, dataplane, veth(families), ipam).await
         }
         AddressSource::IpAddrs(ips) => {
             // Each address is assigned by its own calico-ipam call, which takes the lock.
             drop(early);
-            let labels = namespace_labels(call, &pod).await?;
+            let labels = namespace_labels(call, pod).await?;
             let ipam = async {
-                release_old_addresses(call, args, &old_addresses).await?;
+                release_old_addresses(call, args, old_addresses).await?;
                 assign_each(call, args, &ips, labels).await
             };
             let families = Some(families_of(&ips));
-            alongside(&tail, args, dataplane, veth(families), ipam).await?
+            alongside(tail, args, dataplane, veth(families), ipam).await
         }
         AddressSource::NoIpam(ips) => {
             drop(early);
@@ -348,20 +384,9 @@ async fn add_k8s(
                 ..Default::default()
             };
             let families = Some(families_of(&ips));
-            alongside(&tail, args, dataplane, veth(families), async { Ok(result) }).await?
+            alongside(tail, args, dataplane, veth(families), async { Ok(result) }).await
         }
-    };
-    // A calico-ipam result without routes is a KubeVirt migration target: no host routes.
-    extras.skip_host_routes = call.plan.ipam == IpamKind::Calico && result.routes.is_empty();
-    let result = network_and_write(&tail, args, result, link, wep, routes, extras, mtu).await?;
-    endpoint_status::wait_for_policy(
-        &conf.endpoint_status_dir,
-        &ids.namespace,
-        &name,
-        conf.policy_setup_timeout_seconds,
-    )
-    .await;
-    Ok(result)
+    }
 }
 
 /// The namespace's labels for calico-ipam's pool selection: those already read with the

@@ -93,64 +93,84 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
                 delete_k8s_endpoint(&call.ds, &ids.namespace, name, &ids.container_id, first).await,
             );
         }
-        // The addresses are released once the host side of the interface is gone: the
-        // host veth's removal was notified, or the whole removal finished.
-        let finished = teardown.finish();
-        tokio::pin!(finished);
-        let torn = match host_veth_gone {
-            Some(watch) => tokio::select! {
-                biased;
-                torn = &mut finished => Some(torn),
-                () = watch.gone() => None,
-            },
-            None => Some((&mut finished).await),
-        };
-        match torn {
-            Some(Ok(())) => failures.add(ipam.del(args).await),
-            // The gRPC agent's Del failed: reported, and the addresses released all the
-            // same (the agent, not a host route of ours, decides where they lead; a
-            // retried DEL asks it again).
-            Some(Err(e)) if uses_grpc => {
-                failures.push(e);
-                failures.add(ipam.del(args).await);
-            }
-            Some(Err(e)) => {
-                warn!("the pod's addresses are kept until its interface is gone (a retried DEL releases them)");
-                failures.push(e);
-            }
-            None => {
-                info!("the host veth is gone; releasing the pod's addresses while the kernel finishes its removal");
-                let (released, torn) = tokio::join!(ipam.del(args), &mut finished);
-                failures.add(released);
-                failures.add(torn);
-            }
-        }
+        release_once_torn_down(
+            &ipam,
+            args,
+            &mut teardown,
+            host_veth_gone,
+            uses_grpc,
+            &mut failures,
+        )
+        .await;
         return failures.into_result();
     }
 
     failures.add(ipam.del(args).await);
     if let Some(name) = &name {
-        match delete_resource(
-            &call.ds,
-            Kind::WorkloadEndpoint,
-            Some(&ids.namespace),
-            name,
-            None,
-        )
-        .await
-        {
-            Ok(()) => info!(name, "deleted endpoint"),
-            Err(e) if e.is_not_found() => {
-                info!(name, "Endpoint object does not exist, no need to clean up.")
-            }
-            Err(e) => failures.push(e.into()),
-        }
+        failures.add(delete_endpoint(&call.ds, &ids.namespace, name).await);
     }
     if let Err(e) = dataplane {
         failures.push(e.into());
     }
     failures.add(teardown.finish().await);
     failures.into_result()
+}
+
+/// With k8s, the addresses are released once the host side of the interface is gone: the
+/// host veth's removal was notified (the release then runs while the kernel finishes), or
+/// the whole removal finished. A failed removal keeps them (a retried DEL releases them),
+/// except the gRPC agent's: it, not a host route of ours, decides where they lead.
+async fn release_once_torn_down<I: IpamDriver>(
+    ipam: &I,
+    args: &CmdArgs,
+    teardown: &mut Teardown,
+    host_veth_gone: Option<LinkGoneWatch>,
+    uses_grpc: bool,
+    failures: &mut Failures,
+) {
+    let finished = teardown.finish();
+    tokio::pin!(finished);
+    let torn = match host_veth_gone {
+        Some(watch) => tokio::select! {
+            biased;
+            torn = &mut finished => Some(torn),
+            () = watch.gone() => None,
+        },
+        None => Some((&mut finished).await),
+    };
+    match torn {
+        Some(Ok(())) => failures.add(ipam.del(args).await),
+        Some(Err(e)) if uses_grpc => {
+            failures.push(e);
+            failures.add(ipam.del(args).await);
+        }
+        Some(Err(e)) => {
+            warn!("the pod's addresses are kept until its interface is gone (a retried DEL releases them)");
+            failures.push(e);
+        }
+        None => {
+            info!("the host veth is gone; releasing the pod's addresses while the kernel finishes its removal");
+            let (released, torn) = tokio::join!(ipam.del(args), &mut finished);
+            failures.add(released);
+            failures.add(torn);
+        }
+    }
+}
+
+/// Deletes a (non-Kubernetes) endpoint; one that is already gone is success.
+async fn delete_endpoint<D: crate::datastore::Datastore>(
+    ds: &D,
+    namespace: &str,
+    name: &str,
+) -> Result<()> {
+    match delete_resource(ds, Kind::WorkloadEndpoint, Some(namespace), name, None).await {
+        Ok(()) => info!(name, "deleted endpoint"),
+        Err(e) if e.is_not_found() => {
+            info!(name, "Endpoint object does not exist, no need to clean up.")
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok(())
 }
 
 /// Every failure of a DEL, in the order its steps ran.
