@@ -550,4 +550,127 @@ mod tests {
         assert_eq!((handle, allocated), (false, 0));
         assert!(endpoint, "the other container's endpoint is kept");
     }
+
+    /// Any IPAM (an executed plugin, say): what it is asked, in one log with the dataplane's.
+    struct FakeIpam {
+        ips: Vec<&'static str>,
+        log: Rc<RefCell<Vec<&'static str>>>,
+        given_back: RefCell<Vec<IpAddr>>,
+    }
+
+    impl IpamDriver for FakeIpam {
+        async fn add(&self, _args: &CmdArgs, _prepared: Prepared) -> Result<CniResult> {
+            self.log.borrow_mut().push("ipam add");
+            let mut result = CniResult::default();
+            for ip in &self.ips {
+                result.ips.push(crate::skel::result::IpConfig {
+                    address: ip.parse().unwrap(),
+                    gateway: None,
+                    interface: None,
+                });
+            }
+            Ok(result)
+        }
+        async fn del(&self, _args: &CmdArgs) -> Result<()> {
+            self.log.borrow_mut().push("ipam del");
+            Ok(())
+        }
+        async fn give_back(&self, _args: &CmdArgs, ips: &[IpAddr]) {
+            self.log.borrow_mut().push("ipam give back");
+            self.given_back.borrow_mut().extend_from_slice(ips);
+        }
+        async fn check(&self, _args: &CmdArgs, _prev: &CniResult) -> Result<()> {
+            Ok(())
+        }
+        async fn status(&self, _args: &CmdArgs) -> Result<()> {
+            Ok(())
+        }
+        async fn gc(
+            &self,
+            _args: &CmdArgs,
+            _scope: &crate::ipam_driver::GcScope<'_>,
+        ) -> Vec<String> {
+            Vec::new()
+        }
+    }
+
+    /// Runs the tail with `FakeIpam` giving `ips`; the log and what was given back.
+    fn run_with_fake_ipam(
+        f: &Fixture,
+        ds: &MemoryDatastore,
+        dp: FakeDataplane,
+        ips: Vec<&'static str>,
+    ) -> (Result<CniResult>, Vec<&'static str>, Vec<IpAddr>) {
+        let ipam = FakeIpam {
+            ips,
+            log: dp.log.clone(),
+            given_back: RefCell::default(),
+        };
+        let tail = Tail {
+            ds,
+            ipam: &ipam,
+            allow_ip_forwarding: false,
+        };
+        let out = crate::client::block_on(async {
+            let add = ipam.add(&f.args, Prepared::default());
+            let (result, link) = alongside(&tail, &f.args, dp.clone(), f.veth(), add).await?;
+            let routes = vec!["0.0.0.0/0".parse().unwrap(), "::/0".parse().unwrap()];
+            network_and_write(
+                &tail,
+                &f.args,
+                result,
+                link,
+                f.endpoint(),
+                routes,
+                Extras::default(),
+                1450,
+            )
+            .await
+        })
+        .unwrap();
+        let log = dp.log.borrow().clone();
+        (out, log, ipam.given_back.into_inner())
+    }
+
+    /// With any IPAM, a dual-stack result whose endpoint write fails: the interface goes
+    /// first, then exactly the call's addresses, both families, are given back.
+    #[test]
+    fn any_ipam_gets_back_exactly_its_addresses_after_the_interface_is_gone() {
+        let (f, ds, dp) = (
+            Fixture::new("fake-order"),
+            store(),
+            FakeDataplane::default(),
+        );
+        ds.inject(Fault::on(
+            KeyClass::Resource(Kind::WorkloadEndpoint),
+            Fault::UnavailableOnWrite(1),
+        ));
+        let (out, log, given) = run_with_fake_ipam(&f, &ds, dp, vec!["10.9.0.7/32", "fd00::7/128"]);
+        assert!(out.is_err());
+        assert_eq!(
+            log,
+            ["ipam add", "prepare", "finish", "remove", "ipam give back"]
+        );
+        let want: Vec<IpAddr> = vec!["10.9.0.7".parse().unwrap(), "fd00::7".parse().unwrap()];
+        assert_eq!(given, want);
+    }
+
+    /// With any IPAM, the interface failing gives back what IPAM gave, and nothing is
+    /// removed (`prepare` removed what it made itself).
+    #[test]
+    fn any_ipam_gets_back_its_addresses_when_the_interface_fails() {
+        let f = Fixture::new("fake-prepare");
+        let (ds, dp) = (
+            store(),
+            FakeDataplane {
+                fail_prepare: true,
+                ..Default::default()
+            },
+        );
+        let (out, log, given) = run_with_fake_ipam(&f, &ds, dp, vec!["10.9.0.8/32"]);
+        assert!(matches!(out, Err(Error::Dataplane(_))));
+        assert_eq!(log, ["ipam add", "prepare", "ipam give back"]);
+        assert_eq!(given, vec!["10.9.0.8".parse::<IpAddr>().unwrap()]);
+        assert_eq!(held(&ds), (false, 0, false));
+    }
 }
