@@ -4,7 +4,7 @@
 use crate::config::NetConf;
 use crate::datastore::backend::{self, Backend};
 use crate::datastore::settings::DatastoreSettings;
-use crate::error::{Error, Result};
+use crate::error::{Context, Error, Result};
 
 pub use crate::datastore::backend::DATASTORE_TIMEOUT;
 
@@ -23,6 +23,6 @@ pub fn block_on<F: std::future::Future>(f: F) -> std::result::Result<F::Output, 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| Error::msg(format!("failed to start the async runtime: {e}")))?;
+        .context("failed to start the async runtime")?;
     Ok(rt.block_on(Box::pin(f)))
 }

@@ -37,6 +37,12 @@ pub enum Error {
     Identifiers(#[from] IdentifierError),
     #[error("error constructing WorkloadEndpoint prefix: {0}")]
     IdentifierPrefix(IdentifierError),
+    /// An operating-system failure (spawning or talking to a child plugin, say).
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// JSON that does not parse (a config being rewritten, say).
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
     /// The call's deadline passed (`crate::deadline`).
     #[error(transparent)]
     Deadline(#[from] Expired),

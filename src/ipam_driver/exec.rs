@@ -22,7 +22,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 use tracing::{debug, warn};
 
-use crate::error::{Error, Result};
+use crate::error::{Context, Error, Result};
 use crate::skel::{CmdArgs, CniError, CniResult};
 
 /// An IPAM plugin run as a child process, by its `ipam.type` name.
@@ -119,7 +119,7 @@ async fn exec(plugin: &str, command: &str, args: &CmdArgs, stdin: &[u8]) -> Resu
         .stderr(Stdio::inherit())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| Error::msg(format!("failed to execute {}: {e}", path.display())))?;
+        .with_context(|| format!("failed to execute {}", path.display()))?;
     let out = wait_for_child(&mut child, &path, stdin, &what).await?;
     if out.status.success() {
         return Ok(out.stdout);
@@ -156,7 +156,7 @@ async fn wait_for_child(
 ) -> Result<ChildOutput> {
     let limit = crate::deadline::limit();
     let waited =
-        |e: std::io::Error| Error::msg(format!("failed waiting for {}: {e}", path.display()));
+        |e: std::io::Error| Error::chain(format!("failed waiting for {}", path.display()), e);
     let input = child.stdin.take();
     let write = async move {
         match input {
@@ -199,12 +199,7 @@ async fn wait_for_child(
         },
     };
     let status = status.map_err(waited)?;
-    if let Err(e) = written {
-        return Err(Error::msg(format!(
-            "failed to write to {}: {e}",
-            path.display()
-        )));
-    }
+    written.with_context(|| format!("failed to write to {}", path.display()))?;
     // The pipe closes when the child exits, unless it left a process holding it open. (A
     // moment's floor: what the child wrote just before exiting may not have been read yet.)
     let read_done = match read_done {
@@ -282,8 +277,8 @@ fn rewrite_pod_cidr_subnets(
     stdin: &[u8],
     mut subst: impl FnMut(bool) -> Result<String>,
 ) -> Result<Vec<u8>> {
-    let mut conf: serde_json::Value = serde_json::from_slice(stdin)
-        .map_err(|e| Error::msg(format!("failed to parse network config: {e}")))?;
+    let mut conf: serde_json::Value =
+        serde_json::from_slice(stdin).context("failed to parse network config")?;
     let Some(ipam) = conf.get_mut("ipam") else {
         return Err(Error::msg(
             "failed to parse host-local IPAM data; was expecting a dict, not: <nil>",

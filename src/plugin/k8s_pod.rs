@@ -15,6 +15,7 @@ use crate::datastore::kubernetes::client::KubeClient;
 use crate::datastore::kubernetes::{core_objects, pods};
 use crate::datastore::model::WorkloadEndpoint;
 use crate::error::{Error, Result};
+use crate::ipam_driver::IpamKind;
 
 const ANN_IPV4_POOLS: &str = "cni.projectcalico.org/ipv4pools";
 const ANN_IPV6_POOLS: &str = "cni.projectcalico.org/ipv6pools";
@@ -164,13 +165,14 @@ impl PodInfo {
             .cloned()
             .unwrap_or_default();
         let ipam_type = &conf.ipam.ipam_type;
+        let calico_ipam = IpamKind::of(ipam_type) == IpamKind::Calico;
         match (ip_addrs.is_empty(), no_ipam.is_empty()) {
             (true, true) => Ok(AddressSource::Ipam),
             (false, false) => Err(Error::msg(
                 "can't have both annotations: 'ipAddrs' and 'ipAddrsNoIpam' in use at the same time",
             )),
             (true, false) => {
-                if ipam_type != "calico-ipam" {
+                if !calico_ipam {
                     return Err(Error::msg(format!(
                         "ipAddrsNoIpam is not compatible with configured IPAM: {ipam_type}"
                     )));
@@ -181,7 +183,7 @@ impl PodInfo {
                 Ok(AddressSource::NoIpam(addresses(&no_ipam, ANN_IP_ADDRS_NO_IPAM)?))
             }
             (false, true) => {
-                if ipam_type != "calico-ipam" {
+                if !calico_ipam {
                     return Err(Error::msg(format!(
                         "ipAddrs is not compatible with configured IPAM: {ipam_type}"
                     )));

@@ -22,7 +22,7 @@ use crate::cluster_ready::check_datastore_ready;
 use crate::config::NetConf;
 use crate::datastore::backend::Backend;
 use crate::datastore::kubernetes::client::{KubeClient, KubeSettings};
-use crate::error::{Error, Result};
+use crate::error::{Context, Error, Result};
 use crate::identifiers::WepIdentifiers;
 use crate::ipam_driver::{self, calico::Known, Driver};
 use crate::skel::args::prepend_ignore_unknown;
@@ -172,11 +172,11 @@ pub fn test_connection(stdin: &[u8]) -> Result<()> {
             };
             let client = KubeClient::new(&settings, TEST_CONNECTION_TIMEOUT)
                 .await
-                .map_err(|e| Error::msg(format!("error building K8s client config: {e}")))?;
+                .context("error building K8s client config")?;
             let resp = client
                 .get("/version")
                 .await
-                .map_err(|e| Error::msg(format!("unable to connect to K8s server: {e}")))?;
+                .context("unable to connect to K8s server")?;
             if !resp.ok() {
                 return Err(Error::msg(format!(
                     "unable to connect to K8s server: {}",
