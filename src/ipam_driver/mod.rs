@@ -10,6 +10,8 @@
 
 pub mod calico;
 pub mod exec;
+#[cfg(test)]
+pub mod fake;
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;

@@ -243,6 +243,7 @@ mod tests {
     use crate::datastore::Key;
     use crate::identifiers::WepIdentifiers;
     use crate::ipam_driver::calico::Known;
+    use crate::ipam_driver::fake::FakeIpam;
     use crate::ipam_driver::{pick, Prepared};
 
     const CNI_ARGS: &str = "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=pod1";
@@ -551,49 +552,6 @@ mod tests {
         assert!(endpoint, "the other container's endpoint is kept");
     }
 
-    /// Any IPAM (an executed plugin, say): what it is asked, in one log with the dataplane's.
-    struct FakeIpam {
-        ips: Vec<&'static str>,
-        log: Rc<RefCell<Vec<&'static str>>>,
-        given_back: RefCell<Vec<IpAddr>>,
-    }
-
-    impl IpamDriver for FakeIpam {
-        async fn add(&self, _args: &CmdArgs, _prepared: Prepared) -> Result<CniResult> {
-            self.log.borrow_mut().push("ipam add");
-            let mut result = CniResult::default();
-            for ip in &self.ips {
-                result.ips.push(crate::skel::result::IpConfig {
-                    address: ip.parse().unwrap(),
-                    gateway: None,
-                    interface: None,
-                });
-            }
-            Ok(result)
-        }
-        async fn del(&self, _args: &CmdArgs) -> Result<()> {
-            self.log.borrow_mut().push("ipam del");
-            Ok(())
-        }
-        async fn give_back(&self, _args: &CmdArgs, ips: &[IpAddr]) {
-            self.log.borrow_mut().push("ipam give back");
-            self.given_back.borrow_mut().extend_from_slice(ips);
-        }
-        async fn check(&self, _args: &CmdArgs, _prev: &CniResult) -> Result<()> {
-            Ok(())
-        }
-        async fn status(&self, _args: &CmdArgs) -> Result<()> {
-            Ok(())
-        }
-        async fn gc(
-            &self,
-            _args: &CmdArgs,
-            _scope: &crate::ipam_driver::GcScope<'_>,
-        ) -> Vec<String> {
-            Vec::new()
-        }
-    }
-
     /// Runs the tail with `FakeIpam` giving `ips`; the log and what was given back.
     fn run_with_fake_ipam(
         f: &Fixture,
@@ -604,7 +562,7 @@ mod tests {
         let ipam = FakeIpam {
             ips,
             log: dp.log.clone(),
-            given_back: RefCell::default(),
+            ..Default::default()
         };
         let tail = Tail {
             ds,

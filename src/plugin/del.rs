@@ -307,6 +307,55 @@ mod tests {
     use crate::skel::error::CODE_TRY_AGAIN_LATER;
     use crate::skel::CniError;
 
+    use crate::dataplane::{CleanUp, DataplaneError};
+    use crate::ipam_driver::fake::FakeIpam;
+
+    /// `release_once_torn_down` with a removal that ends with `torn` (as the gRPC agent's
+    /// or the kernel's would): what IPAM was asked, and the failures.
+    fn release_after(
+        torn: Result<(), DataplaneError>,
+        grpc: bool,
+    ) -> (Vec<&'static str>, Vec<String>) {
+        let ipam = FakeIpam::default();
+        let args = CmdArgs::default();
+        let mut failures = Failures::default();
+        crate::client::block_on(async {
+            let mut teardown = Teardown(Some(CleanUp::Grpc(tokio::spawn(async move { torn }))));
+            release_once_torn_down(&ipam, &args, &mut teardown, None, grpc, &mut failures).await;
+            assert!(teardown.0.is_none(), "the removal is awaited once");
+        })
+        .unwrap();
+        let log = ipam.log.borrow().clone();
+        (log, failures.0.iter().map(ToString::to_string).collect())
+    }
+
+    #[test]
+    fn addresses_are_released_once_the_interface_is_gone() {
+        assert_eq!(release_after(Ok(()), false), (vec!["ipam del"], vec![]));
+    }
+
+    /// A removal that failed keeps the addresses (a host route may still lead to the old
+    /// pod); a retried DEL releases them.
+    #[test]
+    fn a_failed_removal_keeps_the_addresses() {
+        let e = DataplaneError::CleanUpLink("device or resource busy".into());
+        let (log, failures) = release_after(Err(e), false);
+        assert!(log.is_empty(), "{log:?}");
+        assert_eq!(
+            failures,
+            ["failed to clean up workload's veth inside netns: device or resource busy"]
+        );
+    }
+
+    /// The gRPC agent's failed Del is reported, and the addresses are released all the same.
+    #[test]
+    fn a_failed_grpc_del_still_releases() {
+        let e = DataplaneError::GrpcReply("no such interface".into());
+        let (log, failures) = release_after(Err(e), true);
+        assert_eq!(log, ["ipam del"]);
+        assert_eq!(failures, ["grpc dataplane error: no such interface"]);
+    }
+
     #[test]
     fn failures_are_all_reported() {
         assert!(Failures::default().into_result().is_ok());
