@@ -136,7 +136,7 @@ pub struct IpamConf {
     pub ipv4_pools: Vec<String>,
     pub ipv6_pools: Vec<String>,
     /// Not read here: host-local's `subnet` (and `ranges`, which has no field) are rewritten
-    /// from the raw stdin when calico hands it to host-local (`plugin::ipam_exec`).
+    /// from the raw stdin when calico hands it to host-local (`ipam_driver::exec`).
     pub subnet: String,
     /// host-local's routes (k8s.go's pod routes); not in upstream's Go struct, which reads
     /// them from the raw IPAM config.

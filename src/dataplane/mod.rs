@@ -1,7 +1,10 @@
+//! The dataplanes: the `Dataplane` trait (upstream's `pkg/dataplane`), picked once per call
+//! by `Selected::pick`, with the Linux one here and the gRPC one in `grpc.rs`.
+//!
 //! The Linux dataplane: veth pair, MACs, addresses, routes and sysctls inside and outside the
-//! pod's network namespace. Entry points: `build` then `PodLink::finish` (ADD, in two parts
-//! so that the first runs while IPAM allocates; `veth.rs`), `do_networking` (both at once),
-//! `start_clean_up` / `clean_up_namespace` (DEL), `check::verify` (CHECK).
+//! pod's network namespace. Entry points: `Linux::prepare` then `VethPair::finish` (ADD, in
+//! two parts so that the first runs while IPAM allocates; `veth.rs`), `do_networking` (both
+//! at once), `start_clean_up` / `clean_up_namespace` (DEL), `check::verify` (CHECK).
 //!
 //! Threading model (`netns.rs`). A call opens one netlink handle per side and drives both
 //! from its own (current-thread) runtime; the async functions here must run on it:
@@ -180,7 +183,7 @@ impl Families {
     }
 }
 
-/// The part of `NetworkingRequest` that needs no address: what `build` makes.
+/// The part of `NetworkingRequest` that needs no address: what `Dataplane::prepare` makes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VethRequest {
     /// `CNI_NETNS`.
@@ -202,7 +205,7 @@ pub struct VethRequest {
     pub families: Option<Families>,
 }
 
-/// The part of `NetworkingRequest` that needs the addresses: what `PodLink::finish` adds.
+/// The part of `NetworkingRequest` that needs the addresses: what `PodInterface::finish` adds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AddressRequest {
     /// Container addresses; prefixes are forced to /32 and /128.

@@ -532,7 +532,7 @@ async fn ipam_add(
     Ok(result)
 }
 
-/// What `dataplane::build` makes for this endpoint: the pair, named `CNI_IFNAME` in the pod
+/// What the dataplane's `prepare` makes for this endpoint: the pair, named `CNI_IFNAME` in the pod
 /// and the endpoint's interface name on the host.
 fn veth_request(
     args: &CmdArgs,
