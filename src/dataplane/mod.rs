@@ -200,7 +200,7 @@ pub struct VethRequest {
     pub container_mac: Option<[u8; 6]>,
     /// The families the addresses will have, when known before IPAM answers: the
     /// family-dependent link set-up (sysctls, link up, the IPv6 link-local wait) then runs
-    /// in `build` too. If IPAM's addresses turn out to have other families, `finish`
+    /// in `prepare` too. If IPAM's addresses turn out to have other families, `finish`
     /// builds the pair again.
     pub families: Option<Families>,
 }
