@@ -118,8 +118,9 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
 
 /// With k8s, the addresses are released once the host side of the interface is gone: the
 /// host veth's removal was notified (the release then runs while the kernel finishes), or
-/// the whole removal finished. A failed removal keeps them (a retried DEL releases them),
-/// except the gRPC agent's: it, not a host route of ours, decides where they lead.
+/// the whole removal finished. A removal that failed before the host veth was seen gone
+/// keeps them (a retried DEL releases them), except the gRPC agent's: it, not a host route
+/// of ours, decides where they lead.
 async fn release_once_torn_down<I: IpamDriver>(
     ipam: &I,
     args: &CmdArgs,
@@ -130,11 +131,14 @@ async fn release_once_torn_down<I: IpamDriver>(
 ) {
     let finished = teardown.finish();
     tokio::pin!(finished);
+    // The notification is asked first: when the removal has also finished by the time DEL
+    // gets here (its datastore steps took longer than the kernel's teardown), the host veth
+    // is known gone all the same, and the outcome is the same whichever is seen first.
     let torn = match host_veth_gone {
         Some(watch) => tokio::select! {
             biased;
-            torn = &mut finished => Some(torn),
             () = watch.gone() => None,
+            torn = &mut finished => Some(torn),
         },
         None => Some((&mut finished).await),
     };
