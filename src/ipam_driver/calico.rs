@@ -104,7 +104,8 @@ pub fn ipam_args(args: &CmdArgs) -> CmdArgs {
     }
 }
 
-/// Then the node name and the identifiers (`K8sArgs`), and the checks both paths make.
+/// The node name and the identifiers (`K8sArgs`) for a parsed NetConf, and the checks both
+/// the `calico-ipam` process and the in-process driver make.
 pub fn identify(args: &CmdArgs, conf: NetConf, for_add: bool) -> Result<Call<'static>> {
     let node = conf.node_name();
     let ids = WepIdentifiers::from_cni_args(&node, &args.container_id, &args.ifname, &args.args)?;
