@@ -24,6 +24,8 @@ pub mod logging;
 pub mod net;
 pub mod plugin;
 pub mod skel;
+#[cfg(test)]
+mod test_support;
 pub mod timefmt;
 
 /// The version printed by `-v` and in the "about" text.

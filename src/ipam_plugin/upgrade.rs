@@ -908,15 +908,8 @@ impl Drop for DeferredUnlock {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::env_of;
     use serde_json::json;
-
-    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let m: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        move |k| m.get(k).cloned()
-    }
 
     #[test]
     fn file_names_and_contents() {
