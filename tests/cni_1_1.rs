@@ -276,8 +276,12 @@ fn gc_releases_exactly_the_stale_attachments(c: &impl Cluster) {
         .via_calico();
     c.ipam(&other_node, &conf_node2).assert_ok();
     let tunnel = c.seed_tunnel_address("node1");
+    // KubeVirt VMs' persistent addresses as upstream's calico-ipam writes them: the handle
+    // `<network>.vmi.<namespace>.<vm>`, owned on this node (one running here; one being
+    // migrated here, its alternate owner on this node), never among a runtime's attachments.
+    let vms = seed_vm_addresses(c);
     let before = c.allocated();
-    assert_eq!(before.len(), 23, "{before:?}");
+    assert_eq!(before.len(), 23 + vms.len(), "{before:?}");
 
     // The runtime still knows 12 of the 20 attachments.
     let valid: Vec<Value> = (0..12)
@@ -299,11 +303,15 @@ fn gc_releases_exactly_the_stale_attachments(c: &impl Cluster) {
     for h in &want {
         assert!(!handles.contains(h), "{h} survived GC");
     }
-    for keep in (0..12).map(|i| c.handle(&format!("gc{i:02}"))).chain([
-        "net2.othernet".to_string(),
-        c.handle("othernode"),
-        tunnel.clone(),
-    ]) {
+    for keep in (0..12)
+        .map(|i| c.handle(&format!("gc{i:02}")))
+        .chain([
+            "net2.othernet".to_string(),
+            c.handle("othernode"),
+            tunnel.clone(),
+        ])
+        .chain(vms.iter().cloned())
+    {
         assert!(handles.contains(&keep), "{keep} was collected: {handles:?}");
     }
     // On etcd the endpoints of the 8 are gone too; the 12 keep theirs. (On the Kubernetes
@@ -329,9 +337,39 @@ fn gc_releases_exactly_the_stale_attachments(c: &impl Cluster) {
     }
     c.ipam(&other_net.as_del(), &conf2).assert_ok();
     c.ipam(&other_node.as_del(), &conf_node2).assert_ok();
-    let left = c.allocated();
-    assert_eq!(left.len(), 1, "{left:?}");
-    assert_eq!(left[0].handle, tunnel);
+    let left: Vec<String> = c.allocated().into_iter().map(|a| a.handle).collect();
+    let mut want_left = vms.clone();
+    want_left.push(tunnel);
+    want_left.sort();
+    let mut left_sorted = left.clone();
+    left_sorted.sort();
+    assert_eq!(left_sorted, want_left);
+}
+
+/// Seeds KubeVirt VM addresses as v3.32.1's calico-ipam stores them; returns their handles.
+fn seed_vm_addresses(c: &impl Cluster) -> Vec<String> {
+    let running = c.handle("vmi.default.vm-running");
+    c.seed_allocation(
+        &running,
+        json!({"handle_id": running, "secondary": {
+            "node": "node1", "namespace": "default", "pod": "virt-launcher-vm-running-x7k2q",
+            "timestamp": "2026-11-26 10:00:00.000000001 +0000 UTC",
+            "vmi-name": "vm-running", "vmi-uid": "6a7c1f6e-0000-4000-8000-000000000001",
+            "vm-uid": "6a7c1f6e-0000-4000-8000-000000000002"}}),
+    );
+    let migrating = c.handle("vmi.default.vm-migrating");
+    c.seed_allocation(
+        &migrating,
+        json!({"handle_id": migrating,
+            "secondary": {
+                "node": "node2", "namespace": "default", "pod": "virt-launcher-vm-migrating-a",
+                "vmi-name": "vm-migrating", "vmi-uid": "6a7c1f6e-0000-4000-8000-000000000003"},
+            "alternateOwnerAttrs": {
+                "node": "node1", "namespace": "default", "pod": "virt-launcher-vm-migrating-b",
+                "vmi-name": "vm-migrating", "vmi-uid": "6a7c1f6e-0000-4000-8000-000000000003",
+                "vmim-uid": "6a7c1f6e-0000-4000-8000-000000000004"}}),
+    );
+    vec![running, migrating]
 }
 
 /// STATUS is polled by the runtime every few seconds: with etcd frozen (SIGSTOP: the

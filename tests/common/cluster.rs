@@ -125,9 +125,20 @@ pub trait Cluster {
     fn seed_other_node(&self, name: &str);
     /// Removes an IPAM handle object behind the plugin's back.
     fn remove_handle(&self, id: &str);
+    /// Allocates the first free address of the first block to `handle`, with the
+    /// allocation attribute `attribute` (`{"handle_id", "secondary", ...}`) as another
+    /// writer (calico/node, an upstream calico-ipam) stores it, and writes the handle.
+    fn seed_allocation(&self, handle: &str, attribute: Value);
     /// Allocates the first free address of the first block to a tunnel-address handle
     /// `ipip-tunnel-addr-<node>` for `node`, as calico/node does; returns the handle ID.
-    fn seed_tunnel_address(&self, node: &str) -> String;
+    fn seed_tunnel_address(&self, node: &str) -> String {
+        let handle = format!("ipip-tunnel-addr-{node}");
+        self.seed_allocation(
+            &handle,
+            json!({"handle_id": handle, "secondary": {"node": node, "type": "ipipTunnelAddress"}}),
+        );
+        handle
+    }
 
     /// The addresses allocated across all blocks, sorted.
     fn allocated(&self) -> Vec<Allocation> {
@@ -315,8 +326,7 @@ impl Cluster for World {
         self.etcd
             .etcdctl(&["del", &format!("/calico/ipam/v2/handle/{id}")]);
     }
-    fn seed_tunnel_address(&self, node: &str) -> String {
-        let handle = format!("ipip-tunnel-addr-{node}");
+    fn seed_allocation(&self, handle: &str, attribute: Value) {
         let (key, raw) = self
             .etcd
             .get_prefix("/calico/ipam/v2/assignment/")
@@ -324,19 +334,18 @@ impl Cluster for World {
             .next()
             .expect("a block");
         let mut block: Value = serde_json::from_str(&raw).unwrap();
-        let cidr = allocate_first_free(&mut block, &handle, node);
+        let cidr = allocate_first_free(&mut block, attribute);
         self.etcd.put(&key, &block.to_string());
         self.etcd.put(
             &format!("/calico/ipam/v2/handle/{handle}"),
             &json!({"block": {cidr: 1}, "deleted": false}).to_string(),
         );
-        handle
     }
 }
 
-/// Gives the first free ordinal of a stored block to `handle` (calico/node's tunnel address
-/// attributes); returns the block's CIDR.
-fn allocate_first_free(block: &mut Value, handle: &str, node: &str) -> String {
+/// Gives the first free ordinal of a stored block to a new allocation attribute; returns
+/// the block's CIDR.
+fn allocate_first_free(block: &mut Value, attribute: Value) -> String {
     let ordinal = block["unallocated"]
         .as_array_mut()
         .expect("unallocated")
@@ -344,9 +353,7 @@ fn allocate_first_free(block: &mut Value, handle: &str, node: &str) -> String {
         .as_u64()
         .unwrap() as usize;
     let attrs = block["attributes"].as_array_mut().expect("attributes");
-    attrs.push(
-        json!({"handle_id": handle, "secondary": {"node": node, "type": "ipipTunnelAddress"}}),
-    );
+    attrs.push(attribute);
     let index = attrs.len() - 1;
     block["allocations"][ordinal] = json!(index);
     block["cidr"].as_str().unwrap().to_string()
@@ -504,18 +511,16 @@ impl<A: KubeStore> Cluster for KddWorld<A> {
         self.api
             .remove(&format!("{CRD}/ipamhandles/{}", id.to_lowercase()));
     }
-    fn seed_tunnel_address(&self, node: &str) -> String {
-        let handle = format!("ipip-tunnel-addr-{node}");
+    fn seed_allocation(&self, handle: &str, attribute: Value) {
         let mut cr = self.crs("ipamblocks").into_iter().next().expect("a block");
-        let cidr = allocate_first_free(&mut cr["spec"], &handle, node);
+        let cidr = allocate_first_free(&mut cr["spec"], attribute);
         let name = cr["metadata"]["name"].as_str().unwrap().to_string();
         self.api.put(&format!("{CRD}/ipamblocks/{name}"), cr);
         self.api.put(
-            &format!("{CRD}/ipamhandles/{handle}"),
+            &format!("{CRD}/ipamhandles/{}", handle.to_lowercase()),
             json!({"apiVersion":"crd.projectcalico.org/v1","kind":"IPAMHandle",
-                "metadata":{"name": handle},
+                "metadata":{"name": handle.to_lowercase()},
                 "spec":{"handleID": handle, "block": {cidr: 1}, "deleted": false}}),
         );
-        handle
     }
 }
