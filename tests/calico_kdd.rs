@@ -700,3 +700,85 @@ fn kdd_a_del_retried_after_server_errors_leaves_no_handle() {
         w.assert_clean();
     }
 }
+
+/// calico-ipam's `IP=` path upgrades this host's block affinities once (v3.32.1
+/// `maybeUpgradeIPAM` → `UpgradeHost`): an affinity an older release wrote without labels
+/// gets the three labels host lookups select on (so the block is found as this host's
+/// again), another node's is left alone, and the marker /var/run/calico/cni/ipam_upgraded
+/// (here a scratch directory mounted there, in the call's own mount namespace) makes the
+/// next `IP=` ADD skip the upgrade.
+#[test]
+fn kdd_ip_arg_upgrades_this_hosts_affinities_once() {
+    require_root();
+    let w = real_world!("kdd_ip_arg_upgrades_this_hosts_affinities_once");
+    let old = |node: &str, cidr: &str| {
+        let name = format!("{node}-{}", cidr.replace(['.', '/'], "-"));
+        w.api.put(
+            &format!("{CRD}/blockaffinities/{name}"),
+            json!({"apiVersion":"crd.projectcalico.org/v1","kind":"BlockAffinity",
+                "metadata":{"name": name},
+                "spec":{"state":"confirmed","node":node,"cidr":cidr,"deleted":"false"}}),
+        );
+        name
+    };
+    let mine = old(NODE, "10.65.7.0/26");
+    let theirs = old("node2", "10.65.9.0/26");
+    let marker_dir = common::cni::TempDir::new("ipam-upgraded");
+    let in_marker_dir = |inv: Invocation| Invocation {
+        prefix: Some(format!(
+            "mkdir -p /var/run/calico/cni && mount --bind {} /var/run/calico/cni",
+            marker_dir.path().display()
+        )),
+        ..inv
+    };
+    let conf = w.conf(json!({}));
+    let add = |cid: &str, ip: &str| {
+        w.seed_pod("default", &format!("pod-{cid}"), json!({}));
+        let inv = Invocation::new("ADD", cid, "/dev/null")
+            .k8s("default", &format!("pod-{cid}"))
+            .via_calico();
+        let args = format!("{};IP={ip}", inv.args);
+        let inv = in_marker_dir(inv.with_args(&args));
+        let mark = w.api.audit_mark();
+        w.ipam(&inv, &conf).assert_ok();
+        w.api.plugin_requests_since(mark)
+    };
+    let affinity = |name: &str| w.api.get(&format!("{CRD}/blockaffinities/{name}")).unwrap();
+
+    let reqs = add("up1", "10.65.7.5");
+    eprintln!("first IP= ADD:\n{}", listing(&reqs));
+    assert!(reqs.iter().all(accepted), "{}", listing(&reqs));
+    let listed = reqs
+        .iter()
+        .filter(|q| q.verb == "list" && q.path().ends_with("/blockaffinities"))
+        .count();
+    assert_eq!(listed, 1, "{}", listing(&reqs));
+    let labels = &affinity(&mine)["metadata"]["labels"];
+    assert_eq!(
+        labels["projectcalico.org/affinity-type"], "host",
+        "{labels}"
+    );
+    assert_eq!(labels["projectcalico.org/ip-version"], "4", "{labels}");
+    assert_eq!(
+        labels["projectcalico.org/hostname-hash"],
+        "7DS2CCNJGGLTHBDQLLFO6SX24SY2YDDEG3W2VN556FA2W4DLLV5A"
+    );
+    assert!(affinity(&theirs)["metadata"].get("labels").is_none());
+    assert!(marker_dir.path().join("ipam_upgraded").exists());
+
+    // Once upgraded, never again: no list of the affinities on the next IP= ADD.
+    let reqs = add("up2", "10.65.7.6");
+    assert!(
+        !reqs.iter().any(|q| q.uri.contains("affinity-type")),
+        "{}",
+        listing(&reqs)
+    );
+    // And an ADD without IP= finds the labelled block as this host's: its next address,
+    // not a new block.
+    w.seed_pod("default", "pod-up3", json!({}));
+    let inv = Invocation::new("ADD", "up3", "/dev/null")
+        .k8s("default", "pod-up3")
+        .via_calico();
+    let r = w.ipam(&inv, &conf).assert_ok().json();
+    assert!(ip_of(&r).starts_with("10.65.7."), "{r}");
+}

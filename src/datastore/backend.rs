@@ -123,6 +123,12 @@ impl Datastore for Backend {
             Backend::Kubernetes(d) => Box::pin(d.update(key, value, revision)).await,
         }
     }
+    async fn label_host_affinities(&self, node: &str) -> Result<usize, DatastoreError> {
+        match self {
+            Backend::Etcd(d) => d.label_host_affinities(node).await,
+            Backend::Kubernetes(d) => Box::pin(d.label_host_affinities(node)).await,
+        }
+    }
     async fn delete(&self, key: &Key, revision: Option<&str>) -> Result<(), DatastoreError> {
         match self {
             Backend::Etcd(d) => Box::pin(d.delete(key, revision)).await,

@@ -276,6 +276,15 @@ pub trait Datastore {
     fn nodes_always_exist(&self) -> bool {
         false
     }
+
+    /// Gives `node`'s block affinities written by older releases the labels host lookups
+    /// select on (libcalico-go `UpgradeHost`); returns how many were labelled. Only the
+    /// Kubernetes datastore stores affinities as labelled objects: elsewhere there is
+    /// nothing to do (upstream's list finds nothing on etcd).
+    async fn label_host_affinities(&self, node: &str) -> Result<usize, DatastoreError> {
+        let _ = node;
+        Ok(0)
+    }
 }
 
 /// Serialises a model value for writing.

@@ -248,7 +248,11 @@ pub async fn assign<D: Datastore>(
             Some(l) => l,
             None => IpamLock::acquire(lock_file).await,
         };
-        let assigned = with_timeout(ipam.assign_ip(ip, &handle, &attrs)).await??;
+        let assigned = with_timeout(async {
+            upgrade_host_once(ds, &call.ids.node).await?;
+            Ok::<_, Error>(ipam.assign_ip(ip, &handle, &attrs).await?)
+        })
+        .await??;
         info!(%assigned, "assigned the requested address");
         // As AutoAssign's: one route per address (the address itself, /32 or /128).
         return Ok(CniResult {
@@ -313,6 +317,71 @@ pub async fn assign<D: Datastore>(
         result.routes.push(Route { dst: *ip, gw: None });
     }
     Ok(result)
+}
+
+/// Where calico-ipam records that this host's IPAM objects were upgraded (upstream's path).
+pub const IPAM_UPGRADED_FILE: &str = "/var/run/calico/cni/ipam_upgraded";
+
+/// `maybeUpgradeIPAM` of the `IP=` path: once per host (the marker file), label this node's
+/// block affinities written by older releases, retrying with a doubling backoff until the
+/// budget the caller set runs out; then write the marker. The texts are upstream's (its
+/// prefix twice: once where the upgrade fails, once where its caller reports it).
+async fn upgrade_host_once<D: Datastore>(ds: &D, node: &str) -> Result<()> {
+    const PREFIX: &str = "failed to upgrade IPAM database";
+    let marker = std::path::Path::new(IPAM_UPGRADED_FILE);
+    if marker.exists() {
+        return Ok(());
+    }
+    info!(
+        node,
+        "Upgrading any IPAM affinities from older versions...."
+    );
+    // Upstream retries until its context ends and then reports the last failure; the
+    // caller's timeout is the same budget, so stop retrying just before it.
+    let until = tokio::time::Instant::now() + crate::deadline::cap(IPAM_TIMEOUT).0;
+    let mut delay = Duration::from_millis(100);
+    loop {
+        match ds.label_host_affinities(node).await {
+            Ok(0) => {
+                info!("No affinities needed to be upgraded.");
+                break;
+            }
+            Ok(n) => {
+                info!("Upgraded {n} block affinities belonging to this host.");
+                break;
+            }
+            Err(e) if e.is_deadline() || tokio::time::Instant::now() + delay >= until => {
+                return Err(Error::chain(PREFIX, Error::chain(PREFIX, e)));
+            }
+            Err(e) => {
+                warn!(error = %e, "Failed to upgrade IPAM blocks of this host; retrying");
+                tokio::time::sleep(delay).await;
+                delay = delay.saturating_mul(2);
+            }
+        }
+    }
+    let touch = || -> Result<()> {
+        if let Some(dir) = marker.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                Error::chain(
+                    format!("failed to create directory for file {IPAM_UPGRADED_FILE}"),
+                    e,
+                )
+            })?;
+        }
+        std::fs::File::create(marker)
+            .map(drop)
+            .map_err(|e| Error::chain(format!("failed to create file {IPAM_UPGRADED_FILE}"), e))
+    };
+    touch().map_err(|e| {
+        Error::chain(
+            PREFIX,
+            Error::chain(
+                format!("failed to create IPAM upgrade marker file {IPAM_UPGRADED_FILE}"),
+                e,
+            ),
+        )
+    })
 }
 
 /// DEL's release: the handle `<network>.<containerID>`, then the legacy one, within one 90 s

@@ -700,6 +700,74 @@ impl Datastore for KubeDatastore {
         }
     }
 
+    /// Lists the affinities without the affinity-type label (all nodes': the host-hash label
+    /// is what is missing) and writes this node's back with the three labels, each a
+    /// compare-and-swap on the revision listed. Labels already there are kept.
+    async fn label_host_affinities(&self, node: &str) -> Result<usize, DatastoreError> {
+        let query = format!(
+            "labelSelector={}",
+            url_encode(&format!("!{}", names::LABEL_AFFINITY_TYPE))
+        );
+        let mut labelled = 0;
+        let mut failures: Vec<String> = Vec::new();
+        for mut item in self.list_crs("blockaffinities", &query).await? {
+            let spec = item.get("spec").cloned().unwrap_or_default();
+            if spec.get("node").and_then(Value::as_str) != Some(node) {
+                // Only this node's: every node upgrades its own, so none conflict.
+                continue;
+            }
+            let (Some(name), Some(cidr)) = (
+                item.pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
+                spec.get("cidr")
+                    .and_then(Value::as_str)
+                    .and_then(|c| c.parse::<crate::net::IpNet>().ok()),
+            ) else {
+                continue;
+            };
+            // An affinity from before the type existed is a host affinity (as every reader
+            // of it takes it); upstream would label it with an empty type no lookup matches.
+            let affinity_type = spec
+                .get("type")
+                .and_then(Value::as_str)
+                .filter(|t| !t.is_empty())
+                .unwrap_or("host");
+            let labels = item
+                .pointer_mut("/metadata")
+                .and_then(Value::as_object_mut)
+                .map(|m| m.entry("labels").or_insert_with(|| json!({})));
+            if let Some(Value::Object(labels)) = labels {
+                for (k, v) in names::affinity_labels(node, affinity_type, &cidr) {
+                    labels.insert(k.to_string(), Value::String(v));
+                }
+            }
+            let path = self.group.object("blockaffinities", &name);
+            let resp = self
+                .client
+                .send_json(Method::PUT, &path, JSON, &item)
+                .await?;
+            if resp.ok() {
+                labelled += 1;
+            } else {
+                let key = Key::BlockAffinity {
+                    host: node.to_string(),
+                    cidr,
+                    affinity_type: affinity_type.to_string(),
+                };
+                failures.push(api_error(&key, &resp).to_string());
+            }
+        }
+        if failures.is_empty() {
+            Ok(labelled)
+        } else {
+            Err(DatastoreError::Other(format!(
+                "failed to upgrade some block affinities: [{}]",
+                failures.join(" ")
+            )))
+        }
+    }
+
     async fn delete(&self, key: &Key, revision: Option<&str>) -> Result<(), DatastoreError> {
         if let Some(cr) = crd_ref(key, &self.group) {
             return self.delete_cr(key, &cr, revision).await;
