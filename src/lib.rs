@@ -5,7 +5,7 @@
 //! Layers, each importing only from those below it: `skel` (CNI, nothing of Calico) and the
 //! three entry modules; `ipam_driver` (the IPAM a `calico` call delegates to) and
 //! `dataplane`; `ipam` (the allocator library) and `cluster_ready`; `datastore`; `config`,
-//! `identifiers`, `net`, `deadline`, `logging`.
+//! `identifiers`, `net`, `deadline`, `encoding`, `logging`.
 
 pub mod client;
 pub mod cluster_ready;
@@ -13,6 +13,7 @@ pub mod config;
 pub mod dataplane;
 pub mod datastore;
 pub mod deadline;
+pub mod encoding;
 pub mod error;
 pub mod gocompat;
 pub mod identifiers;

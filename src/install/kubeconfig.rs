@@ -203,40 +203,11 @@ current-context: calico-context
     ))
 }
 
-/// Standard base64 with padding (also the tests' encoder for kubeconfigs they write).
-pub fn base64_std(data: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for (i, shift) in [18, 12, 6, 0].into_iter().enumerate() {
-            if i <= chunk.len() {
-                out.push(char::from(ALPHABET[((n >> shift) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
+pub use crate::encoding::base64_std;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn base64_matches_the_standard_encoding() {
-        assert_eq!(base64_std(b""), "");
-        assert_eq!(base64_std(b"f"), "Zg==");
-        assert_eq!(base64_std(b"fo"), "Zm8=");
-        assert_eq!(base64_std(b"foo"), "Zm9v");
-        assert_eq!(base64_std(b"foobar!"), "Zm9vYmFyIQ==");
-    }
 
     #[test]
     fn kubeconfig_layout() {

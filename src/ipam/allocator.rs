@@ -12,6 +12,7 @@
 //!   (`ipam_block_reader_writer.go`),
 //! - `config`: IPAMConfig (`ipam.go`'s `GetIPAMConfig`),
 //! - `handle`: IPAM handle counts (`ipam_handle.go`),
+//! - `owners`: a handle's addresses and their owners (`ipam_attributes.go`),
 //! - `pools`: which pools a request may use (`pools.go`, `determinePools`),
 //! - `release`: ReleaseIPs, ReleaseByHandle, affinity release (`ipam.go`),
 //! - `gc`: CNI 1.1 GC of this node's handles of containers that are gone (no upstream
@@ -29,6 +30,7 @@ mod claim;
 mod config;
 pub mod gc;
 mod handle;
+mod owners;
 mod pools;
 mod release;
 
@@ -75,6 +77,15 @@ pub enum IpamError {
     /// Reading the Node failed: upstream returns the datastore error as it is.
     #[error(transparent)]
     Node(DatastoreError),
+    #[error(transparent)]
+    Owner(#[from] crate::ipam::owner::OwnerError),
+    /// A handle limited to `max` addresses per IP version has them (KubeVirt VMs).
+    #[error("handle {handle} already has {have} allocation(s), cannot allocate more (maxAlloc={max})")]
+    MaxAllocReached {
+        handle: String,
+        have: i64,
+        max: usize,
+    },
     #[error("{0}")]
     Other(String),
 }
@@ -102,6 +113,9 @@ pub struct AutoAssignArgs {
     /// The pod's namespace's labels, for pools' `namespaceSelector` (empty without a
     /// Kubernetes client, as upstream's nil Namespace).
     pub namespace_labels: BTreeMap<String, String>,
+    /// At most this many addresses per IP version on the handle, counted in the handle
+    /// itself (its compare-and-swap makes concurrent callers agree): a KubeVirt VM's.
+    pub max_per_version: Option<usize>,
 }
 
 /// The addresses one family got, and why it got fewer than asked (upstream's Msgs).

@@ -615,7 +615,7 @@ async fn lost_answer_on_assign_ip_does_not_leak() {
     ds.inject(Fault::on(KeyClass::Block, Fault::LoseAnswerOfWrite(next)));
     let ip: IpAddr = "10.80.0.5".parse().unwrap();
     let r = Ipam::new(&ds, "node1")
-        .assign_ip(ip, "h1", &BTreeMap::new())
+        .assign_ip(ip, "h1", &BTreeMap::new(), None)
         .await;
     assert!(ds.pending_faults().is_empty());
     if r.is_err() {
@@ -888,7 +888,7 @@ async fn assign_ip_conflict_is_retried_without_over_counting() {
     ds.inject(Fault::on(KeyClass::Block, Fault::ConflictOnWrite(next)));
     let ip: IpAddr = "10.80.0.5".parse().unwrap();
     let got = Ipam::new(&ds, "node1")
-        .assign_ip(ip, "h1", &BTreeMap::new())
+        .assign_ip(ip, "h1", &BTreeMap::new(), None)
         .await
         .unwrap();
     assert_eq!(got, IpNet::host(ip));
@@ -899,7 +899,7 @@ async fn assign_ip_conflict_is_retried_without_over_counting() {
     );
     // The same address again is refused.
     let e = Ipam::new(&ds, "node1")
-        .assign_ip(ip, "h2", &BTreeMap::new())
+        .assign_ip(ip, "h2", &BTreeMap::new(), None)
         .await
         .unwrap_err();
     assert!(matches!(e, IpamError::AddressInUse(_)), "{e}");

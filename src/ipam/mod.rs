@@ -4,6 +4,7 @@
 pub mod allocator;
 pub mod block;
 pub mod lock;
+pub mod owner;
 pub mod randwalk;
 pub mod selector;
 pub mod verify;

@@ -22,6 +22,8 @@ use crate::identifiers::WepIdentifiers;
 use crate::ipam::allocator::gc::{GcOutcome, NodeHandles};
 use crate::ipam::allocator::{AutoAssignArgs, Ipam, IpamError, ViewReads};
 use crate::ipam::lock::IpamLock;
+use crate::ipam::owner::{Change, Owner, OwnerUpdate};
+use crate::ipam_driver::kubevirt::{self, Detected, PodVmi, Vmi};
 use crate::net::IpNet;
 use crate::skel::args::{load_args, ArgKind, IGNORE_UNKNOWN};
 use crate::skel::result::{IpConfig, Route};
@@ -83,7 +85,7 @@ impl<D: Datastore> InProcess<'_, D> {
     }
 
     pub async fn check(&self, prev: &CniResult) -> Result<()> {
-        check_with(self.ds, &self.known.conf.name, self.known.ids, prev).await
+        check_with(self.ds, self.known.conf, self.known.ids, prev).await
     }
 
     pub async fn gc(
@@ -176,6 +178,9 @@ pub async fn namespace_labels(
 /// What the `calico` plugin hands the calico-ipam it runs in-process.
 #[derive(Default)]
 pub struct Prepared {
+    /// The pod's KubeVirt VMI as the call read the pod (`Some(None)`: read, no VMI);
+    /// `None` when the pod was not read (calico-ipam reads it if it may run a VM).
+    pub pod_vmi: Option<Option<PodVmi>>,
     /// The namespace's labels (for pools' `namespaceSelector`).
     pub namespace_labels: BTreeMap<String, String>,
     /// AutoAssign's up-front reads, already made, under `lock`.
@@ -227,12 +232,18 @@ pub async fn assign<D: Datastore>(
     prepared: Prepared,
 ) -> Result<CniResult> {
     let Prepared {
+        pod_vmi,
         namespace_labels,
         reads,
         lock,
     } = prepared;
     let lock_file = call.conf.ipam_lock_file();
-    let handle = call.ids.handle_id(&call.conf.name);
+    let ipam = Ipam::new(ds, &call.ids.node);
+    let vm = persistent_vm(&ipam, detect_vm(ds, call, pod_vmi, false).await?).await?;
+    let handle = match &vm {
+        Some(vmi) => vmi.handle_id(&call.conf.name),
+        None => call.ids.handle_id(&call.conf.name),
+    };
     let mut attrs = BTreeMap::new();
     attrs.insert("node".to_string(), call.ids.node.clone());
     attrs.insert("timestamp".to_string(), timefmt::now_go_string());
@@ -241,7 +252,15 @@ pub async fn assign<D: Datastore>(
         attrs.insert("namespace".to_string(), call.ids.namespace.clone());
     }
     info!(handle, node = %call.ids.node, container_id = %call.ids.container_id, "calico-ipam ADD");
-    let ipam = Ipam::new(ds, &call.ids.node);
+    // A VM keeps the addresses its handle holds; it gets new ones (one per IP version,
+    // however many of its pods ask at once) only when it holds none.
+    let max = vm.as_ref().map(|_| 1);
+    if let Some(vmi) = &vm {
+        attrs.extend(vmi.attributes().into_iter().map(|(k, v)| (k.to_string(), v)));
+        if let Some(kept) = with_timeout(reuse_vm_addresses(&ipam, vmi, &handle, &attrs)).await?? {
+            return Ok(kept);
+        }
+    }
 
     if let Some(ip) = ip {
         let _lock = match lock {
@@ -250,7 +269,7 @@ pub async fn assign<D: Datastore>(
         };
         let assigned = with_timeout(async {
             upgrade_host_once(ds, &call.ids.node).await?;
-            Ok::<_, Error>(ipam.assign_ip(ip, &handle, &attrs).await?)
+            Ok::<_, Error>(ipam.assign_ip(ip, &handle, &attrs, max).await?)
         })
         .await??;
         info!(%assigned, "assigned the requested address");
@@ -281,6 +300,7 @@ pub async fn assign<D: Datastore>(
         ipv6_pools,
         max_blocks_per_host: 0,
         namespace_labels,
+        max_per_version: max,
     };
     let lock = match lock {
         Some(l) => l,
@@ -394,6 +414,16 @@ async fn upgrade_host_once<D: Datastore>(ds: &D, node: &str) -> Result<()> {
 /// upstream's (which takes it first), and not at all when neither handle exists (a repeated
 /// DEL).
 pub async fn release<D: Datastore>(ds: &D, call: &Call<'_>) -> Result<()> {
+    let detected = detect_vm(ds, call, None, true).await?;
+    if let Some(vmi) = persistent_vm(&Ipam::new(ds, &call.ids.node), detected).await? {
+        release_vm(ds, call, &vmi).await?;
+    }
+    // Also a VM's pod: its container's handle, had it one (persistence turned on since).
+    release_container_handles(ds, call).await
+}
+
+/// The handle `<network>.<containerID>`, then the legacy one (see `release`).
+async fn release_container_handles<D: Datastore>(ds: &D, call: &Call<'_>) -> Result<()> {
     let (conf, ids) = (&*call.conf, &*call.ids);
     let ipam = Ipam::new(ds, &ids.node);
     let handles = [ids.handle_id(&conf.name), ids.legacy_handle_id()];
@@ -432,6 +462,181 @@ pub async fn release<D: Datastore>(ds: &D, call: &Call<'_>) -> Result<()> {
             }
         }
         Ok(())
+    })
+    .await?
+}
+
+/// The pod's KubeVirt VM, when the datastore can tell (`Datastore::as_backend`).
+async fn detect_vm<D: Datastore>(
+    ds: &D,
+    call: &Call<'_>,
+    known: Option<Option<PodVmi>>,
+    for_del: bool,
+) -> Result<Detected> {
+    match ds.as_backend() {
+        Some(b) => kubevirt::detect(&call.conf, b, &call.ids, known, for_del).await,
+        None => Ok(Detected::NotAVm),
+    }
+}
+
+/// The VM whose addresses persist: a detected VM with `kubeVirtVMAddressPersistence` on.
+/// With it off, a VM's pod is an ordinary pod, but a migration target is refused (it would
+/// get other addresses than the VM it takes over).
+async fn persistent_vm<D: Datastore>(ipam: &Ipam<'_, D>, detected: Detected) -> Result<Option<Vmi>> {
+    let Detected::Vm(vmi) = detected else {
+        return Ok(None);
+    };
+    if ipam.vm_address_persistence().await {
+        return Ok(Some(vmi));
+    }
+    if vmi.is_migration_target() {
+        info!("Live migration target pod rejected: KubeVirtVMAddressPersistence is disabled");
+        return Err(Error::msg(
+            "live migration target pod is not allowed when KubeVirtVMAddressPersistence is disabled",
+        ));
+    }
+    Ok(None)
+}
+
+/// A VM's pod gets the addresses its handle holds, if any, as their owner: the active one,
+/// or for a live migration's target the alternate one (whose result has no routes: the
+/// source's host still routes to the VM until the migration completes). Overwritten
+/// whatever was there, as upstream (a stuck old pod, a failed migration's target).
+async fn reuse_vm_addresses<D: Datastore>(
+    ipam: &Ipam<'_, D>,
+    vmi: &Vmi,
+    handle: &str,
+    attrs: &BTreeMap<String, String>,
+) -> Result<Option<CniResult>> {
+    let mut held = match ipam.ips_by_handle(handle).await {
+        Ok(h) => h,
+        Err(IpamError::Datastore(e)) if e.is_not_found() => Vec::new(),
+        Err(e) => {
+            return Err(Error::chain(
+                format!("failed to get existing IPs for VM handle {handle}"),
+                e,
+            ))
+        }
+    };
+    let target = vmi.is_migration_target();
+    if held.is_empty() {
+        if target {
+            return Err(Error::msg(format!(
+                "migration target pod but no IP allocated to VM handle {handle}"
+            )));
+        }
+        return Ok(None);
+    }
+    held.sort_by_key(|ip| (ip.version(), ip.addr));
+    let owner = Change::Set(attrs.clone());
+    let update = match target {
+        true => OwnerUpdate {
+            alternate: owner,
+            ..Default::default()
+        },
+        false => OwnerUpdate {
+            active: owner,
+            ..Default::default()
+        },
+    };
+    let mut result = CniResult::default();
+    for ip in &held {
+        ipam.set_owners(ip.addr, ip.masked(), handle, &update)
+            .await
+            .map_err(|e| {
+                Error::chain(format!("failed to set owner attributes for IP {}", ip.addr), e)
+            })?;
+        let address = IpNet::host(ip.addr);
+        result.ips.push(IpConfig {
+            address,
+            gateway: None,
+            interface: None,
+        });
+        if !target {
+            result.routes.push(Route {
+                dst: address,
+                gw: None,
+            });
+        }
+    }
+    info!(handle, addresses = ?held, migration_target = target, "the VM keeps its addresses");
+    Ok(Some(result))
+}
+
+/// A VM's pod's DEL: this pod stops owning the VM's addresses (only where it still is their
+/// owner), and they are released only when the VM is going away and no pod owns them any
+/// more. A handle already gone is success (upstream's DEL fails there forever).
+async fn release_vm<D: Datastore>(ds: &D, call: &Call<'_>, vmi: &Vmi) -> Result<()> {
+    let handle = vmi.handle_id(&call.conf.name);
+    let ipam = Ipam::new(ds, &call.ids.node);
+    let me = Owner {
+        namespace: call.ids.namespace.clone(),
+        pod: call.ids.pod.clone(),
+    };
+    let _lock = IpamLock::acquire(call.conf.ipam_lock_file()).await;
+    with_timeout(async {
+        let held = match ipam.ips_by_handle(&handle).await {
+            Ok(h) => h,
+            Err(IpamError::Datastore(e)) if e.is_not_found() => {
+                info!(handle, "no addresses held by the VM's handle");
+                return Ok(());
+            }
+            Err(e) => return Err(Error::from(e)),
+        };
+        for ip in &held {
+            let owners = match ipam.owners(ip.addr, ip.masked()).await {
+                Ok(Some(o)) => o,
+                Ok(None) => continue,
+                Err(e) => {
+                    warn!(ip = %ip.addr, error = %e, "cannot read the address's owners");
+                    continue;
+                }
+            };
+            let update = if me.matches(owners.active.as_ref()) {
+                OwnerUpdate {
+                    active: Change::Clear,
+                    expect_active: Some(me.clone()),
+                    ..Default::default()
+                }
+            } else if me.matches(owners.alternate.as_ref()) {
+                OwnerUpdate {
+                    alternate: Change::Clear,
+                    expect_alternate: Some(me.clone()),
+                    ..Default::default()
+                }
+            } else {
+                continue;
+            };
+            ipam.set_owners(ip.addr, ip.masked(), &handle, &update).await?;
+        }
+        let mut owned = false;
+        for ip in &held {
+            match ipam.owners(ip.addr, ip.masked()).await {
+                Ok(o) => owned |= o.is_some_and(|o| o.any()),
+                Err(e) => {
+                    return Err(Error::chain(
+                        format!(
+                            "failed to verify owner attributes after cleanup for IP {}",
+                            ip.addr
+                        ),
+                        e,
+                    ))
+                }
+            }
+        }
+        if !vmi.going_away() || owned {
+            info!(handle, going_away = vmi.going_away(), owned, "keeping the VM's addresses");
+            return Ok(());
+        }
+        info!(handle, "the VM is going away: releasing its addresses");
+        match ipam.release_by_handle(&handle).await {
+            Ok(()) => Ok(()),
+            Err(IpamError::Datastore(e)) if e.is_not_found() => {
+                warn!(handle, "the VM's handle was already released");
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
     })
     .await?
 }
@@ -490,15 +695,27 @@ async fn resolve_pools<D: Datastore>(
     Ok(out)
 }
 
-/// The IPAM half of CHECK, shared with `calico`'s in-process path.
+/// The IPAM half of CHECK, shared with `calico`'s in-process path: the container's handle,
+/// or a KubeVirt VM's pod's VM handle, holds the previous result's addresses.
 pub async fn check_with<D: Datastore>(
     ds: &D,
-    network: &str,
+    conf: &NetConf,
     ids: &WepIdentifiers,
     prev: &CniResult,
 ) -> Result<()> {
     let ips: Vec<IpAddr> = prev.ips.iter().map(|i| i.address.addr).collect();
-    crate::ipam::verify::handle_holds(ds, &ids.handle_id(network), &ips)
+    let mut handle = ids.handle_id(&conf.name);
+    if kubevirt::may_be_vm_pod(ids) {
+        let call = Call {
+            conf: Cow::Borrowed(conf),
+            ids: Cow::Borrowed(ids),
+        };
+        let detected = detect_vm(ds, &call, None, false).await.context("CHECK")?;
+        if let Some(vmi) = persistent_vm(&Ipam::new(ds, &ids.node), detected).await? {
+            handle = vmi.handle_id(&conf.name);
+        }
+    }
+    crate::ipam::verify::handle_holds(ds, &handle, &ips)
         .await
         .context("CHECK")
 }

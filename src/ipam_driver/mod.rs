@@ -12,6 +12,7 @@ pub mod calico;
 pub mod exec;
 #[cfg(test)]
 pub mod fake;
+pub mod kubevirt;
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;

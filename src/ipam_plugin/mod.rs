@@ -98,7 +98,7 @@ async fn cmd_check(args: &CmdArgs) -> Result<()> {
     let prev = prev_result(&args.stdin_data)?;
     let ds = client::connect(&conf).await?;
     let call = calico::identify(args, conf, false)?;
-    calico::check_with(&ds, &call.conf.name, &call.ids, &prev).await
+    calico::check_with(&ds, &call.conf, &call.ids, &prev).await
 }
 
 /// GC: this node's stale handles of this network, released under the IPAM lock.

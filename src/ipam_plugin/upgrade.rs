@@ -383,7 +383,7 @@ async fn assign_ipip_tunnel_address<D: Datastore>(
         (ATTR_TYPE.to_string(), ATTR_TYPE_IPIP.to_string()),
     ]);
     let ipam = Ipam::new(ds, nodename);
-    match ipam.assign_ip(IpAddr::V4(tunnel), &handle, &attrs).await {
+    match ipam.assign_ip(IpAddr::V4(tunnel), &handle, &attrs, None).await {
         Ok(_) => {}
         Err(e) if is_already_exists(&e) => {
             info!("IPIP tunnel address already assigned in IPAM, continuing...")
@@ -585,7 +585,7 @@ async fn migrate_files<D: Datastore>(
             (ATTR_NAMESPACE.to_string(), pod.namespace.clone()),
         ]);
         info!(file = %name, "assigning pod IP to Calico IPAM...");
-        match ipam.assign_ip(ip, &handle, &attrs).await {
+        match ipam.assign_ip(ip, &handle, &attrs, None).await {
             Ok(_) => {}
             Err(e) if is_already_exists(&e) || e.to_string().contains("already assigned") => {
                 // Likely assigned by an earlier attempt that failed to delete the file.

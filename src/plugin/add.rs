@@ -347,6 +347,7 @@ async fn addresses_alongside<I: IpamDriver>(
                 }
             }
             let prepared = Prepared {
+                pod_vmi: pod.kubevirt.clone(),
                 namespace_labels: namespace_labels(call, pod).await?,
                 reads: early.reads,
                 lock: early.lock,

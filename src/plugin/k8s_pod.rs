@@ -15,6 +15,7 @@ use crate::datastore::kubernetes::client::KubeClient;
 use crate::datastore::kubernetes::{core_objects, pods};
 use crate::datastore::model::WorkloadEndpoint;
 use crate::error::{Error, Result};
+use crate::ipam_driver::kubevirt::{self, PodVmi};
 use crate::ipam_driver::IpamKind;
 
 const ANN_IPV4_POOLS: &str = "cni.projectcalico.org/ipv4pools";
@@ -71,6 +72,9 @@ pub struct PodInfo {
     pub service_account: String,
     /// The endpoint the pod is on the Kubernetes datastore (scheduled, not host-networked).
     pub endpoint: Option<WorkloadEndpoint>,
+    /// The KubeVirt VMI that controls the pod: `None` when the pod was not read, `Some(None)`
+    /// when no VMI controls it (calico-ipam then need not read the pod again).
+    pub kubevirt: Option<Option<PodVmi>>,
 }
 
 /// Reads the namespace and the pod (both requests in flight together).
@@ -97,6 +101,7 @@ pub async fn read(client: &KubeClient, namespace: &str, pod: &str) -> Result<Pod
         profiles: wep.spec.profiles,
         generate_name: wep.metadata.generate_name,
         service_account: wep.spec.service_account_name,
+        kubevirt: Some(kubevirt::pod_vmi(&p)),
     })
 }
 

@@ -49,7 +49,24 @@ pub async fn get<T: DeserializeOwned>(
     if !resp.ok() {
         return Err(DatastoreError::Other(resp.status_object().message));
     }
-    serde_json::from_slice(&resp.body).map_err(|e| DatastoreError::InvalidObject {
+    decode(path, &resp.body)
+}
+
+/// `get`, with a 404 as `None`.
+pub async fn get_if_exists<T: DeserializeOwned>(
+    client: &KubeClient,
+    path: &str,
+) -> Result<Option<T>, DatastoreError> {
+    let resp = client.get(path).await?;
+    match resp.status {
+        404 => Ok(None),
+        _ if !resp.ok() => Err(DatastoreError::Other(resp.status_object().message)),
+        _ => decode(path, &resp.body).map(Some),
+    }
+}
+
+fn decode<T: DeserializeOwned>(path: &str, body: &[u8]) -> Result<T, DatastoreError> {
+    serde_json::from_slice(body).map_err(|e| DatastoreError::InvalidObject {
         path: path.to_string(),
         error: e.to_string(),
     })

@@ -349,8 +349,29 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             PairWrite::HandleExists => true,
             PairWrite::Unsupported => false,
         };
-        self.increment_handle(&args.handle_id, cidr, ips.len(), exists)
-            .await?;
+        match self
+            .increment_handle(&args.handle_id, cidr, ips.len(), exists, args.max_per_version)
+            .await
+        {
+            Ok(()) => {}
+            // Another call for the same handle got this IP version's address first: that
+            // address is this call's too (upstream's `handleMaxAllocReached`). Until its
+            // block write lands there is none to return: re-read and try again.
+            Err(IpamError::MaxAllocReached { .. }) => {
+                let theirs: Vec<IpNet> = self
+                    .ips_by_handle(&args.handle_id)
+                    .await?
+                    .into_iter()
+                    .filter(|ip| ip.version() == cidr.version())
+                    .collect();
+                info!(handle = %args.handle_id, ?theirs, "the handle already has its addresses");
+                return match theirs.is_empty() {
+                    true => Err(AssignError::Conflict),
+                    false => Ok(theirs),
+                };
+            }
+            Err(e) => return Err(e.into()),
+        }
         if let Err(e) = self.update_block(&mut block, &rev).await {
             // A write that failed with anything but a conflict may have been applied (a lost
             // answer). Undoing the handle and moving on would then leave the handle holding
@@ -546,12 +567,14 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         Ok(())
     }
 
-    /// Assigns exactly `ip` to `handle_id` (CNI_ARGS `IP=`).
+    /// Assigns exactly `ip` to `handle_id` (CNI_ARGS `IP=`); with `max`, at most that many
+    /// addresses per IP version on the handle (an address it already holds is success).
     pub async fn assign_ip(
         &self,
         ip: IpAddr,
         handle_id: &str,
         attrs: &BTreeMap<String, String>,
+        max: Option<usize>,
     ) -> Result<IpNet, IpamError> {
         // The config is read with the pools (one round trip) but only created once the
         // address is known to be in an enabled pool, as upstream.
@@ -589,12 +612,28 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                     continue;
                 }
             };
+            let held = |b: &AllocationBlock| b.addresses_of(handle_id).iter().any(|n| n.addr == ip);
             match block.assign(ip, handle_id, attrs, &self.host, config.strict_affinity) {
                 Ok(()) => {}
+                Err(BlockError::AlreadyAssigned(_)) if max.is_some() && held(&block) => {
+                    return Ok(IpNet::host(ip))
+                }
                 Err(BlockError::AlreadyAssigned(_)) => return Err(IpamError::AddressInUse(ip)),
                 Err(e) => return Err(IpamError::Block(e.to_string())),
             }
-            self.increment_handle(handle_id, cidr, 1, false).await?;
+            match self.increment_handle(handle_id, cidr, 1, false, max).await {
+                Ok(()) => {}
+                Err(IpamError::MaxAllocReached { max, .. }) => {
+                    let holds = self.ips_by_handle(handle_id).await?;
+                    if holds.iter().any(|n| n.addr == ip) {
+                        return Ok(IpNet::host(ip));
+                    }
+                    return Err(IpamError::Other(format!(
+                        "handle {handle_id} already has IP(s) allocated, cannot assign additional IP {ip} (maxAllocPerIPVersion={max})"
+                    )));
+                }
+                Err(e) => return Err(e),
+            }
             match self.update_block(&mut block, &rev).await {
                 Ok(_) => return Ok(IpNet::host(ip)),
                 Err(e) => {

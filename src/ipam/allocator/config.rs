@@ -17,6 +17,20 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         }
     }
 
+    /// Whether KubeVirt VMs keep their addresses (`kubeVirtVMAddressPersistence`): on unless
+    /// the stored config says exactly `Disabled`; a config that cannot be read counts as on
+    /// (upstream's `getKubeVirtVMAddressPersistence`).
+    pub async fn vm_address_persistence(&self) -> bool {
+        match self.stored_config().await {
+            Ok(Some(c)) => c.kube_virt_vm_address_persistence != "Disabled",
+            Ok(None) => true,
+            Err(e) => {
+                tracing::debug!(error = %e, "Could not retrieve IPAMConfig, defaulting to VMAddressPersistenceEnabled");
+                true
+            }
+        }
+    }
+
     /// v3.32.1's `GetIPAMConfig`: the stored config; when there is none, the defaults are
     /// created (create-if-absent) and used. Losing that race to another writer re-reads.
     pub(super) async fn config_or_create(

@@ -11,13 +11,17 @@ use crate::net::IpNet;
 
 impl<'a, D: Datastore> Ipam<'a, D> {
     /// Adds `n` addresses in `cidr` to the handle's count. `exists`: the handle was just
-    /// found to exist, so the first attempt reads it instead of trying to create it.
+    /// found to exist, so the first attempt reads it instead of trying to create it. With
+    /// `max`, a handle that would then hold more than `max` addresses of `cidr`'s IP
+    /// version is left as it is (`MaxAllocReached`): the compare-and-swap on the handle
+    /// makes concurrent callers for one handle agree on who got the address.
     pub(super) async fn increment_handle(
         &self,
         id: &str,
         cidr: IpNet,
         n: usize,
         exists: bool,
+        max: Option<usize>,
     ) -> Result<(), IpamError> {
         let key = Key::Handle { id: id.to_string() };
         // Most handles are new: try the create first (one round trip), else read-modify-write.
@@ -50,6 +54,16 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                     continue;
                 }
             };
+            if let Some(max) = max {
+                let have = same_version_count(&handle, cidr);
+                if have + n as i64 > max as i64 {
+                    return Err(IpamError::MaxAllocReached {
+                        handle: id.to_string(),
+                        have,
+                        max,
+                    });
+                }
+            }
             *handle.block.entry(cidr.to_string()).or_insert(0) += n as i64;
             let v = to_value(&handle)?;
             let r = match &rev {
@@ -141,4 +155,15 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         }
         Err(IpamError::MaxRetries)
     }
+}
+
+/// How many addresses of `cidr`'s IP version the handle counts.
+fn same_version_count(handle: &IpamHandle, cidr: IpNet) -> i64 {
+    let v6 = cidr.version() == 6;
+    handle
+        .block
+        .iter()
+        .filter(|(block, _)| block.contains(':') == v6)
+        .map(|(_, n)| *n)
+        .sum()
 }
