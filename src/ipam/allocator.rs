@@ -80,7 +80,9 @@ pub enum IpamError {
     #[error(transparent)]
     Owner(#[from] crate::ipam::owner::OwnerError),
     /// A handle limited to `max` addresses per IP version has them (KubeVirt VMs).
-    #[error("handle {handle} already has {have} allocation(s), cannot allocate more (maxAlloc={max})")]
+    #[error(
+        "handle {handle} already has {have} allocation(s), cannot allocate more (maxAlloc={max})"
+    )]
     MaxAllocReached {
         handle: String,
         have: i64,

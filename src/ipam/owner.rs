@@ -94,7 +94,11 @@ impl Owners {
 
 impl AllocationBlock {
     fn attribute_of(&self, ip: &IpAddr) -> Option<(usize, &AllocationAttribute)> {
-        let index = self.allocations.get(self.ordinal_of(ip)?).copied().flatten()?;
+        let index = self
+            .allocations
+            .get(self.ordinal_of(ip)?)
+            .copied()
+            .flatten()?;
         self.attributes
             .as_ref()
             .and_then(|a| a.get(index))
@@ -119,7 +123,10 @@ impl AllocationBlock {
         update: &OwnerUpdate,
     ) -> Result<(), OwnerError> {
         let (index, attr) = self.attribute_of(ip).ok_or(OwnerError::Unassigned(*ip))?;
-        let held = attr.handle_id.as_deref().map(|h| h.split('\r').next().unwrap_or(h));
+        let held = attr
+            .handle_id
+            .as_deref()
+            .map(|h| h.split('\r').next().unwrap_or(h));
         if held != Some(handle) {
             return Err(OwnerError::OtherHandle {
                 ip: *ip,
@@ -221,7 +228,10 @@ mod tests {
     fn set_with_and_without_preconditions() {
         let ip: IpAddr = "10.0.0.0".parse().unwrap();
         let mut b = block();
-        assert_eq!(b.addresses_of("net.vmi.ns.vm")[0].to_string(), "10.0.0.0/30");
+        assert_eq!(
+            b.addresses_of("net.vmi.ns.vm")[0].to_string(),
+            "10.0.0.0/30"
+        );
         // The migration target becomes the alternate owner, unconditionally.
         let target = OwnerUpdate {
             alternate: Change::Set(attrs("p2")),

@@ -256,7 +256,11 @@ pub async fn assign<D: Datastore>(
     // however many of its pods ask at once) only when it holds none.
     let max = vm.as_ref().map(|_| 1);
     if let Some(vmi) = &vm {
-        attrs.extend(vmi.attributes().into_iter().map(|(k, v)| (k.to_string(), v)));
+        attrs.extend(
+            vmi.attributes()
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v)),
+        );
         if let Some(kept) = with_timeout(reuse_vm_addresses(&ipam, vmi, &handle, &attrs)).await?? {
             return Ok(kept);
         }
@@ -482,7 +486,10 @@ async fn detect_vm<D: Datastore>(
 /// The VM whose addresses persist: a detected VM with `kubeVirtVMAddressPersistence` on.
 /// With it off, a VM's pod is an ordinary pod, but a migration target is refused (it would
 /// get other addresses than the VM it takes over).
-async fn persistent_vm<D: Datastore>(ipam: &Ipam<'_, D>, detected: Detected) -> Result<Option<Vmi>> {
+async fn persistent_vm<D: Datastore>(
+    ipam: &Ipam<'_, D>,
+    detected: Detected,
+) -> Result<Option<Vmi>> {
     let Detected::Vm(vmi) = detected else {
         return Ok(None);
     };
@@ -544,7 +551,10 @@ async fn reuse_vm_addresses<D: Datastore>(
         ipam.set_owners(ip.addr, ip.masked(), handle, &update)
             .await
             .map_err(|e| {
-                Error::chain(format!("failed to set owner attributes for IP {}", ip.addr), e)
+                Error::chain(
+                    format!("failed to set owner attributes for IP {}", ip.addr),
+                    e,
+                )
             })?;
         let address = IpNet::host(ip.addr);
         result.ips.push(IpConfig {
@@ -607,7 +617,8 @@ async fn release_vm<D: Datastore>(ds: &D, call: &Call<'_>, vmi: &Vmi) -> Result<
             } else {
                 continue;
             };
-            ipam.set_owners(ip.addr, ip.masked(), &handle, &update).await?;
+            ipam.set_owners(ip.addr, ip.masked(), &handle, &update)
+                .await?;
         }
         let mut owned = false;
         for ip in &held {
@@ -625,7 +636,12 @@ async fn release_vm<D: Datastore>(ds: &D, call: &Call<'_>, vmi: &Vmi) -> Result<
             }
         }
         if !vmi.going_away() || owned {
-            info!(handle, going_away = vmi.going_away(), owned, "keeping the VM's addresses");
+            info!(
+                handle,
+                going_away = vmi.going_away(),
+                owned,
+                "keeping the VM's addresses"
+            );
             return Ok(());
         }
         info!(handle, "the VM is going away: releasing its addresses");

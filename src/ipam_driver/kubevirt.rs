@@ -75,9 +75,7 @@ pub fn pod_vmi(pod: &Pod) -> Option<PodVmi> {
 
 /// Whether the call's pod may run a VM, by its identifiers alone (no request).
 pub fn may_be_vm_pod(ids: &WepIdentifiers) -> bool {
-    ids.is_k8s()
-        && !ids.namespace.is_empty()
-        && ids.pod.starts_with(VIRT_LAUNCHER_PREFIX)
+    ids.is_k8s() && !ids.namespace.is_empty() && ids.pod.starts_with(VIRT_LAUNCHER_PREFIX)
 }
 
 /// A VM's owning VirtualMachine.
@@ -156,7 +154,9 @@ pub fn vm_handle_id(network: &str, namespace: &str, name: &str) -> String {
         return prefix + &suffix;
     }
     let hash = base64_url_nopad(&Sha256::digest(suffix.as_bytes()));
-    let room = HANDLE_MAX_LEN.saturating_sub(prefix.len() + 1).min(hash.len());
+    let room = HANDLE_MAX_LEN
+        .saturating_sub(prefix.len() + 1)
+        .min(hash.len());
     format!("{prefix}_{}", &hash[..room])
 }
 
@@ -221,8 +221,12 @@ async fn read(
             ids.pod, pv.vmi_name, pv.vmi_uid
         )));
     }
-    let query_failed =
-        |e: Error| Error::chain(format!("failed to query VMI resource {ns}/{}", pv.vmi_name), e);
+    let query_failed = |e: Error| {
+        Error::chain(
+            format!("failed to query VMI resource {ns}/{}", pv.vmi_name),
+            e,
+        )
+    };
     let vmi_path = format!(
         "/apis/{KUBEVIRT_API}/namespaces/{ns}/virtualmachineinstances/{}",
         pv.vmi_name

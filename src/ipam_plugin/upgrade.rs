@@ -383,7 +383,10 @@ async fn assign_ipip_tunnel_address<D: Datastore>(
         (ATTR_TYPE.to_string(), ATTR_TYPE_IPIP.to_string()),
     ]);
     let ipam = Ipam::new(ds, nodename);
-    match ipam.assign_ip(IpAddr::V4(tunnel), &handle, &attrs, None).await {
+    match ipam
+        .assign_ip(IpAddr::V4(tunnel), &handle, &attrs, None)
+        .await
+    {
         Ok(_) => {}
         Err(e) if is_already_exists(&e) => {
             info!("IPIP tunnel address already assigned in IPAM, continuing...")

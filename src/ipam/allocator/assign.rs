@@ -350,7 +350,13 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             PairWrite::Unsupported => false,
         };
         match self
-            .increment_handle(&args.handle_id, cidr, ips.len(), exists, args.max_per_version)
+            .increment_handle(
+                &args.handle_id,
+                cidr,
+                ips.len(),
+                exists,
+                args.max_per_version,
+            )
             .await
         {
             Ok(()) => {}

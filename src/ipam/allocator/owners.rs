@@ -18,11 +18,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             id: handle.to_string(),
         };
         let stored: IpamHandle = self.ds.get(&key).await?.decode()?;
-        let cidrs: Vec<IpNet> = stored
-            .block
-            .keys()
-            .filter_map(|c| c.parse().ok())
-            .collect();
+        let cidrs: Vec<IpNet> = stored.block.keys().filter_map(|c| c.parse().ok()).collect();
         let blocks = futures::future::join_all(cidrs.iter().map(|c| self.get_block(*c))).await;
         let mut out = Vec::new();
         for (cidr, read) in cidrs.iter().zip(blocks) {
@@ -54,7 +50,9 @@ impl<'a, D: Datastore> Ipam<'a, D> {
     ) -> Result<(), IpamError> {
         for _ in 0..DATASTORE_RETRIES {
             let Some((mut b, rev)) = self.get_block(block).await? else {
-                return Err(IpamError::Owner(crate::ipam::owner::OwnerError::Unassigned(ip)));
+                return Err(IpamError::Owner(
+                    crate::ipam::owner::OwnerError::Unassigned(ip),
+                ));
             };
             b.set_owners(&ip, handle, update)?;
             match self.update_block(&mut b, &rev).await {
