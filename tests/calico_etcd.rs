@@ -7,7 +7,9 @@
 
 mod common;
 
-use common::cni::Invocation;
+use std::time::Duration;
+
+use common::cni::{run_plugin_within, Invocation};
 use common::world::{World, NODE, WEP_PREFIX};
 use serde_json::{json, Value};
 
@@ -211,4 +213,158 @@ fn unknown_fields_survive_read_modify_write_and_logs_are_written() {
         w.calico(&Invocation::new("DEL", cid, ns.path()), &conf)
             .assert_ok();
     }
+}
+
+/// A NetConf that takes the node name from a nodename file in the scratch directory (not
+/// from `nodename`), which must exist: as a node whose calico/node writes the file.
+fn nodename_file_conf(w: &World) -> (String, std::path::PathBuf) {
+    let file = w.scratch.path().join("nodename");
+    let conf = w.conf(json!({
+        "nodename": null,
+        "nodename_file": file.display().to_string(),
+        "nodename_file_optional": false,
+    }));
+    (conf, file)
+}
+
+fn missing_nodename_text(file: &std::path::Path) -> String {
+    format!(
+        "stat {}: no such file or directory: check that the calico/node container is running and has mounted /var/lib/calico/",
+        file.display()
+    )
+}
+
+/// A pod scheduled before calico/node has written the nodename file: ADD waits for it and
+/// then succeeds with the file's node name (upstream fails at once).
+#[test]
+fn add_waits_for_the_nodename_file() {
+    let w = World::new();
+    let (conf, file) = nodename_file_conf(&w);
+    let pod = w.pod();
+    let inv = Invocation::new("ADD", "boot1", pod.path()).k8s("default", "early");
+    let delay = Duration::from_millis(1500);
+    let writer = {
+        let file = file.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            std::fs::write(&file, format!("{NODE}\n")).expect("write the nodename file");
+        })
+    };
+    let out = w.calico(&inv, &conf);
+    writer.join().expect("writer thread");
+    out.assert_ok();
+    assert!(
+        out.elapsed >= delay - Duration::from_millis(100),
+        "did not wait: {:?}",
+        out.elapsed
+    );
+    assert!(out.elapsed < Duration::from_secs(10), "{:?}", out.elapsed);
+    let wep = w.get(&format!("{WEP_PREFIX}default/{NODE}-k8s-early-eth0"));
+    assert_eq!(wep["spec"]["node"], NODE);
+    let log = std::fs::read_to_string(w.scratch.path().join("cni.log")).expect("log file");
+    assert!(log.contains("waiting for it"), "{log}");
+    assert!(log.contains("the nodename file appeared"), "{log}");
+    w.calico(&inv.as_del(), &conf).assert_ok();
+    w.assert_clean();
+}
+
+/// The file never comes: ADD gives up at half the call's budget (4 s here) with upstream's
+/// text, having touched nothing.
+#[test]
+fn add_without_the_nodename_file_fails_at_half_the_budget() {
+    let w = World::new();
+    let (conf, file) = nodename_file_conf(&w);
+    let pod = w.pod();
+    let mut inv = Invocation::new("ADD", "boot2", pod.path()).k8s("default", "never");
+    inv.extra_env = vec![("CALICO_CALL_TIMEOUT_SECONDS".into(), "4".into())];
+    let out = run_plugin_within(
+        &w.bin.plugin("calico"),
+        &w.bin.path(),
+        Some(w.host.name()),
+        &inv,
+        &conf,
+        Duration::from_secs(15),
+    );
+    let err = out.assert_err();
+    assert_eq!(err["msg"], missing_nodename_text(&file), "{err}");
+    assert!(
+        out.elapsed >= Duration::from_millis(1800) && out.elapsed < Duration::from_secs(3),
+        "took {:?}",
+        out.elapsed
+    );
+    assert!(!pod.has_link("eth0"), "the pod's interface was built");
+    w.assert_clean();
+    let log = std::fs::read_to_string(w.scratch.path().join("cni.log")).expect("log file");
+    assert!(
+        log.contains("the nodename file did not appear in time"),
+        "{log}"
+    );
+}
+
+/// DEL at boot, before calico/node has (re)written the nodename file: the node name is
+/// unknown, and DEL still removes the interface, releases the handle and deletes the
+/// endpoint, found by container ID; another pod's endpoint and addresses stay. With
+/// `nodename` set the name is known and DEL is the usual one.
+#[test]
+fn del_without_the_nodename_file_does_all_it_can() {
+    let w = World::new();
+    let (conf, file) = nodename_file_conf(&w);
+    std::fs::write(&file, NODE).expect("write the nodename file");
+    let (a, b, c) = (w.pod(), w.pod(), w.pod());
+    let k8s = Invocation::new("ADD", "boota", a.path()).k8s("default", "old");
+    let cni = Invocation::new("ADD", "bootb", b.path());
+    let other = Invocation::new("ADD", "bootc", c.path()).k8s("default", "stays");
+    for inv in [&k8s, &cni, &other] {
+        w.calico(inv, &conf).assert_ok();
+    }
+    assert_eq!(w.keys(WEP_PREFIX).len(), 3);
+    std::fs::remove_file(&file).expect("remove the nodename file");
+
+    let limit = Duration::from_secs(20);
+    let run = |inv: &Invocation| {
+        run_plugin_within(
+            &w.bin.plugin("calico"),
+            &w.bin.path(),
+            Some(w.host.name()),
+            inv,
+            &conf,
+            limit,
+        )
+    };
+    run(&k8s.as_del()).assert_ok_fast();
+    run(&cni.as_del()).assert_ok_fast();
+    assert!(!a.has_link("eth0") && !b.has_link("eth0"));
+    let left = w.keys(WEP_PREFIX);
+    assert_eq!(
+        left,
+        vec![format!("{WEP_PREFIX}default/{NODE}-k8s-stays-eth0")]
+    );
+    assert_eq!(
+        w.keys("/calico/ipam/v2/handle/"),
+        vec!["/calico/ipam/v2/handle/net1.bootc".to_string()]
+    );
+    let log = std::fs::read_to_string(w.scratch.path().join("cni.log")).expect("log file");
+    assert!(log.contains("the node name is unknown"), "{log}");
+    assert!(
+        log.contains("found this container's endpoint without the node name"),
+        "{log}"
+    );
+    // Again: nothing left to find, still a success.
+    run(&k8s.as_del()).assert_ok_fast();
+
+    // `nodename` in the NetConf: the usual DEL (by name), file or not.
+    let named = w.conf(json!({
+        "nodename_file": file.display().to_string(),
+        "nodename_file_optional": false,
+    }));
+    run_plugin_within(
+        &w.bin.plugin("calico"),
+        &w.bin.path(),
+        Some(w.host.name()),
+        &other.as_del(),
+        &named,
+        limit,
+    )
+    .assert_ok_fast();
+    w.assert_clean();
 }

@@ -782,3 +782,55 @@ fn kdd_ip_arg_upgrades_this_hosts_affinities_once() {
     let r = w.ipam(&inv, &conf).assert_ok().json();
     assert!(ip_of(&r).starts_with("10.65.7."), "{r}");
 }
+
+/// DEL at boot before calico/node has written the nodename file, on the Kubernetes
+/// datastore: the node name is unknown, and DEL still removes the interface, releases the
+/// handle and clears the pod's addresses (its endpoint, read by namespace and pod); the
+/// other pod keeps its own.
+#[test]
+fn kdd_del_without_the_nodename_file() {
+    require_root();
+    let w = real_world!("kdd_del_without_the_nodename_file");
+    let file = w.scratch.path().join("nodename");
+    let conf = w.conf(json!({
+        "nodename": null,
+        "nodename_file": file.display().to_string(),
+        "nodename_file_optional": false,
+    }));
+    std::fs::write(&file, NODE).expect("write the nodename file");
+    let (a, b) = (
+        common::netns::Netns::new("pod"),
+        common::netns::Netns::new("pod"),
+    );
+    let old = Invocation::new("ADD", "kddboot1", a.path()).k8s("default", "old");
+    let stays = Invocation::new("ADD", "kddboot2", b.path()).k8s("default", "stays");
+    for (inv, name) in [(&old, "old"), (&stays, "stays")] {
+        w.seed_pod("default", name, json!({}));
+        w.calico(inv, &conf).assert_ok();
+    }
+    std::fs::remove_file(&file).expect("remove the nodename file");
+    w.calico(&old.as_del(), &conf).assert_ok_fast();
+    assert!(!a.has_link("eth0"));
+    let annotations = |pod: &str| w.pod_object("default", pod)["metadata"]["annotations"].clone();
+    let ip = &annotations("old")["cni.projectcalico.org/podIP"];
+    assert!(ip.is_null() || ip == "", "old still has an address: {ip}");
+    assert!(annotations("stays")["cni.projectcalico.org/podIP"].is_string());
+    let handles: Vec<Value> = w
+        .crs("ipamhandles")
+        .into_iter()
+        .map(|h| h["spec"]["handleID"].clone())
+        .collect();
+    assert_eq!(handles, vec![json!("k8s-pod-network.kddboot2")]);
+    let log = std::fs::read_to_string(w.scratch.path().join("cni.log")).expect("log file");
+    assert!(
+        log.contains("the node name is unknown")
+            && log.contains("found this container's endpoint without the node name"),
+        "{log}"
+    );
+    let named = w.conf(json!({
+        "nodename_file": file.display().to_string(),
+        "nodename_file_optional": false,
+    }));
+    w.calico(&stays.as_del(), &named).assert_ok_fast();
+    w.assert_clean();
+}

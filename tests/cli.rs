@@ -127,3 +127,98 @@ fn check_needs_a_previous_result() {
     let err = w.calico(&inv, &old).assert_err();
     assert_eq!(err["msg"], "config version does not allow CHECK");
 }
+
+/// stdout holds exactly one JSON value (the error object), nothing before or after it.
+fn one_json_object(stdout: &str) -> serde_json::Value {
+    let mut values = serde_json::Deserializer::from_str(stdout).into_iter::<serde_json::Value>();
+    let first = values
+        .next()
+        .unwrap_or_else(|| panic!("no JSON on stdout: {stdout:?}"))
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {stdout:?}"));
+    assert!(
+        values.next().is_none(),
+        "more than one JSON value: {stdout}"
+    );
+    first
+}
+
+const SAME_NETNS: &str = "plugin's netns and netns from CNI_NETNS should not be the same";
+
+/// CNI_NETNS naming the namespace the plugin itself runs in (here the test host's, which
+/// `ip netns exec` puts the binary in, as kubelet's host netns would be) is refused before
+/// any work: code 8, one error object, no address allocated, no interface built. ADD, DEL
+/// and CHECK, both plugins.
+#[test]
+fn own_netns_is_refused_before_any_work() {
+    let w = World::new();
+    let conf = w.conf(json!({}));
+    let links_before = w.host_sh("ip -o link show | cut -d: -f2");
+    let own = w.host.path();
+    let add = Invocation::new("ADD", "ownns1", own).k8s("default", "ownpod");
+    for plugin in ["calico-ipam", "calico"] {
+        let out = w.bin.run(plugin, w.host.name(), &add, &conf);
+        let err = out.assert_err_fast();
+        assert_eq!(err, json!({"code": 8, "msg": SAME_NETNS}), "{plugin}");
+        assert_eq!(one_json_object(&out.stdout), err);
+        w.assert_clean();
+        assert_eq!(
+            w.host_sh("ip -o link show | cut -d: -f2"),
+            links_before,
+            "{plugin} ADD built a link in its own netns"
+        );
+        let del = w.bin.run(plugin, w.host.name(), &add.as_del(), &conf);
+        assert_eq!(del.assert_err_fast(), json!({"code": 8, "msg": SAME_NETNS}));
+        assert_eq!(one_json_object(&del.stdout)["code"], 8);
+    }
+    // CHECK too (our choice: it enters CNI_NETNS as ADD and DEL do).
+    let prev = json!({"cniVersion":"1.0.0","ips":[{"address":"10.65.0.1/32"}]});
+    let check_conf = common::cni::with_prev_result(&conf, &prev);
+    let check = w.calico(&add.as_check(), &check_conf);
+    assert_eq!(check.assert_err_fast()["code"], 8);
+    // The same namespace under another path (/proc/<pid>/ns/net of a process in it) is the
+    // same namespace.
+    let pid = w
+        .host_sh("sleep 30 >/dev/null 2>&1 & echo $!")
+        .trim()
+        .to_string();
+    let by_proc = format!("/proc/{pid}/ns/net");
+    let inv = Invocation::new("ADD", "ownns2", &by_proc);
+    let err = w.ipam(&inv, &conf).assert_err_fast();
+    let _ = Command::new("kill").arg(&pid).status();
+    assert_eq!(err["msg"], SAME_NETNS);
+    w.assert_clean();
+}
+
+/// `CNI_NETNS_OVERRIDE=1` (or any-case `true`) skips the check: calico-ipam, which never
+/// enters the netns, then allocates and releases as usual.
+#[test]
+fn netns_override_skips_the_own_netns_check() {
+    let w = World::new();
+    let conf = w.conf(json!({}));
+    for (i, value) in ["1", "TRUE"].into_iter().enumerate() {
+        let mut inv = Invocation::new("ADD", &format!("override{i}"), w.host.path());
+        inv.extra_env = vec![("CNI_NETNS_OVERRIDE".into(), value.into())];
+        let r = w.ipam(&inv, &conf);
+        r.assert_ok_fast();
+        assert!(r.json()["ips"][0]["address"].is_string(), "{}", r.stdout);
+        assert_eq!(w.keys("/calico/ipam/v2/handle/").len(), 1);
+        w.ipam(&inv.as_del(), &conf).assert_ok_fast();
+        w.assert_clean();
+    }
+}
+
+/// A CNI_NETNS that does not exist is not this check's: calico-ipam (which never opens it)
+/// allocates; calico reports its own error about the netns, not code 8.
+#[test]
+fn missing_netns_is_left_to_the_plugin() {
+    let w = World::new();
+    let conf = w.conf(json!({}));
+    let inv = Invocation::new("ADD", "nons1", "/var/run/netns/no-such-netns-here");
+    w.ipam(&inv, &conf).assert_ok_fast();
+    w.ipam(&inv.as_del(), &conf).assert_ok_fast();
+    w.assert_clean();
+    let err = w.calico(&inv, &conf).assert_err_fast();
+    assert_ne!(err["code"], 8, "{err}");
+    assert_ne!(err["msg"], SAME_NETNS);
+    w.assert_clean();
+}

@@ -276,15 +276,21 @@ impl NetConf {
         }
     }
 
-    /// The nodename-file gate of `calico` ADD/DEL (`nodename_file_optional` lifts it).
+    /// The nodename-file gate of `calico` (`nodename_file_optional` lifts it). ADD waits
+    /// for the file first (`plugin::nodename`); DEL goes on without it.
     pub fn check_nodename_file(&self) -> Result<(), ConfigError> {
-        if self.nodename_file_optional || Path::new(self.nodename_file()).exists() {
+        if self.nodename_file_passes() {
             Ok(())
         } else {
             Err(ConfigError::NodenameFileMissing(
                 self.nodename_file().to_string(),
             ))
         }
+    }
+
+    /// Whether the nodename-file gate passes now: the file exists, or it is optional.
+    pub fn nodename_file_passes(&self) -> bool {
+        self.nodename_file_optional || Path::new(self.nodename_file()).exists()
     }
 
     /// Node name: `nodename` > nodename file > `hostname` > OS hostname (lower-cased).

@@ -119,7 +119,8 @@ pub async fn update_resource<D: Datastore, S: Serialize + DeserializeOwned>(
     Ok(())
 }
 
-fn decode_resource<S: DeserializeOwned>(
+/// A stored object as its typed resource (pools with their read defaults).
+pub fn decode_resource<S: DeserializeOwned>(
     kind: Kind,
     kv: &super::KvPair,
 ) -> Result<Resource<S>, DatastoreError> {

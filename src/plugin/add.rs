@@ -45,13 +45,16 @@ use crate::plugin::k8s_pod::{self, AddressSource, PodInfo};
 use crate::plugin::plan::{expected_families, families_of};
 use crate::plugin::readiness;
 use crate::plugin::sandbox_lock::SandboxLock;
-use crate::plugin::{connect, load, Call};
+use crate::plugin::{connect, load_config, nodename, Call};
 use crate::skel::error::CODE_INVALID_ENV;
 use crate::skel::result::IpConfig;
 use crate::skel::{CmdArgs, CniError, CniResult};
 
 pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
-    let conf = load(args)?;
+    let conf = load_config(args)?;
+    // Before anything is read or built: a pod scheduled before calico/node has started waits
+    // for it (for at most half the time left), instead of failing at once as upstream.
+    nodename::wait_for_file(&conf).await?;
     let mtu = conf.resolve_mtu()?;
     refuse_name_template(&args.ifname)?;
     // The netlink handles on both sides are opened while the datastore is connected to and

@@ -4,6 +4,8 @@
 //! each retry then has less left to do), and every failure is reported, in one error whose
 //! message joins them with "; ". Under a datastore that does not answer, DEL returns at the
 //! call's deadline (`crate::deadline`) with that error, having removed the interface.
+//! Without the node name (no nodename file yet at boot, `plugin::nodename`) it does all that
+//! needs none, finding the endpoint by container ID.
 
 use tracing::{info, warn};
 
@@ -11,19 +13,25 @@ use crate::cluster_ready::check_datastore_ready;
 use crate::dataplane::grpc::GrpcDataplane;
 use crate::dataplane::link_watch::LinkGoneWatch;
 use crate::dataplane::CleanUp;
+use crate::datastore::backend::Backend;
 use crate::datastore::model::{WorkloadEndpoint, WorkloadEndpointSpec};
-use crate::datastore::resources::{delete_resource, get_resource};
-use crate::datastore::{DatastoreError, Kind};
+use crate::datastore::resources::{decode_resource, delete_resource, get_resource, list_resources};
+use crate::datastore::{DatastoreError, Kind, ListKind};
 use crate::error::{Error, Result};
+use crate::identifiers::WepIdentifiers;
 use crate::ipam_driver::IpamDriver;
-use crate::plugin::{connect, identifiers, load};
+use crate::plugin::{connect_as, identifiers, load_config, nodename};
 use crate::skel::CmdArgs;
 
 /// Attempts at the get-then-CAS-delete of a k8s endpoint.
 const K8S_DELETE_ATTEMPTS: usize = 6;
 
 pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
-    let conf = load(args)?;
+    let conf = load_config(args)?;
+    // No wait for the nodename file (kubelet DELs many old sandboxes at boot, when it may be
+    // missing, and each would wait): without it the node name is unknown, and DEL does
+    // everything that does not need it (upstream fails).
+    let node = nodename::for_del(&conf);
     // The kernel's part, removing the pod's interface (one RTM_DELLINK whose teardown takes
     // ~15 ms), needs neither the datastore nor its readiness: it runs on its own thread from
     // the start, while the datastore is connected to, read and written; every path waits for
@@ -48,7 +56,7 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
         .flatten();
     let mut teardown = Teardown::start(dataplane.is_ok(), grpc, args);
     let mut failures = Failures::default();
-    let call = match connect(args, conf, false).await {
+    let call = match connect_as(args, conf, node.as_deref().unwrap_or_default(), false).await {
         Ok(call) => call,
         Err(e) => {
             failures.push(e);
@@ -59,9 +67,12 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
     let ids = &call.ids;
     // A name that cannot be built (a segment starting or ending with `-`) cannot have been
     // written by an ADD, so there is no endpoint to delete; the addresses and the interface
-    // are still released, which upstream's DEL (failing here forever) never does.
+    // are still released, which upstream's DEL (failing here forever) never does. Without
+    // the node name the endpoint is looked for by container ID instead (`endpoints_of`).
+    let node_known = node.is_some();
     let name = match ids.wep_name() {
         Ok(n) => Some(n),
+        Err(_) if !node_known => None,
         Err(e) => {
             warn!(error = %e, "no WorkloadEndpoint name for these identifiers; releasing the rest");
             None
@@ -92,6 +103,8 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
             failures.add(
                 delete_k8s_endpoint(&call.ds, &ids.namespace, name, &ids.container_id, first).await,
             );
+        } else if !node_known {
+            failures.add(delete_endpoints_of(&call.ds, ids).await);
         }
         release_once_torn_down(
             &ipam,
@@ -108,6 +121,8 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
     failures.add(ipam.del(args).await);
     if let Some(name) = &name {
         failures.add(delete_endpoint(&call.ds, &ids.namespace, name).await);
+    } else if !node_known {
+        failures.add(delete_endpoints_of(&call.ds, ids).await);
     }
     if let Err(e) = dataplane {
         failures.push(e.into());
@@ -175,6 +190,67 @@ async fn delete_endpoint<D: crate::datastore::Datastore>(
         Err(e) => return Err(e.into()),
     }
     Ok(())
+}
+
+/// DEL without the node name: deletes this container's endpoints found by `endpoints_of`
+/// (none found: nothing to delete), each as a DEL that knows its name would.
+async fn delete_endpoints_of(ds: &Backend, ids: &WepIdentifiers) -> Result<()> {
+    let found = endpoints_of(ds, ids).await?;
+    if found.is_empty() {
+        info!(
+            container_id = %ids.container_id,
+            "no endpoint of this container found (the node name is unknown); none to delete"
+        );
+    }
+    for wep in found {
+        let name = wep.metadata.name.clone();
+        info!(%name, "found this container's endpoint without the node name");
+        if ids.is_k8s() {
+            delete_k8s_endpoint(ds, &ids.namespace, &name, &ids.container_id, Ok(wep)).await?;
+        } else {
+            delete_endpoint(ds, &ids.namespace, &name).await?;
+        }
+    }
+    Ok(())
+}
+
+/// This container's endpoints, found without the node name (the first segment of their
+/// names). On etcd: the namespace's endpoints listed (one read; a DEL that knows the node
+/// reads one key instead) and those of this orchestrator, container ID, interface and (k8s)
+/// pod kept. On the Kubernetes datastore the endpoint is the pod's, read by namespace and
+/// pod alone; `delete_k8s_endpoint` then keeps it if it belongs to another container.
+async fn endpoints_of(ds: &Backend, ids: &WepIdentifiers) -> Result<Vec<WorkloadEndpoint>> {
+    match ds {
+        Backend::Kubernetes(k) if ids.is_k8s() => {
+            match k.endpoint_of_pod(&ids.namespace, &ids.pod).await? {
+                Some(kv) => Ok(vec![decode_resource(Kind::WorkloadEndpoint, &kv)?]),
+                None => Ok(Vec::new()),
+            }
+        }
+        // The Kubernetes datastore holds pods' endpoints only.
+        Backend::Kubernetes(_) => Ok(Vec::new()),
+        Backend::Etcd(_) => {
+            let all: Vec<WorkloadEndpoint> = list_resources(
+                ds,
+                &ListKind::Resources {
+                    kind: Kind::WorkloadEndpoint,
+                    namespace: Some(ids.namespace.clone()),
+                    name_prefix: None,
+                },
+            )
+            .await?;
+            Ok(all.into_iter().filter(|w| is_of(w, ids)).collect())
+        }
+    }
+}
+
+/// Whether `wep` is the endpoint these identifiers name, whatever its node.
+fn is_of(wep: &WorkloadEndpoint, ids: &WepIdentifiers) -> bool {
+    let s = &wep.spec;
+    s.orchestrator == ids.orchestrator
+        && s.container_id == ids.container_id
+        && s.endpoint == ids.endpoint
+        && (!ids.is_k8s() || s.pod == ids.pod)
 }
 
 /// Every failure of a DEL, in the order its steps ran.
@@ -358,6 +434,41 @@ mod tests {
         let (log, failures) = release_after(Err(e), true);
         assert_eq!(log, ["ipam del"]);
         assert_eq!(failures, ["grpc dataplane error: no such interface"]);
+    }
+
+    /// Without the node name, an endpoint is this call's by its spec, whatever its node.
+    #[test]
+    fn endpoints_are_matched_without_the_node() {
+        let ids = WepIdentifiers::new("", "cid1", "eth0", "ns1", "pod1", "");
+        let wep = |f: &dyn Fn(&mut WorkloadEndpointSpec)| {
+            let mut w = WorkloadEndpoint {
+                spec: WorkloadEndpointSpec {
+                    orchestrator: "k8s".into(),
+                    node: "some-node".into(),
+                    container_id: "cid1".into(),
+                    pod: "pod1".into(),
+                    endpoint: "eth0".into(),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            f(&mut w.spec);
+            w
+        };
+        assert!(is_of(&wep(&|_| {}), &ids));
+        assert!(!is_of(&wep(&|s| s.container_id = "cid2".into()), &ids));
+        assert!(!is_of(&wep(&|s| s.container_id.clear()), &ids));
+        assert!(!is_of(&wep(&|s| s.pod = "pod2".into()), &ids));
+        assert!(!is_of(&wep(&|s| s.endpoint = "net1".into()), &ids));
+        assert!(!is_of(&wep(&|s| s.orchestrator = "cni".into()), &ids));
+        let cni = WepIdentifiers::new("", "cid1", "eth0", "", "", "");
+        assert!(is_of(
+            &wep(&|s| {
+                s.orchestrator = "cni".into();
+                s.pod.clear();
+            }),
+            &cni
+        ));
     }
 
     #[test]

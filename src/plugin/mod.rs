@@ -10,6 +10,7 @@ pub mod endpoint;
 pub mod endpoint_status;
 pub mod gc;
 pub mod k8s_pod;
+pub mod nodename;
 pub mod plan;
 pub mod readiness;
 pub mod sandbox_lock;
@@ -100,12 +101,19 @@ impl Call {
     }
 }
 
-/// The first steps of every call: the config, logging, and the nodename-file gate.
+/// The first steps of every call: the config, logging, and the nodename-file gate (ADD
+/// waits for the file and DEL goes on without it: `nodename`; they use `load_config`).
 pub fn load(args: &CmdArgs) -> Result<NetConf> {
+    let conf = load_config(args)?;
+    conf.check_nodename_file()?;
+    Ok(conf)
+}
+
+/// The config, logging and the call's deadline, without the nodename-file gate.
+pub fn load_config(args: &CmdArgs) -> Result<NetConf> {
     let conf = NetConf::parse(&args.stdin_data)?;
     crate::logging::init(&conf, "cni-plugin");
     crate::deadline::configure(conf.call_timeout_seconds);
-    conf.check_nodename_file()?;
     Ok(conf)
 }
 
@@ -113,7 +121,13 @@ pub fn load(args: &CmdArgs) -> Result<NetConf> {
 /// prepended, so unknown keys are fine; a bad `IP=` value is not) and the datastore client
 /// (whose errors ADD words as `error creating calico client: <e>`, DEL bare, as upstream).
 pub async fn connect(args: &CmdArgs, conf: NetConf, for_add: bool) -> Result<Call> {
-    let ids = identifiers(args, &conf)?;
+    let node = conf.node_name();
+    connect_as(args, conf, &node, for_add).await
+}
+
+/// `connect` for node `node` (empty: a DEL that does not know it, `nodename::for_del`).
+pub async fn connect_as(args: &CmdArgs, conf: NetConf, node: &str, for_add: bool) -> Result<Call> {
+    let ids = identifiers_on(node, args)?;
     info!(
         container_id = %args.container_id,
         node = %ids.node,
@@ -140,8 +154,13 @@ pub async fn connect(args: &CmdArgs, conf: NetConf, for_add: bool) -> Result<Cal
 
 /// The call's endpoint identifiers (node, orchestrator, pod or container).
 pub fn identifiers(args: &CmdArgs, conf: &NetConf) -> Result<WepIdentifiers> {
+    identifiers_on(&conf.node_name(), args)
+}
+
+/// `identifiers` on node `node`.
+fn identifiers_on(node: &str, args: &CmdArgs) -> Result<WepIdentifiers> {
     Ok(WepIdentifiers::from_cni_args(
-        &conf.node_name(),
+        node,
         &args.container_id,
         &args.ifname,
         &prepend_ignore_unknown(&args.args),

@@ -206,6 +206,7 @@ fn dispatch(
     match cmd.as_str() {
         "ADD" => {
             let config_version = checked_version(&args.stdin_data)?;
+            check_netns(&args)?;
             let result = call_guarded(|| plugin.add(&args), "ADD")?;
             let print_version = if config_version_given(&args.stdin_data) {
                 config_version
@@ -215,16 +216,17 @@ fn dispatch(
             let out = result.encode(&print_version)?;
             let _ = stdout.write_all(out.as_bytes());
             let _ = stdout.flush();
-            check_netns(&args)
+            Ok(())
         }
         "DEL" => {
             checked_version(&args.stdin_data)?;
-            call_guarded(|| plugin.del(&args), "DEL")?;
-            check_netns(&args)
+            check_netns(&args)?;
+            call_guarded(|| plugin.del(&args), "DEL")
         }
         "CHECK" => {
             gated(&config_version(&args.stdin_data)?, "0.4.0", "CHECK")?;
             checked_version(&args.stdin_data)?;
+            check_netns(&args)?;
             call_guarded(|| plugin.check(&args), "CHECK")
         }
         "GC" => {
@@ -423,19 +425,22 @@ fn validate_ifname(name: &str) -> Result<(), CniError> {
     Ok(())
 }
 
-/// Refuses a CNI_NETNS that is the plugin's own network namespace (unless overridden).
+/// Refuses a CNI_NETNS that is the plugin's own network namespace, unless
+/// `CNI_NETNS_OVERRIDE` is `1` or (any case) `true` (libcni v1.3's `ns.CheckNetNS`).
+///
+/// libcni runs this after the plugin, so a refused ADD has already built the pod's
+/// interface in the host's netns and allocated its addresses (and printed its result);
+/// we run it before any plugin code, for ADD, DEL and CHECK, so a refused call has done
+/// nothing. CHECK too (libcni skips it there): it enters CNI_NETNS like ADD and DEL, and
+/// would compare the host's own interfaces with the previous result as if they were the
+/// pod's. GC, STATUS and VERSION have no CNI_NETNS.
 fn check_netns(args: &CmdArgs) -> Result<(), CniError> {
     let o = args.netns_override.as_str();
+    // DEL may come without a netns (the sandbox is gone): nothing to compare.
     if o == "1" || o.eq_ignore_ascii_case("true") || args.netns.is_empty() {
         return Ok(());
     }
-    let (Ok(target), Ok(own)) = (
-        std::fs::metadata(&args.netns),
-        std::fs::metadata("/proc/thread-self/ns/net"),
-    ) else {
-        return Ok(());
-    };
-    if target.dev() == own.dev() && target.ino() == own.ino() {
+    if netns_is_same(std::path::Path::new(&args.netns), &own_netns_path())? {
         return Err(CniError::new(
             CODE_INVALID_NETNS,
             "plugin's netns and netns from CNI_NETNS should not be the same",
@@ -443,6 +448,35 @@ fn check_netns(args: &CmdArgs) -> Result<(), CniError> {
         ));
     }
     Ok(())
+}
+
+/// The calling thread's own netns: a thread may have entered another netns than the
+/// process's first thread, and the plugin's work runs from this one.
+fn own_netns_path() -> std::path::PathBuf {
+    let thread_self = std::path::Path::new("/proc/thread-self/ns/net");
+    if thread_self.exists() {
+        return thread_self.to_path_buf();
+    }
+    // Kernels before 3.17 have no /proc/thread-self.
+    let tid = nix::unistd::gettid();
+    std::path::PathBuf::from(format!("/proc/self/task/{tid}/ns/net"))
+}
+
+/// Whether the namespace file `target` is the namespace `own` (same device and inode).
+/// A `target` that cannot be opened is not refused here: the plugin reports its own
+/// error for it (and DEL of a netns already gone succeeds). An `own` that cannot be
+/// opened is code 8, "get plugin's netns failed", as libcni.
+fn netns_is_same(target: &std::path::Path, own: &std::path::Path) -> Result<bool, CniError> {
+    let Ok(target) = std::fs::File::open(target) else {
+        return Ok(false);
+    };
+    let own = std::fs::File::open(own)
+        .map_err(|_| CniError::new(CODE_INVALID_NETNS, "get plugin's netns failed", ""))?;
+    // fstat of open files: libcni's `isSameNS` (a failed fstat is "not the same").
+    match (target.metadata(), own.metadata()) {
+        (Ok(t), Ok(o)) => Ok(t.dev() == o.dev() && t.ino() == o.ino()),
+        _ => Ok(false),
+    }
 }
 
 #[cfg(test)]

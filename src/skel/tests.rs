@@ -347,21 +347,64 @@ fn panics_become_errors() {
     assert_eq!(e["msg"], "Calico CNI panicked during ADD: oops");
 }
 
+/// Our own netns is refused before the plugin runs: one error JSON, no result. ADD, DEL
+/// and CHECK; `CNI_NETNS_OVERRIDE` (1 or any-case true) skips it; a path that cannot be
+/// opened is left to the plugin.
 #[test]
 fn netns_guard() {
-    // Our own netns is refused after the command ran (the result is already printed).
     let own = "/proc/thread-self/ns/net";
-    let r = run(&add_env(&[("CNI_NETNS", own)]), CONF);
-    assert_eq!(r.code, 1);
-    assert!(r
-        .stdout
-        .contains("plugin's netns and netns from CNI_NETNS should not be the same"));
-    assert!(r.stdout.starts_with("{\n    \"cniVersion\""));
+    let same = "plugin's netns and netns from CNI_NETNS should not be the same";
+    for cmd in ["ADD", "DEL", "CHECK"] {
+        let r = run(&add_env(&[("CNI_COMMAND", cmd), ("CNI_NETNS", own)]), CONF);
+        let e = err_of(&r);
+        assert_eq!(
+            (e["code"].as_u64(), e["msg"].as_str()),
+            (Some(8), Some(same))
+        );
+        assert!(
+            r.stdout.starts_with("{\n    \"code\": 8"),
+            "{cmd}: {}",
+            r.stdout
+        );
+    }
+    for o in ["1", "true", "TRUE", "True"] {
+        let r = run(
+            &add_env(&[("CNI_NETNS", own), ("CNI_NETNS_OVERRIDE", o)]),
+            CONF,
+        );
+        assert_eq!(r.code, 0, "{o}: {}", r.stdout);
+    }
+    // Anything else is not an override.
     let r = run(
-        &add_env(&[("CNI_NETNS", own), ("CNI_NETNS_OVERRIDE", "true")]),
+        &add_env(&[("CNI_NETNS", own), ("CNI_NETNS_OVERRIDE", "yes")]),
         CONF,
     );
-    assert_eq!(r.code, 0);
+    assert_eq!(err_of(&r)["code"], 8);
     let r = run(&add_env(&[("CNI_NETNS", "/does/not/exist")]), CONF);
     assert_eq!(r.code, 0);
+    // A config error still comes first (libcni checks the version before the call).
+    let e = err_of(&run(
+        &add_env(&[("CNI_NETNS", own)]),
+        r#"{"cniVersion":"9.9.9","name":"n"}"#,
+    ));
+    assert_eq!(e["code"], 1);
+}
+
+#[test]
+fn netns_comparison() {
+    use std::path::Path;
+    let own = Path::new("/proc/thread-self/ns/net");
+    assert_eq!(netns_is_same(own, own), Ok(true));
+    assert_eq!(netns_is_same(Path::new("/proc/self/ns/net"), own), Ok(true));
+    // Another namespace type of the same thread is another inode.
+    assert_eq!(
+        netns_is_same(Path::new("/proc/self/ns/mnt"), own),
+        Ok(false)
+    );
+    // No CNI_NETNS to open: not this check's to refuse.
+    assert_eq!(netns_is_same(Path::new("/no/such/netns"), own), Ok(false));
+    // Our own netns unreadable: libcni's error.
+    let e = netns_is_same(own, Path::new("/no/such/own")).unwrap_err();
+    assert_eq!((e.code, e.msg.as_str()), (8, "get plugin's netns failed"));
+    assert!(own_netns_path().exists());
 }

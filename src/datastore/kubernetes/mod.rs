@@ -376,6 +376,28 @@ impl KubeDatastore {
         }))
     }
 
+    /// The endpoint of pod `namespace/pod`, whichever node it runs on: `None` when there is
+    /// no such pod, or it is not scheduled or uses host networking. For the CNI's DEL when
+    /// it does not know the node name, which is part of the endpoint's name (and which this
+    /// datastore never reads from the name: the pod's `spec.nodeName` is the node).
+    pub async fn endpoint_of_pod(
+        &self,
+        namespace: &str,
+        pod: &str,
+    ) -> Result<Option<KvPair>, DatastoreError> {
+        // The key only names the object in error texts.
+        let key = Key::Resource {
+            kind: Kind::WorkloadEndpoint,
+            namespace: Some(namespace.to_string()),
+            name: pod.to_string(),
+        };
+        match self.get_pod(&key, namespace, pod).await {
+            Ok(p) => self.endpoint_pair(&key, &p),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     fn pod_of(key: &Key) -> Result<(String, String), DatastoreError> {
         let Key::Resource {
             namespace, name, ..
