@@ -396,7 +396,9 @@ fn kdd_request_budget_of_an_add_into_an_affine_block() {
     let w = real_world!("kdd_request_budget_of_an_add_into_an_affine_block");
     w.seed_pod("default", "first", json!({}));
     w.seed_pod("default", "second", json!({}));
-    let conf = w.conf(json!({}));
+    // The API group as the installer writes it into the conflist (an empty one costs one
+    // request more, the discovery: `kdd_api_group_discovery`).
+    let conf = w.conf(json!({"calico_api_group": "crd.projectcalico.org/v1"}));
     let p1 = common::netns::Netns::new("pod");
     let first = Invocation::new("ADD", "first0000001", p1.path()).k8s("default", "first");
     w.calico(&first, &conf).assert_ok();
@@ -833,4 +835,119 @@ fn kdd_del_without_the_nodename_file() {
     }));
     w.calico(&stays.as_del(), &named).assert_ok_fast();
     w.assert_clean();
+}
+
+/// `calico_api_group` empty: the plugin asks the API server which group Calico's CRDs are
+/// served under (`GET /apis`, once per call, alongside its first requests), as libcalico-go
+/// does. On the v1 CRDs every object is written there; then, the v1 CRDs replaced by the
+/// `projectcalico.org/v3` ones (the same resources, as a v3-CRD cluster serves them), the
+/// same NetConf works there.
+#[test]
+fn kdd_api_group_discovery() {
+    require_root();
+    let w = real_world!("kdd_api_group_discovery");
+    let conf = w.conf(json!({}));
+    let discoveries = |reqs: &[Audited]| {
+        reqs.iter()
+            .filter(|q| q.verb == "get" && q.path() == "/apis")
+            .count()
+    };
+    w.seed_pod("default", "v1pod", json!({}));
+    let p1 = common::netns::Netns::new("pod");
+    let inv = Invocation::new("ADD", "v1pod0000001", p1.path()).k8s("default", "v1pod");
+    let mark = w.api.audit_mark();
+    w.calico(&inv, &conf).assert_ok();
+    let reqs = w.api.plugin_requests_since(mark);
+    assert_eq!(discoveries(&reqs), 1, "{}", listing(&reqs));
+    assert!(reqs.iter().all(accepted), "{}", listing(&reqs));
+    assert_eq!(w.crs("ipamblocks").len(), 1);
+    let mark = w.api.audit_mark();
+    w.calico(&inv.as_del(), &conf).assert_ok();
+    let reqs = w.api.plugin_requests_since(mark);
+    assert_eq!(discoveries(&reqs), 1, "{}", listing(&reqs));
+    w.assert_clean();
+
+    // The v3 CRDs instead of the v1 ones.
+    const V3: &str = "/apis/projectcalico.org/v3";
+    let crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+    let v1_crds: Vec<Value> = w
+        .api
+        .list(crds)
+        .into_iter()
+        .filter(|c| c["spec"]["group"] == "crd.projectcalico.org")
+        .collect();
+    for c in &v1_crds {
+        let name = c["metadata"]["name"].as_str().unwrap();
+        w.api.remove(&format!("{crds}/{name}"));
+        let plural = c["spec"]["names"]["plural"].as_str().unwrap();
+        let mut names = c["spec"]["names"].clone();
+        if plural == "ipamconfigs" {
+            names = json!({"kind":"IPAMConfiguration","listKind":"IPAMConfigurationList",
+                "plural":"ipamconfigurations","singular":"ipamconfiguration"});
+        }
+        let plural = names["plural"].as_str().unwrap().to_string();
+        let a = w.api.post(
+            crds,
+            json!({"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResourceDefinition",
+                "metadata":{"name": format!("{plural}.projectcalico.org")},
+                "spec":{"group":"projectcalico.org","scope":"Cluster","names":names,
+                    "versions":[{"name":"v3","served":true,"storage":true,
+                        "schema":{"openAPIV3Schema":{"type":"object",
+                            "x-kubernetes-preserve-unknown-fields":true}}}]}}),
+        );
+        assert_eq!(a.status, 201, "{a:?}");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let groups: Vec<String> = w
+            .api
+            .get("/apis")
+            .and_then(|a| a["groups"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|g| g["name"].as_str().map(String::from))
+            .collect();
+        let served = w
+            .api
+            .get(V3)
+            .is_some_and(|d| d["resources"].as_array().map_or(0, |r| r.len()) >= v1_crds.len());
+        if served && !groups.iter().any(|g| g == "crd.projectcalico.org") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "v3 CRDs not served: {groups:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    w.api.put(
+        &format!("{V3}/clusterinformations/default"),
+        json!({"apiVersion":"projectcalico.org/v3","kind":"ClusterInformation",
+            "metadata":{"name":"default"},
+            "spec":{"clusterGUID":"abc","clusterType":"k8s,kdd","calicoVersion":"v3.32.1","datastoreReady":true}}),
+    );
+    w.api.put(
+        &format!("{V3}/ippools/default-ipv4-ippool"),
+        json!({"apiVersion":"projectcalico.org/v3","kind":"IPPool",
+            "metadata":{"name":"default-ipv4-ippool"},
+            "spec":{"cidr":"10.65.0.0/16","ipipMode":"Never","vxlanMode":"Never","natOutgoing":true,
+                "blockSize":26,"nodeSelector":"all()"}}),
+    );
+    w.seed_pod("default", "v3pod", json!({}));
+    let p2 = common::netns::Netns::new("pod");
+    let inv = Invocation::new("ADD", "v3pod0000001", p2.path()).k8s("default", "v3pod");
+    let mark = w.api.audit_mark();
+    let r = w.calico(&inv, &conf).assert_ok().json();
+    let reqs = w.api.plugin_requests_since(mark);
+    eprintln!("ADD on the v3 CRDs ({}):\n{}", reqs.len(), listing(&reqs));
+    assert_eq!(discoveries(&reqs), 1, "{}", listing(&reqs));
+    assert!(ip_of(&r).starts_with("10.65."), "{r}");
+    let blocks = w.api.list(&format!("{V3}/ipamblocks"));
+    assert_eq!(blocks.len(), 1);
+    assert_eq!(blocks[0]["apiVersion"], "projectcalico.org/v3");
+    assert_eq!(w.api.list(&format!("{V3}/ipamhandles")).len(), 1);
+    assert_eq!(w.api.list(&format!("{V3}/blockaffinities")).len(), 1);
+    assert_eq!(w.api.list(&format!("{V3}/ipamconfigurations")).len(), 1);
+    w.calico(&inv.as_del(), &conf).assert_ok();
+    assert!(w.api.list(&format!("{V3}/ipamhandles")).is_empty());
 }

@@ -42,11 +42,13 @@ impl Backend {
 /// Connects to the datastore the settings name (errors are upstream's bare texts).
 pub async fn connect(s: &DatastoreSettings) -> Result<Backend, DatastoreError> {
     if s.datastore_type == "kubernetes" {
-        let client = KubeClient::new(&s.kube, DATASTORE_TIMEOUT).await?;
-        return Ok(Backend::Kubernetes(KubeDatastore::new(
-            Arc::new(client),
-            Group::new(&s.calico_api_group),
-        )));
+        let client = Arc::new(KubeClient::new(&s.kube, DATASTORE_TIMEOUT).await?);
+        return Ok(Backend::Kubernetes(
+            match Group::configured(&s.calico_api_group) {
+                Some(group) => KubeDatastore::new(client, group),
+                None => KubeDatastore::discovering(client),
+            },
+        ));
     }
     let endpoints = etcd_endpoints(s).await?;
     let opt = |v: &str| (!v.is_empty()).then(|| v.to_string());

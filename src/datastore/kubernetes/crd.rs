@@ -22,21 +22,45 @@ pub struct Group {
 impl Default for Group {
     fn default() -> Self {
         Group {
-            api_version: "crd.projectcalico.org/v1".into(),
+            api_version: Self::V1.into(),
         }
     }
 }
 
 impl Group {
-    /// From `calico_api_group` (empty: the v1 CRDs).
+    pub const V1: &'static str = "crd.projectcalico.org/v1";
+    pub const V3: &'static str = "projectcalico.org/v3";
+
+    /// From `calico_api_group` as libcalico-go reads it: `projectcalico.org/v3` (any case)
+    /// is the v3 CRDs, anything else the v1 CRDs (empty too: see `configured` for
+    /// discovery).
     pub fn new(configured: &str) -> Group {
-        if configured.is_empty() {
-            Group::default()
-        } else {
-            Group {
-                api_version: configured.to_string(),
-            }
+        let api_version = match configured.eq_ignore_ascii_case(Self::V3) {
+            true => Self::V3,
+            false => Self::V1,
+        };
+        Group {
+            api_version: api_version.into(),
         }
+    }
+
+    /// The group `calico_api_group` names, `None` when it is empty (the API server is then
+    /// asked: `KubeDatastore::discovering`).
+    pub fn configured(configured: &str) -> Option<Group> {
+        (!configured.is_empty()).then(|| Group::new(configured))
+    }
+
+    /// libcalico-go's `UsingV3CRDs` on the API groups the server serves: the v3 CRDs only
+    /// when `projectcalico.org` is served and `crd.projectcalico.org` is not (both: the
+    /// aggregated API server in front of the v1 CRDs).
+    pub fn from_served(groups: &[&str]) -> Group {
+        let has = |g: &str| groups.contains(&g);
+        Group::new(
+            match has("projectcalico.org") && !has("crd.projectcalico.org") {
+                true => Self::V3,
+                false => Self::V1,
+            },
+        )
     }
 
     /// The `projectcalico.org/v3` CRDs: bool `deleted`, `IPAMConfiguration`.
@@ -374,6 +398,26 @@ pub fn mark_deleted(key: &Key, value: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn api_group_as_libcalico_go_decides() {
+        assert_eq!(Group::configured(""), None);
+        assert_eq!(Group::new("PROJECTCALICO.org/V3").api_version, Group::V3);
+        // Anything but v3 is the v1 CRDs (a bad value too, as upstream).
+        assert_eq!(Group::new("projectcalico.org").api_version, Group::V1);
+        assert_eq!(
+            Group::new("crd.projectcalico.org/v1").api_version,
+            Group::V1
+        );
+        let served = |g: &[&str]| Group::from_served(g).api_version;
+        assert_eq!(served(&["apps", "projectcalico.org"]), Group::V3);
+        assert_eq!(
+            served(&["projectcalico.org", "crd.projectcalico.org"]),
+            Group::V1
+        );
+        assert_eq!(served(&["crd.projectcalico.org"]), Group::V1);
+        assert_eq!(served(&[]), Group::V1);
+    }
 
     #[test]
     fn block_round_trip_and_spec_shape() {

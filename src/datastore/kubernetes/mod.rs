@@ -42,8 +42,15 @@ struct Seen {
 
 pub struct KubeDatastore {
     client: Arc<KubeClient>,
-    group: Group,
+    group: GroupChoice,
     seen: Mutex<HashMap<String, Seen>>,
+}
+
+/// Which API group Calico's custom resources are under: configured, or asked of the API
+/// server once per call (`calico_api_group` empty).
+enum GroupChoice {
+    Configured(Group),
+    Discover(tokio::sync::OnceCell<Group>),
 }
 
 /// An error answer, in libcalico-go's terms (`K8sErrorToCalico`).
@@ -89,9 +96,86 @@ impl KubeDatastore {
     pub fn new(client: Arc<KubeClient>, group: Group) -> KubeDatastore {
         KubeDatastore {
             client,
-            group,
+            group: GroupChoice::Configured(group),
             seen: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// A datastore whose API group the API server is asked for (`discovered`), once.
+    pub fn discovering(client: Arc<KubeClient>) -> KubeDatastore {
+        KubeDatastore {
+            client,
+            group: GroupChoice::Discover(tokio::sync::OnceCell::new()),
+            seen: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The group requests go to now: the configured or discovered one, else (discovery
+    /// not answered yet) the v1 CRDs, the group nearly every cluster serves.
+    fn group(&self) -> Group {
+        match &self.group {
+            GroupChoice::Configured(g) => g.clone(),
+            GroupChoice::Discover(cell) => cell.get().cloned().unwrap_or_default(),
+        }
+    }
+
+    /// The group, asking the API server which it serves (`GET /apis`, libcalico-go's
+    /// `UsingV3CRDs`) the first time; a failed discovery is the v1 CRDs, as upstream.
+    async fn discovered(&self) -> Group {
+        let cell = match &self.group {
+            GroupChoice::Configured(g) => return g.clone(),
+            GroupChoice::Discover(cell) => cell,
+        };
+        cell.get_or_init(|| async {
+            let answer = match self.client.get("/apis").await {
+                Ok(resp) if resp.ok() => resp.json(),
+                Ok(resp) => Err(DatastoreError::Other(resp.status_object().message)),
+                Err(e) => Err(e),
+            };
+            let group = match answer {
+                Ok(list) => {
+                    let names: Vec<&str> = list
+                        .get("groups")
+                        .and_then(Value::as_array)
+                        .map(|g| {
+                            g.iter()
+                                .filter_map(|g| g.get("name").and_then(Value::as_str))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    Group::from_served(&names)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "API group discovery failed; using the v1 CRDs");
+                    Group::default()
+                }
+            };
+            tracing::debug!(group = %group.api_version, "discovered Calico's API group");
+            group
+        })
+        .await
+        .clone()
+    }
+
+    /// Runs `op` (a request on Calico's custom resources, under `self.group()`). While the
+    /// group is not known yet, `op` goes to the v1 CRDs and the discovery runs alongside it
+    /// (the same round trip); only when the server turns out to serve the v3 CRDs instead
+    /// is `op` made again there (where the v1 group is not served, the first attempt found
+    /// nothing and changed nothing).
+    async fn in_group<T, F, Fut>(&self, op: F) -> Result<T, DatastoreError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T, DatastoreError>>,
+    {
+        let guess = match &self.group {
+            GroupChoice::Discover(cell) if cell.get().is_none() => self.group(),
+            _ => return op().await,
+        };
+        let (first, decided) = tokio::join!(op(), self.discovered());
+        if decided == guess {
+            return first;
+        }
+        op().await
     }
 
     /// The API client, for the plugin's own reads (pods, namespaces, nodes).
@@ -135,7 +219,7 @@ impl KubeDatastore {
     }
 
     async fn get_cr(&self, key: &Key, cr: &CrdRef) -> Result<KvPair, DatastoreError> {
-        let path = self.group.object(cr.plural, &cr.name);
+        let path = self.group().object(cr.plural, &cr.name);
         let resp = self.client.get(&path).await?;
         if !resp.ok() {
             return Err(api_error(key, &resp));
@@ -166,12 +250,17 @@ impl KubeDatastore {
         value: &Value,
         revision: Option<&str>,
     ) -> Result<Revision, DatastoreError> {
-        let obj = to_cr(key, value, cr, &self.group, revision, None)?;
-        let path = self.group.object(cr.plural, &cr.name);
+        let obj = to_cr(key, value, cr, &self.group(), revision, None)?;
+        let path = self.group().object(cr.plural, &cr.name);
         let resp = match revision {
             None => {
                 self.client
-                    .send_json(Method::POST, &self.group.collection(cr.plural), JSON, &obj)
+                    .send_json(
+                        Method::POST,
+                        &self.group().collection(cr.plural),
+                        JSON,
+                        &obj,
+                    )
                     .await?
             }
             Some(_) => {
@@ -208,7 +297,7 @@ impl KubeDatastore {
         cr: &CrdRef,
         revision: Option<&str>,
     ) -> Result<(), DatastoreError> {
-        let path = self.group.object(cr.plural, &cr.name);
+        let path = self.group().object(cr.plural, &cr.name);
         if let Key::Resource { .. } | Key::IpamConfig = key {
             let mut opts = json!({"kind": "DeleteOptions", "apiVersion": "v1"});
             if let Some(rv) = revision.filter(|r| !r.is_empty()) {
@@ -275,7 +364,7 @@ impl KubeDatastore {
     }
 
     async fn list_crs(&self, plural: &str, query: &str) -> Result<Vec<Value>, DatastoreError> {
-        let mut path = self.group.collection(plural);
+        let mut path = self.group().collection(plural);
         if !query.is_empty() {
             path.push('?');
             path.push_str(query);
@@ -286,7 +375,7 @@ impl KubeDatastore {
             let status = resp.status_object();
             return Err(match resp.status {
                 404 => DatastoreError::NotFound {
-                    key: format!("{}({plural})", self.group.api_version),
+                    key: format!("{}({plural})", self.group().api_version),
                     cause: status.message,
                 },
                 401 | 403 => DatastoreError::Unauthorized(status.message),
@@ -311,9 +400,9 @@ impl KubeDatastore {
         for item in self.list_crs(plural, query).await? {
             let Some(key) = key_of(&item) else { continue };
             let got = from_cr(&key, &item)?;
-            if let Some(cr) = crd_ref(&key, &self.group) {
+            if let Some(cr) = crd_ref(&key, &self.group()) {
                 self.remember(
-                    &self.group.object(cr.plural, &cr.name),
+                    &self.group().object(cr.plural, &cr.name),
                     Seen {
                         revision: got.revision.clone(),
                         uid: got.uid.clone(),
@@ -547,13 +636,10 @@ impl KubeDatastore {
     }
 }
 
-impl Datastore for KubeDatastore {
-    fn nodes_always_exist(&self) -> bool {
-        true
-    }
-
-    async fn get(&self, key: &Key) -> Result<KvPair, DatastoreError> {
-        if let Some(cr) = crd_ref(key, &self.group) {
+/// The `Datastore` operations under the group requests go to now (`in_group` wraps them).
+impl KubeDatastore {
+    async fn get_now(&self, key: &Key) -> Result<KvPair, DatastoreError> {
+        if let Some(cr) = crd_ref(key, &self.group()) {
             return self.get_cr(key, &cr).await;
         }
         match key {
@@ -575,7 +661,7 @@ impl Datastore for KubeDatastore {
         }
     }
 
-    async fn list(&self, what: &ListKind) -> Result<Vec<KvPair>, DatastoreError> {
+    async fn list_now(&self, what: &ListKind) -> Result<Vec<KvPair>, DatastoreError> {
         match what {
             ListKind::Resources {
                 kind: Kind::WorkloadEndpoint,
@@ -614,7 +700,7 @@ impl Datastore for KubeDatastore {
                     namespace: namespace.clone(),
                     name: String::new(),
                 };
-                let Some(cr) = crd_ref(&probe, &self.group) else {
+                let Some(cr) = crd_ref(&probe, &self.group()) else {
                     return Err(Self::read_only(&probe));
                 };
                 let prefix = name_prefix.clone().unwrap_or_default();
@@ -689,8 +775,8 @@ impl Datastore for KubeDatastore {
         }
     }
 
-    async fn create(&self, key: &Key, value: &Value) -> Result<Revision, DatastoreError> {
-        if let Some(cr) = crd_ref(key, &self.group) {
+    async fn create_now(&self, key: &Key, value: &Value) -> Result<Revision, DatastoreError> {
+        if let Some(cr) = crd_ref(key, &self.group()) {
             return self.write_cr(key, &cr, value, None).await;
         }
         match key {
@@ -702,13 +788,13 @@ impl Datastore for KubeDatastore {
         }
     }
 
-    async fn update(
+    async fn update_now(
         &self,
         key: &Key,
         value: &Value,
         revision: &str,
     ) -> Result<Revision, DatastoreError> {
-        if let Some(cr) = crd_ref(key, &self.group) {
+        if let Some(cr) = crd_ref(key, &self.group()) {
             return self.write_cr(key, &cr, value, Some(revision)).await;
         }
         match key {
@@ -722,10 +808,8 @@ impl Datastore for KubeDatastore {
         }
     }
 
-    /// Lists the affinities without the affinity-type label (all nodes': the host-hash label
-    /// is what is missing) and writes this node's back with the three labels, each a
-    /// compare-and-swap on the revision listed. Labels already there are kept.
-    async fn label_host_affinities(&self, node: &str) -> Result<usize, DatastoreError> {
+    /// `label_host_affinities` under the group requests go to now.
+    async fn label_host_affinities_now(&self, node: &str) -> Result<usize, DatastoreError> {
         let query = format!(
             "labelSelector={}",
             url_encode(&format!("!{}", names::LABEL_AFFINITY_TYPE))
@@ -764,7 +848,7 @@ impl Datastore for KubeDatastore {
                     labels.insert(k.to_string(), Value::String(v));
                 }
             }
-            let path = self.group.object("blockaffinities", &name);
+            let path = self.group().object("blockaffinities", &name);
             let resp = self
                 .client
                 .send_json(Method::PUT, &path, JSON, &item)
@@ -790,8 +874,8 @@ impl Datastore for KubeDatastore {
         }
     }
 
-    async fn delete(&self, key: &Key, revision: Option<&str>) -> Result<(), DatastoreError> {
-        if let Some(cr) = crd_ref(key, &self.group) {
+    async fn delete_now(&self, key: &Key, revision: Option<&str>) -> Result<(), DatastoreError> {
+        if let Some(cr) = crd_ref(key, &self.group()) {
             return self.delete_cr(key, &cr, revision).await;
         }
         match key {
@@ -802,6 +886,70 @@ impl Datastore for KubeDatastore {
             _ => Err(Self::read_only(key)),
         }
     }
+}
+
+impl Datastore for KubeDatastore {
+    fn nodes_always_exist(&self) -> bool {
+        true
+    }
+
+    async fn get(&self, key: &Key) -> Result<KvPair, DatastoreError> {
+        match is_cr(key) {
+            true => self.in_group(|| self.get_now(key)).await,
+            false => self.get_now(key).await,
+        }
+    }
+
+    async fn list(&self, what: &ListKind) -> Result<Vec<KvPair>, DatastoreError> {
+        match what {
+            ListKind::Resources {
+                kind: Kind::WorkloadEndpoint,
+                ..
+            } => self.list_now(what).await,
+            _ => self.in_group(|| self.list_now(what)).await,
+        }
+    }
+
+    async fn create(&self, key: &Key, value: &Value) -> Result<Revision, DatastoreError> {
+        match is_cr(key) {
+            true => self.in_group(|| self.create_now(key, value)).await,
+            false => self.create_now(key, value).await,
+        }
+    }
+
+    async fn update(
+        &self,
+        key: &Key,
+        value: &Value,
+        revision: &str,
+    ) -> Result<Revision, DatastoreError> {
+        match is_cr(key) {
+            true => {
+                self.in_group(|| self.update_now(key, value, revision))
+                    .await
+            }
+            false => self.update_now(key, value, revision).await,
+        }
+    }
+
+    async fn delete(&self, key: &Key, revision: Option<&str>) -> Result<(), DatastoreError> {
+        match is_cr(key) {
+            true => self.in_group(|| self.delete_now(key, revision)).await,
+            false => self.delete_now(key, revision).await,
+        }
+    }
+
+    /// Lists the affinities without the affinity-type label (all nodes': the host-hash label
+    /// is what is missing) and writes this node's back with the three labels, each a
+    /// compare-and-swap on the revision listed. Labels already there are kept.
+    async fn label_host_affinities(&self, node: &str) -> Result<usize, DatastoreError> {
+        self.in_group(|| self.label_host_affinities_now(node)).await
+    }
+}
+
+/// Whether `key` is stored as a Calico custom resource (in whichever group).
+fn is_cr(key: &Key) -> bool {
+    crd_ref(key, &Group::default()).is_some()
 }
 
 /// Percent-encodes a query value (label selectors: `=`, `,`, `/`, `!`, spaces).
