@@ -943,3 +943,53 @@ async fn an_unanswered_handle_read_during_a_retried_del_fails_it() {
     assert_eq!(allocations(&ds), [(other[0].addr, "other".to_string())]);
     assert_consistent(&ds);
 }
+
+/// Two callers for one KubeVirt VM's handle (at most one address per IP version), the
+/// first held back just before its block write: the second allocates; the first finds the
+/// handle full, and gets the second's address rather than another. On a store that writes
+/// the new handle and the block in one transaction (etcd) and on one that does not (KDD).
+#[tokio::test]
+async fn one_address_per_version_for_a_vm_handle_however_many_ask() {
+    for ds in [store(), transactional_store()] {
+        ds.put_raw(
+            &Key::IpamConfig,
+            &to_value(&IpamConfig::defaults()).unwrap(),
+        );
+        assign(&ds, "node1", "other", 1).await;
+        let next = ds.writes_to(KeyClass::Block) + 1;
+        ds.inject(Fault::on(KeyClass::Block, Fault::YieldBeforeWrite(next)));
+        let vm = AutoAssignArgs {
+            max_per_version: Some(1),
+            ..args("net.vmi.ns.vm", "node1", 1)
+        };
+        let (a, b) = (Ipam::new(&ds, "node1"), Ipam::new(&ds, "node1"));
+        let (r1, r2) = tokio::join!(a.auto_assign(&vm), b.auto_assign(&vm));
+        let (ip1, ip2) = (r1.unwrap().0.ips, r2.unwrap().0.ips);
+        assert_eq!(ip1, ip2);
+        assert_eq!(ip1.len(), 1);
+        let held: Vec<_> = allocations(&ds)
+            .into_iter()
+            .filter(|(_, h)| h == "net.vmi.ns.vm")
+            .collect();
+        assert_eq!(held.len(), 1, "{held:?}");
+        assert_eq!(handles(&ds)["net.vmi.ns.vm"].block.values().sum::<i64>(), 1);
+        // Asked again, the handle's address; `IP=` of another address is refused.
+        let again = Ipam::new(&ds, "node1")
+            .auto_assign(&vm)
+            .await
+            .unwrap()
+            .0
+            .ips;
+        assert_eq!(again, ip1);
+        let other: IpAddr = "10.80.0.6".parse().unwrap();
+        let err = Ipam::new(&ds, "node1")
+            .assign_ip(other, "net.vmi.ns.vm", &BTreeMap::new(), Some(1))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "handle net.vmi.ns.vm already has IP(s) allocated, cannot assign additional IP 10.80.0.6 (maxAllocPerIPVersion=1)"
+        );
+        assert_consistent(&ds);
+    }
+}

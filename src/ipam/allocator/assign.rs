@@ -371,10 +371,13 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                     .filter(|ip| ip.version() == cidr.version())
                     .collect();
                 info!(handle = %args.handle_id, ?theirs, "the handle already has its addresses");
-                return match theirs.is_empty() {
-                    true => Err(AssignError::Conflict),
-                    false => Ok(theirs),
-                };
+                if theirs.is_empty() {
+                    // The other call's block write is on its way: give it a moment rather
+                    // than spend the retries re-reading before it can land.
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    return Err(AssignError::Conflict);
+                }
+                return Ok(theirs);
             }
             Err(e) => return Err(e.into()),
         }
