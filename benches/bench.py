@@ -270,8 +270,11 @@ def bench_kdd(work, bindir, ptp_side):
             time.sleep(0.05)
         else:
             raise SystemExit("the test API server did not start")
+        # calico_api_group as the installer writes it into the conflist (empty, the plugin
+        # would also ask the API server which group it serves: one request more per call).
         conf = json.dumps({"cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "calico",
                            "datastore_type": "kubernetes", "kubernetes": {"kubeconfig": f"{kdir}/kubeconfig"},
+                           "calico_api_group": "crd.projectcalico.org/v1",
                            "policy": {"type": "k8s"}, "nodename": "bench-node", "nodename_file_optional": True,
                            "mtu": 1440, "log_level": "warn", "log_file_path": f"{work}/cni-kdd.log",
                            "ipam_lock_file": f"{work}/ipam-kdd.lock", "ipam": {"type": "calico-ipam"}})
