@@ -406,3 +406,36 @@ fn concurrent_adds_for_one_vm_never_get_two_addresses() {
         assert_eq!(held.len(), 1, "{vm}: {held:?}");
     }
 }
+
+/// A VM's pod whose `calico` ADD fails after its IPAM (its netns already has an `eth0`,
+/// which is never replaced) gives the VM's address back as its DEL would: it stops owning
+/// it, and the VM keeps it (upstream runs IPAM DEL there). Nothing of the pod is left.
+#[test]
+fn a_failed_add_of_a_vms_pod_only_gives_up_its_ownership() {
+    let w = real_world!("a_failed_add_of_a_vms_pod_only_gives_up_its_ownership");
+    let vm_uid = create_vm(&w, "vm3");
+    let vmi_uid = create_vmi(&w, "vm3", Some(&vm_uid));
+    let handle = vm_handle(&w, "vm3");
+    let conf = w.conf(json!({}));
+    launcher_pod(&w, "virt-launcher-vm3-a", "vm3", &vmi_uid, None);
+    let a = ipam_inv("ADD", "vm3a", "virt-launcher-vm3-a");
+    let ip = address(&w.ipam(&a, &conf).assert_ok().json());
+    w.ipam(&a.as_del(), &conf).assert_ok();
+
+    launcher_pod(&w, "virt-launcher-vm3-b", "vm3", &vmi_uid, None);
+    let netns = Netns::new("vmpod");
+    netns.ip(&["link", "add", "eth0", "type", "bridge"]);
+    let links_before = w.host_sh("ip -o link show | wc -l");
+    let b = Invocation::new("ADD", "vm3b", netns.path()).k8s(NS, "virt-launcher-vm3-b");
+    let err = w.calico(&b, &conf).assert_err();
+    eprintln!("the failed ADD: {err}");
+    // The VM keeps its address, owned by no pod; the pod's interface was not made.
+    assert_eq!(w.handles(), vec![handle.clone()]);
+    let attr = attribute_of(&w, &ip);
+    assert_eq!(attr["handle_id"], handle.as_str());
+    assert!(attr.get("secondary").is_none(), "{attr}");
+    assert_eq!(w.host_sh("ip -o link show | wc -l"), links_before);
+    assert!(netns.has_link("eth0"));
+    w.calico(&b.as_del(), &conf).assert_ok();
+    assert_eq!(w.handles(), vec![handle]);
+}

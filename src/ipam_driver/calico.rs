@@ -192,9 +192,18 @@ pub struct Prepared {
 /// Gives back exactly these addresses, and only where they still belong to this call's
 /// handle: the rollback of a failed `calico` ADD. Unlike a DEL (which releases the whole
 /// handle `<network>.<containerID>`), this never frees an address that another ADD of the
-/// same sandbox holds under the same handle.
+/// same sandbox holds under the same handle. A KubeVirt VM's pod's addresses are the VM's:
+/// the pod only stops owning them, as its DEL would (upstream runs IPAM DEL here).
 pub async fn release_addresses<D: Datastore>(ds: &D, args: &CmdArgs, ips: &[IpAddr]) -> Result<()> {
     let call = prepare(args, None, false)?;
+    let detected = detect_vm(ds, &call, None, true).await?;
+    if let Some(vmi) = persistent_vm(&Ipam::new(ds, &call.ids.node), detected).await? {
+        info!(
+            ?ips,
+            "a VM's pod failed its ADD: it stops owning the VM's addresses"
+        );
+        return release_vm(ds, &call, &vmi).await;
+    }
     let handle = call.ids.handle_id(&call.conf.name);
     let ipam = Ipam::new(ds, &call.ids.node);
     let _lock = IpamLock::acquire(call.conf.ipam_lock_file()).await;
