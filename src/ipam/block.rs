@@ -40,7 +40,7 @@ pub struct ReleaseOutcome {
 }
 
 /// A handle as stored, cut at the first `\r` (upstream's `sanitizeHandle`).
-fn sanitize_handle(h: &str) -> &str {
+pub(crate) fn sanitize_handle(h: &str) -> &str {
     h.split('\r').next().unwrap_or(h)
 }
 
@@ -96,7 +96,7 @@ impl AllocationBlock {
             .count()
     }
 
-    fn attribute(&self, index: usize) -> Option<&AllocationAttribute> {
+    pub(crate) fn attribute(&self, index: usize) -> Option<&AllocationAttribute> {
         self.attributes.as_ref().and_then(|a| a.get(index))
     }
 
@@ -264,16 +264,21 @@ impl AllocationBlock {
         })
     }
 
-    /// Releases every address of `handle_id`; returns how many.
-    pub fn release_by_handle(&mut self, handle_id: &str) -> usize {
-        let ordinals: Vec<usize> = (0..self.allocations.len())
+    /// The ordinals allocated to `handle_id`, ascending.
+    pub(crate) fn ordinals_of(&self, handle_id: &str) -> Vec<usize> {
+        (0..self.allocations.len())
             .filter(|o| {
                 self.allocations[*o]
                     .and_then(|i| self.attribute(i))
                     .and_then(|a| a.handle_id.as_deref())
                     .is_some_and(|h| sanitize_handle(h) == handle_id)
             })
-            .collect();
+            .collect()
+    }
+
+    /// Releases every address of `handle_id`; returns how many.
+    pub fn release_by_handle(&mut self, handle_id: &str) -> usize {
+        let ordinals = self.ordinals_of(handle_id);
         if !ordinals.is_empty() {
             self.free(&ordinals, false);
         }

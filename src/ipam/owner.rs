@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use crate::datastore::model::{AllocationAttribute, AllocationBlock};
+use crate::ipam::block::sanitize_handle;
 
 /// The attribute keys that name an owner pod.
 pub const ATTR_POD: &str = "pod";
@@ -123,10 +124,7 @@ impl AllocationBlock {
         update: &OwnerUpdate,
     ) -> Result<(), OwnerError> {
         let (index, attr) = self.attribute_of(ip).ok_or(OwnerError::Unassigned(*ip))?;
-        let held = attr
-            .handle_id
-            .as_deref()
-            .map(|h| h.split('\r').next().unwrap_or(h));
+        let held = attr.handle_id.as_deref().map(sanitize_handle);
         if held != Some(handle) {
             return Err(OwnerError::OtherHandle {
                 ip: *ip,
@@ -169,13 +167,8 @@ impl AllocationBlock {
 
     /// The addresses `handle` holds in this block, with the block's mask, in ordinal order.
     pub fn addresses_of(&self, handle: &str) -> Vec<crate::net::IpNet> {
-        (0..self.allocations.len())
-            .filter(|o| {
-                self.allocations[*o]
-                    .and_then(|i| self.attributes.as_ref()?.get(i))
-                    .and_then(|a| a.handle_id.as_deref())
-                    .is_some_and(|h| h.split('\r').next() == Some(handle))
-            })
+        self.ordinals_of(handle)
+            .into_iter()
             .map(|o| crate::net::IpNet {
                 addr: self.ip_of(o),
                 prefix: self.cidr.prefix,
