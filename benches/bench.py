@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
 """calico-cni-rs benchmark (not a test).
 
-- ADD and DEL latency of our calico + calico-ipam on a real etcd against Debian's ptp +
-  host-local, interleaved run by run (fresh pod netns each), median, p90 and the ratio;
-- the same against the Kubernetes test API server (when BENCH_KUBE_API_BIN is set);
-- the datastore requests of one ADD and one DEL (etcd's own counters, and the sequence from
-  our debug log);
+- ADD and DEL latency of our calico + calico-ipam against Debian's ptp + host-local,
+  interleaved run by run (fresh pod netns each), median, p90 and the ratio, on the
+  configurations Calico's manifests install: etcd with `policy.type: k8s` (the pod and its
+  namespace read from the API server), the Kubernetes datastore (KDD, policy k8s, file
+  logging), and etcd without the API reads (the rows of earlier runs);
+- the API server is the real kube-apiserver of ../shared/k8s (tests/real_k8s_harness.rs
+  `serve_for_bench`: Calico's CRDs, the plugin's own RBAC and token, an audit log), when
+  BENCH_KUBE_API_BIN is set and the bundle is there; without it only the etcd rows without
+  policy k8s are measured;
+- the datastore requests of one ADD and one DEL (etcd's own counters, the API server's audit
+  log, and the sequence from our debug log);
 - N concurrent ADDs on one node (all distinct addresses, asserted; total wall time), then N
   concurrent DELs, against the same for ptp + host-local;
 - peak RSS of one ADD and one DEL (GNU time, see `peak_rss`), VERSION start-up time.
@@ -20,8 +26,8 @@ import contextlib, json, os, re, resource, shutil, socket, statistics, subproces
 
 BIN = os.path.realpath(sys.argv[1] if len(sys.argv) > 1 else "target/release/calico")
 RUNS = int(sys.argv[2]) if len(sys.argv) > 2 else 40
-# The test API server's binary (tests/kube_api_server.rs `serve_for_bench`), for the
-# Kubernetes-datastore rows; skipped when unset.
+# The real API server's harness binary (tests/real_k8s_harness.rs `serve_for_bench`), for
+# the rows with the API server; skipped when unset.
 KUBE_API_BIN = os.environ.get("BENCH_KUBE_API_BIN", "")
 BEFORE_BIN = os.path.realpath(os.environ["BENCH_BEFORE"]) if os.environ.get("BENCH_BEFORE") else ""
 # How the report names that binary (`make bench` compares the static musl build this way).
@@ -99,8 +105,9 @@ def run_cni(plugin, command, cid, netns, conf, cni_path, args="", wrap=()):
 class Side:
     """One plugin set under test: how to call it and what it measured."""
 
-    def __init__(self, name, plugin, conf, cni_path, k8s):
+    def __init__(self, name, plugin, conf, cni_path, k8s, label=""):
         self.name, self.plugin, self.conf, self.cni_path, self.k8s = name, plugin, conf, cni_path, k8s
+        self.label = label or name
         self.adds, self.dels = [], []
         self.adds_cpu, self.dels_cpu = [], []
 
@@ -253,46 +260,85 @@ def etcd_requests(etcd, side, debug_conf, pods=5):
     return per, seq
 
 
-def bench_kdd(work, bindir, ptp_side):
-    """ADD/DEL on the Kubernetes datastore against the test API server, interleaved with
-    ptp+host-local; the API requests per ADD and per DEL (the server's log, one connection
-    per call)."""
-    kdir = f"{work}/kube"
-    os.makedirs(kdir)
-    env = dict(os.environ, BENCH_KUBE_API_NETNS=f"/run/netns/{HOST}", BENCH_KUBE_API_DIR=kdir,
-               BENCH_PODS=str(WARMUP + RUNS + 1))
-    server = subprocess.Popen([KUBE_API_BIN, "--ignored", "--exact", "serve_for_bench", "--nocapture"],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(400):
-            if os.path.exists(f"{kdir}/ready"):
+class KubeApi:
+    """The real kube-apiserver (tests/real_k8s_harness.rs `serve_for_bench`) in the host netns,
+    seeded with the node, the pool and pods pod-0..pod-N and pod-dbg; its audit log counts
+    the plugin's requests."""
+    PLUGIN_USER = "system:serviceaccount:kube-system:calico-cni-plugin"
+
+    def __init__(self, work, pods):
+        self.dir = f"{work}/kube"
+        os.makedirs(self.dir)
+        env = dict(os.environ, BENCH_KUBE_API_NETNS=HOST, BENCH_KUBE_API_DIR=self.dir, BENCH_PODS=str(pods))
+        self.log = open(f"{work}/kube-harness.log", "w")
+        self.proc = subprocess.Popen([KUBE_API_BIN, "--ignored", "--exact", "serve_for_bench", "--nocapture"],
+                                     env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        for _ in range(3000):
+            if os.path.exists(f"{self.dir}/ready"):
                 break
+            if self.proc.poll() is not None:
+                raise SystemExit(f"the API server harness exited: see {work}/kube-harness.log")
             time.sleep(0.05)
         else:
-            raise SystemExit("the test API server did not start")
-        # calico_api_group as the installer writes it into the conflist (empty, the plugin
-        # would also ask the API server which group it serves: one request more per call).
-        conf = json.dumps({"cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "calico",
-                           "datastore_type": "kubernetes", "kubernetes": {"kubeconfig": f"{kdir}/kubeconfig"},
-                           "calico_api_group": "crd.projectcalico.org/v1",
-                           "policy": {"type": "k8s"}, "nodename": "bench-node", "nodename_file_optional": True,
-                           "mtu": 1440, "log_level": "warn", "log_file_path": f"{work}/cni-kdd.log",
-                           "ipam_lock_file": f"{work}/ipam-kdd.lock", "ipam": {"type": "calico-ipam"}})
-        kdd = Side("kdd", f"{bindir}/calico", conf, bindir, True)
-        ref = Side("ptp2", ptp_side.plugin, ptp_side.conf, bindir, False)
-        interleaved([ref, kdd])
-    finally:
-        open(f"{kdir}/stop", "w").close()
-        server.wait(timeout=30)
-    log = json.load(open(f"{kdir}/requests.json"))
-    handshakes = int(open(f"{kdir}/handshakes").read())
-    by_conn = {}
-    for r in log:
-        by_conn.setdefault(r["connection"], []).append(f'{r["method"]} {r["path"]}')
-    calls = list(by_conn.values())
-    dels = [c for c in calls if any(x.startswith("DELETE ") for x in c)]
-    adds = [c for c in calls if c not in dels]
-    return kdd, ref, len(log), len(calls), handshakes, adds, dels
+            raise SystemExit("the real API server did not start within 150 s")
+        self.kubeconfig = f"{self.dir}/kubeconfig"
+        self.audit = open(f"{self.dir}/audit").read().strip()
+
+    def stop(self):
+        open(f"{self.dir}/stop", "w").close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def plugin_requests(self):
+        """(received, done, verb, path, code) of every request by the plugin's ServiceAccount,
+        in the order received (epoch seconds)."""
+        out = []
+        for line in open(self.audit):
+            e = json.loads(line)
+            if e.get("user", {}).get("username") != self.PLUGIN_USER:
+                continue
+            uri = e.get("requestURI", "").split("?")[0]
+            out.append((epoch(e["requestReceivedTimestamp"]), epoch(e["stageTimestamp"]), e.get("verb", ""),
+                        uri, e.get("responseStatus", {}).get("code", 0)))
+        out.sort()
+        return out
+
+
+def epoch(rfc3339):
+    """Seconds since the epoch of the audit log's `2026-11-26T18:56:23.123456Z`."""
+    main, _, frac = rfc3339.rstrip("Z").partition(".")
+    return time.mktime(time.strptime(main, "%Y-%m-%dT%H:%M:%S")) - time.timezone + float("0." + (frac or "0"))
+
+
+def api_requests(api, side, debug_conf, pods=5):
+    """The API requests of each ADD and DEL (the audit log's, by when the server received
+    them), and one ADD's and DEL's API requests from our debug log (in completion order,
+    with how long each took as the plugin saw it)."""
+    windows = []
+    for i in range(pods):
+        with pod_netns(f"{TAG}-areq{side.name}{i}") as ns:
+            cid = f"areq{side.name}{i:04d}"
+            args = side.args(f"pod-{i}", cid)
+            for cmd in ("ADD", "DEL"):
+                t0 = time.time()
+                run_cni(side.plugin, cmd, cid, ns, side.conf, side.cni_path, args)
+                windows.append((cmd, t0, time.time()))
+    seq = {}
+    with pod_netns(f"{TAG}-areqdbg{side.name}") as ns:
+        for cmd in ("ADD", "DEL"):
+            _, _, err = run_cni(side.plugin, cmd, f"areqdbg{side.name}", ns, debug_conf, side.cni_path,
+                                side.args("pod-dbg", f"areqdbg{side.name}"))
+            seq[cmd] = [f"{m.group(1)} {m.group(2)} -> {m.group(3)} ({m.group(4)})" for m in
+                        re.finditer(r'API request method=(\S+) path="?([^" ]+)"? status=(\d+)(?: took=(\S+))?', err)]
+    time.sleep(1.0)  # the audit log is written as each answer completes
+    reqs = api.plugin_requests()
+    per = {"ADD": [], "DEL": []}
+    for cmd, t0, t1 in windows:
+        per[cmd].append([r for r in reqs if t0 <= r[0] <= t1])
+    return per, seq
 
 
 def version_times(path, n=100):
@@ -323,7 +369,7 @@ def main():
         raise SystemExit(f"{GNU_TIME} (Debian package `time`) is needed for the peak RSS")
     started = machine()
     work = tempfile.mkdtemp(prefix="calico-bench.")
-    etcd = None
+    etcd = api = None
     try:
         sh("ip", "netns", "add", HOST)
         sh("ip", "netns", "exec", HOST, "ip", "link", "set", "lo", "up")
@@ -338,6 +384,9 @@ def main():
         etcd.put("/calico/resources/v3/projectcalico.org/ippools/default-ipv4-ippool",
                  {"kind": "IPPool", "apiVersion": "projectcalico.org/v3", "metadata": meta("default-ipv4-ippool"),
                   "spec": {"cidr": "10.244.0.0/16", "blockSize": 26, "nodeSelector": "all()"}})
+
+        # The real API server, for etcd with policy k8s and for the Kubernetes datastore.
+        api = KubeApi(work, max(WARMUP + RUNS, CONCURRENT) + 5) if KUBE_API_BIN else None
 
         bindir = f"{work}/bin"
         os.makedirs(bindir)
@@ -356,18 +405,48 @@ def main():
             shutil.copy2(BEFORE_BIN, f"{beforedir}/calico")
             os.symlink("calico", f"{beforedir}/calico-ipam")
 
-        base = {"cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "calico",
-                "etcd_endpoints": f"http://127.0.0.1:{etcd.port}", "nodename": "bench-node",
-                "nodename_file_optional": True, "mtu": 1440, "log_level": "warn",
-                "log_file_path": f"{work}/cni.log", "ipam_lock_file": f"{work}/ipam.lock",
-                "ipam": {"type": "calico-ipam"}}
-        ours = Side("calico", f"{bindir}/calico", json.dumps(base), bindir, True)
+        plain = {"cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "calico",
+                 "etcd_endpoints": f"http://127.0.0.1:{etcd.port}", "nodename": "bench-node",
+                 "nodename_file_optional": True, "mtu": 1440, "log_level": "warn",
+                 "log_file_path": f"{work}/cni.log", "ipam_lock_file": f"{work}/ipam.lock",
+                 "ipam": {"type": "calico-ipam"}}
+        # Calico's etcd manifest: policy k8s, the pod and its namespace read from the API
+        # server with the plugin's kubeconfig.
+        base = dict(plain, policy={"type": "k8s"}, kubernetes={"kubeconfig": api.kubeconfig}) if api else plain
+        ours = Side("calico", f"{bindir}/calico", json.dumps(base), bindir, True,
+                    "calico+calico-ipam (etcd, policy k8s)" if api else "calico+calico-ipam (etcd)")
         debug_conf = json.dumps(dict(base, log_level="debug", log_file_path=f"{work}/cni-debug.log"))
-        before = Side("before", f"{beforedir}/calico", ours.conf, beforedir, True) if BEFORE_BIN else None
+        sides = [ours]
+        plain_side = None
+        if api:
+            plain_side = Side("plain", f"{bindir}/calico", json.dumps(plain), bindir, True,
+                              "calico+calico-ipam (etcd, no API reads)")
+            sides.append(plain_side)
+        kdd = kdd_conf = None
+        if api:
+            # Calico's Kubernetes-datastore manifest, calico_api_group as the installer writes
+            # it (empty, the plugin would also ask the API server which group it serves).
+            kdd_conf = {"cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "calico",
+                        "datastore_type": "kubernetes", "kubernetes": {"kubeconfig": api.kubeconfig},
+                        "calico_api_group": "crd.projectcalico.org/v1",
+                        "policy": {"type": "k8s"}, "nodename": "bench-node", "nodename_file_optional": True,
+                        "mtu": 1440, "log_level": "warn", "log_file_path": f"{work}/cni-kdd.log",
+                        "ipam_lock_file": f"{work}/ipam-kdd.lock", "ipam": {"type": "calico-ipam"}}
+            kdd = Side("kdd", f"{bindir}/calico", json.dumps(kdd_conf), bindir, True,
+                       "calico+calico-ipam (Kubernetes datastore)")
+            sides.append(kdd)
+        befores = []
+        if BEFORE_BIN:
+            befores.append(Side("before", f"{beforedir}/calico", ours.conf, beforedir, True,
+                                f"{BEFORE_LABEL}: {ours.label}"))
+            if kdd:
+                befores.append(Side("beforekdd", f"{beforedir}/calico", kdd.conf, beforedir, True,
+                                    f"{BEFORE_LABEL}: {kdd.label}"))
+        sides += befores
         ptp = Side("ptp", f"{bindir}/ptp", json.dumps(
             {"cniVersion": "1.0.0", "name": "benchnet", "type": "ptp", "ipMasq": False, "mtu": 1440,
              "ipam": {"type": "host-local", "subnet": "10.252.0.0/16", "dataDir": f"{work}/host-local",
-                      "routes": [{"dst": "0.0.0.0/0"}]}}), bindir, False)
+                      "routes": [{"dst": "0.0.0.0/0"}]}}), bindir, False, "ptp+host-local")
 
         # What every call of either side pays for being run through `ip netns exec`.
         exec_overhead = []
@@ -376,27 +455,29 @@ def main():
             sh("ip", "netns", "exec", HOST, "/bin/true")
             exec_overhead.append((time.perf_counter_ns() - t0) / 1e6)
 
-        interleaved([ptp, ours] + ([before] if before else []))
+        interleaved([ptp] + sides)
         per, seq = etcd_requests(etcd, ours, debug_conf)
-        kdd = bench_kdd(work, bindir, ptp) if KUBE_API_BIN else None
+        api_reqs = {}
+        if api:
+            api_reqs["calico"] = api_requests(api, ours, debug_conf)
+            kdd_debug = json.dumps(dict(kdd_conf, log_level="debug", log_file_path=f"{work}/cni-kdd-debug.log"))
+            api_reqs["kdd"] = api_requests(api, kdd, kdd_debug)
 
-        all_sides = [ours, ptp] + ([before] if before else [])
-        conc = {s.name: [] for s in all_sides}
+        conc_sides = [ours, ptp] + ([plain_side] if plain_side else []) + [b for b in befores if b.name == "before"]
+        conc = {s.name: [] for s in conc_sides}
         for r in range(ROUNDS):
-            for side in rotated(all_sides, r):
+            for side in rotated(conc_sides, r):
                 conc[side.name].append(concurrent(side, CONCURRENT, f"{r}{side.name[0]}"))
 
-        rss = {s.name: peak_rss(s) for s in all_sides}
-        rss_ours, rss_ptp = rss["calico"], rss["ptp"]
+        rss = {s.name: peak_rss(s) for s in [ptp] + sides}
         vers = {k: ([], []) for k in ("calico", "ptp", "true", "before")}
         for _ in range(4):
             for k, path in (("calico", f"{bindir}/calico"), ("ptp", f"{bindir}/ptp"), ("true", "/bin/true"),
-                            ("before", f"{beforedir}/calico" if before else "")):
+                            ("before", f"{beforedir}/calico" if BEFORE_BIN else "")):
                 if path:
                     w, c = version_times(path, 25)
                     vers[k][0].extend(w)
                     vers[k][1].extend(c)
-        ver, ref_ver, true_ver, before_ver = (vers[k][0] for k in ("calico", "ptp", "true", "before"))
 
         def line(label, v):
             return f"| {label} | {statistics.median(v):.1f} | {pct(v, 90):.1f} | {min(v):.1f} | {max(v):.1f} |"
@@ -404,57 +485,53 @@ def main():
         def ratio(a, b):
             return statistics.median(a) / statistics.median(b)
 
-        print(f"\nmachine: {started}")
-        print(f"runs: {RUNS} (+{WARMUP} warm-up) each, ours and the reference interleaved, fresh pod netns each\n")
-        print("| operation (ms) | median | p90 | min | max |\n|---|---|---|---|---|")
-        print(line("calico+calico-ipam ADD (etcd)", ours.adds))
-        print(line("ptp+host-local ADD", ptp.adds))
-        print(line("calico+calico-ipam DEL (etcd)", ours.dels))
-        print(line("ptp+host-local DEL", ptp.dels))
+        print(f"\nmachine: {started}; load {os.getloadavg()[0]:.2f} at the end")
+        print(f"runs: {RUNS} (+{WARMUP} warm-up) each, every side interleaved run by run, fresh pod netns each")
+        if api:
+            print("API server: the real kube-apiserver (../shared/k8s, audit log on) in the host netns, "
+                  "Calico's CRDs and the plugin's RBAC; direct plugin calls, no portmap (the pod-start rows chain it)")
+        print("\n| operation (ms) | median | p90 | min | max | ratio to ptp+host-local |\n|---|---|---|---|---|---|")
+        for cmd in ("ADD", "DEL"):
+            ref = ptp.adds if cmd == "ADD" else ptp.dels
+            for s in sides + [ptp]:
+                v = s.adds if cmd == "ADD" else s.dels
+                print(line(f"{s.label} {cmd}", v) + f" {ratio(v, ref):.2f}x |")
+        print("\n| operation (ms) | median | p90 | min | max |\n|---|---|---|---|---|")
         print(line("`ip netns exec HOST /bin/true` (in every row above)", exec_overhead))
-        print(line("calico+calico-ipam ADD, CPU time (user + system, `ip netns exec` included)", ours.adds_cpu))
-        print(line("ptp+host-local ADD, CPU time", ptp.adds_cpu))
-        print(line("calico+calico-ipam DEL, CPU time", ours.dels_cpu))
-        print(line("ptp+host-local DEL, CPU time", ptp.dels_cpu))
-        print(line("calico VERSION (exec to exit)", ver))
-        print(line("ptp VERSION (exec to exit)", ref_ver))
-        print(line("/bin/true (exec to exit)", true_ver))
+        for s in sides + [ptp]:
+            print(line(f"{s.label} ADD, CPU time (user + system, `ip netns exec` included)", s.adds_cpu))
+            print(line(f"{s.label} DEL, CPU time", s.dels_cpu))
+        print(line("calico VERSION (exec to exit)", vers["calico"][0]))
+        print(line("ptp VERSION (exec to exit)", vers["ptp"][0]))
+        print(line("/bin/true (exec to exit)", vers["true"][0]))
         print(line("calico VERSION, CPU time (user + system)", vers["calico"][1]))
         print(line("ptp VERSION, CPU time", vers["ptp"][1]))
         print(line("/bin/true, CPU time", vers["true"][1]))
-        if before:
-            print(line(f"{BEFORE_LABEL}: calico+calico-ipam ADD (etcd)", before.adds))
-            print(line(f"{BEFORE_LABEL}: calico+calico-ipam DEL (etcd)", before.dels))
-            print(line(f"{BEFORE_LABEL}: calico+calico-ipam ADD, CPU time", before.adds_cpu))
-            print(line(f"{BEFORE_LABEL}: calico+calico-ipam DEL, CPU time", before.dels_cpu))
-            print(line(f"{BEFORE_LABEL}: calico VERSION (exec to exit)", before_ver))
+        if BEFORE_BIN:
+            print(line(f"{BEFORE_LABEL}: calico VERSION (exec to exit)", vers["before"][0]))
             print(line(f"{BEFORE_LABEL}: calico VERSION, CPU time", vers["before"][1]))
-        print(f"\nADD ratio ours/ptp+host-local (median): {ratio(ours.adds, ptp.adds):.2f}x   (target <= 0.7x)")
-        print(f"DEL ratio ours/ptp+host-local (median): {ratio(ours.dels, ptp.dels):.2f}x   (target <= 0.9x)")
-        print(f"VERSION median: {statistics.median(ver):.2f} ms   (target <= 1.5 ms)")
-        print(f"peak RSS (median of {len(rss_ours[0])}, max): ADD {statistics.median(rss_ours[0]) / 1024:.1f} MB "
-              f"({max(rss_ours[0]) / 1024:.1f}), DEL {statistics.median(rss_ours[1]) / 1024:.1f} MB "
-              f"({max(rss_ours[1]) / 1024:.1f})   (target <= 12 MB); ptp+host-local ADD "
-              f"{statistics.median(rss_ptp[0]) / 1024:.1f} MB, DEL {statistics.median(rss_ptp[1]) / 1024:.1f} MB")
-        if before:
-            print(f"{BEFORE_LABEL}: ADD ratio {ratio(before.adds, ptp.adds):.2f}x, DEL ratio {ratio(before.dels, ptp.dels):.2f}x, "
-                  f"VERSION {statistics.median(before_ver):.2f} ms, peak RSS ADD "
-                  f"{statistics.median(rss['before'][0]) / 1024:.1f} MB, DEL {statistics.median(rss['before'][1]) / 1024:.1f} MB")
+        etcd_plain = plain_side or ours
+        print(f"\netcd, no API reads: ADD ratio ours/ptp+host-local (median): {ratio(etcd_plain.adds, ptp.adds):.2f}x   (target <= 0.7x)")
+        print(f"etcd, no API reads: DEL ratio ours/ptp+host-local (median): {ratio(etcd_plain.dels, ptp.dels):.2f}x   (target <= 0.9x)")
+        print(f"VERSION median: {statistics.median(vers['calico'][0]):.2f} ms   (target <= 1.5 ms)")
+        print("\npeak RSS, MB (median of 5; max):\n\n| | ADD | DEL |\n|---|---|---|")
+        for s in sides + [ptp]:
+            a, d = rss[s.name]
+            print(f"| {s.label} | {statistics.median(a) / 1024:.1f} ({max(a) / 1024:.1f}) "
+                  f"| {statistics.median(d) / 1024:.1f} ({max(d) / 1024:.1f}) |")
+        print("(target <= 12 MB)")
 
         print(f"\n{CONCURRENT} concurrent calls on one node (fresh netns each, all addresses distinct), "
               f"{ROUNDS} rounds, wall time (s):\n")
         print("| | ADD | DEL |\n|---|---|---|")
-        for name, label in (("calico", "calico+calico-ipam (etcd)"), ("ptp", "ptp+host-local"),
-                            ("before", f"{BEFORE_LABEL}: calico+calico-ipam (etcd)")):
-            if name not in conc:
-                continue
-            a = [x[0] for x in conc[name]]
-            d = [x[1] for x in conc[name]]
-            print(f"| {label} | {statistics.median(a):.2f} ({', '.join(f'{x:.2f}' for x in a)}) "
+        for s in conc_sides:
+            a = [x[0] for x in conc[s.name]]
+            d = [x[1] for x in conc[s.name]]
+            print(f"| {s.label} | {statistics.median(a):.2f} ({', '.join(f'{x:.2f}' for x in a)}) "
                   f"| {statistics.median(d):.2f} ({', '.join(f'{x:.2f}' for x in d)}) |")
         print("(target: ADD <= 0.7 s)")
 
-        print("\netcd requests per call (etcd's counters, 5 pods):\n")
+        print(f"\netcd requests per call of {ours.label} (etcd's counters, 5 pods):\n")
         print("| call | Range | Txn | Put | DeleteRange | WAL fsyncs |\n|---|---|---|---|---|---|")
         for cmd in ("ADD", "DEL"):
             m = {k: statistics.mean(x[k] for x in per[cmd]) for k in per[cmd][0]}
@@ -464,19 +541,22 @@ def main():
             for s in seq[cmd]:
                 print(f"  {s}")
 
-        if kdd:
-            (k, r, requests, calls, handshakes, adds, dels) = kdd
-            print("\nKubernetes datastore (test API server in the host netns; interleaved with ptp+host-local):\n")
-            print("| operation (ms) | median | p90 | min | max |\n|---|---|---|---|---|")
-            print(line("calico+calico-ipam ADD (kubernetes, policy k8s)", k.adds))
-            print(line("ptp+host-local ADD", r.adds))
-            print(line("calico+calico-ipam DEL (kubernetes, policy k8s)", k.dels))
-            print(line("ptp+host-local DEL", r.dels))
-            print(f"\nKDD ADD ratio (median): {ratio(k.adds, r.adds):.2f}x; DEL ratio: {ratio(k.dels, r.dels):.2f}x")
-            print(f"API requests: {requests} in {calls} calls; TLS handshakes: {handshakes} "
-                  f"({handshakes / max(calls, 1):.2f} per call); per ADD "
-                  f"{statistics.mean(map(len, adds)):.1f}, per DEL {statistics.mean(map(len, dels)):.1f}")
+        for name, (aper, aseq) in api_reqs.items():
+            label = ours.label if name == "calico" else kdd.label
+            print(f"\nAPI requests of {label} (the real server's audit log, 5 pods): per ADD "
+                  f"{statistics.mean(map(len, aper['ADD'])):.1f}, per DEL {statistics.mean(map(len, aper['DEL'])):.1f}")
+            for cmd in ("ADD", "DEL"):
+                one = aper[cmd][-1]
+                t0 = one[0][0] if one else 0
+                print(f"\none {cmd}, as the server received and answered them (ms from the first):")
+                for (rx, done, verb, path, code) in one:
+                    print(f"  +{(rx - t0) * 1e3:5.1f} .. +{(done - t0) * 1e3:5.1f}  {verb} {path} -> {code}")
+                print(f"{cmd}, our debug log (completion order, time as the plugin saw it):")
+                for x in aseq[cmd]:
+                    print(f"  {x}")
     finally:
+        if api:
+            api.stop()
         if etcd:
             etcd.stop()
         subprocess.run(["ip", "netns", "del", HOST], capture_output=True)

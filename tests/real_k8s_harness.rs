@@ -64,3 +64,59 @@ fn real_apiserver_starts_with_calico_installed() {
         "b"
     );
 }
+
+/// BENCH, not a test (`make bench`, benches/bench.py): the real kube-apiserver with Calico
+/// installed, in the bench's host netns (`BENCH_KUBE_API_NETNS`, a name; it is the bench's
+/// to delete), seeded as a node would find it: ClusterInformation ready, Node `bench-node`,
+/// the default IPPool (10.244.0.0/16, blocks of /26) and pods `pod-0`..`pod-<BENCH_PODS>` and
+/// `pod-dbg` scheduled on the node. Writes into `BENCH_KUBE_API_DIR`: `kubeconfig` (the
+/// plugin's own ServiceAccount token, as Calico's install writes it), `audit` (the audit
+/// log's path: every request, per user, with its times) and `ready`; stops (everything by
+/// PID) once `stop` appears there.
+#[test]
+#[ignore]
+fn serve_for_bench() {
+    let netns = std::env::var("BENCH_KUBE_API_NETNS").expect("BENCH_KUBE_API_NETNS");
+    let dir =
+        std::path::PathBuf::from(std::env::var("BENCH_KUBE_API_DIR").expect("BENCH_KUBE_API_DIR"));
+    let pods: usize = std::env::var("BENCH_PODS")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(100);
+    let host = Netns::existing(&netns);
+    let k = RealK8s::start(&host);
+    let crd = "/apis/crd.projectcalico.org/v1";
+    k.put(
+        &format!("{crd}/clusterinformations/default"),
+        json!({"apiVersion":"crd.projectcalico.org/v1","kind":"ClusterInformation","metadata":{"name":"default"},
+            "spec":{"clusterType":"k8s,kdd","calicoVersion":"v3.32.1","datastoreReady":true}}),
+    );
+    k.put(
+        "/api/v1/nodes/bench-node",
+        json!({"apiVersion":"v1","kind":"Node","metadata":{"name":"bench-node","labels":{"kubernetes.io/hostname":"bench-node"}},"spec":{}}),
+    );
+    k.put(
+        &format!("{crd}/ippools/default-ipv4-ippool"),
+        json!({"apiVersion":"crd.projectcalico.org/v1","kind":"IPPool","metadata":{"name":"default-ipv4-ippool"},
+            "spec":{"cidr":"10.244.0.0/16","blockSize":26,"nodeSelector":"all()","ipipMode":"Never","vxlanMode":"Never"}}),
+    );
+    k.ensure_namespace("default");
+    let names = (0..pods)
+        .map(|i| format!("pod-{i}"))
+        .chain(["pod-dbg".to_string()]);
+    for name in names {
+        let a = k.post(
+            "/api/v1/namespaces/default/pods",
+            json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":name,"namespace":"default","labels":{"app":"bench"}},
+                "spec":{"nodeName":"bench-node","automountServiceAccountToken":false,
+                    "containers":[{"name":"c","image":"busybox","ports":[{"name":"http","containerPort":8080,"protocol":"TCP"}]}]}}),
+        );
+        assert_eq!(a.status, 201, "pod {name}: {a:?}");
+    }
+    std::fs::copy(k.kubeconfig(), dir.join("kubeconfig")).expect("write the kubeconfig");
+    std::fs::write(dir.join("audit"), k.audit_log().display().to_string()).expect("write audit");
+    std::fs::write(dir.join("ready"), "").expect("write ready");
+    while !dir.join("stop").exists() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -70,6 +70,15 @@ impl Netns {
         ns
     }
 
+    /// A namespace someone else made and will delete (the bench's host netns): never
+    /// deleted from here.
+    pub fn existing(name: &str) -> std::mem::ManuallyDrop<Netns> {
+        std::mem::ManuallyDrop::new(Netns {
+            name: name.to_string(),
+            path: format!("/run/netns/{name}"),
+        })
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }

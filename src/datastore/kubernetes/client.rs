@@ -270,9 +270,10 @@ impl KubeClient {
         let waiting = || format!("waiting for the Kubernetes API server ({method} {path})");
         crate::deadline::check(waiting())?;
         let (wait, capped) = crate::deadline::cap(self.timeout);
+        let sent = std::time::Instant::now();
         match tokio::time::timeout(wait, exchange).await {
             Ok(Ok(r)) => {
-                tracing::debug!(%method, path, status = r.status, "API request");
+                tracing::debug!(%method, path, status = r.status, took = ?sent.elapsed(), "API request");
                 Ok(r)
             }
             // The connection's own timeout is capped the same way: past the deadline, say so.
