@@ -16,6 +16,18 @@ pub async fn connect(conf: &NetConf) -> Result<Backend> {
     Ok(backend::connect(&s).await?)
 }
 
+/// `connect` for an ADD: on etcd with policy type k8s, the API server the pod and its
+/// namespace are read from is connected to at the same time (its TLS handshake alongside
+/// etcd's connection instead of after it, see `backend::connect`).
+pub async fn connect_for_add(conf: &NetConf) -> Result<Backend> {
+    conf.validate_name()?;
+    let mut s = DatastoreSettings::from_process(conf)?;
+    if conf.policy.policy_type == "k8s" && s.datastore_type != "kubernetes" {
+        s.policy_kube = Some(DatastoreSettings::plugin_kube(conf));
+    }
+    Ok(backend::connect(&s).await?)
+}
+
 /// Runs one plugin call on a fresh current-thread runtime (one short-lived process per call).
 /// The call's future (tens of KB: every step's state) goes to the heap, not onto the main
 /// thread's stack once more.

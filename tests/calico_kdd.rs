@@ -474,7 +474,18 @@ fn kdd_round_trips_of_an_add_into_an_affine_block() {
         "{:?}",
         out.elapsed
     );
-    w.calico(&third.as_del(), &conf).assert_ok();
+    // Its DEL, three: the reads (the pod, the ready gate, both handles and the hinted
+    // block), the endpoint's removal with the block's release, the handle's delete.
+    w.api.set_latency(Duration::from_millis(300));
+    let out = w.calico(&third.as_del(), &conf);
+    w.api.set_latency(Duration::ZERO);
+    out.assert_ok();
+    eprintln!("DEL with 300 ms per round trip: {:?}", out.elapsed);
+    assert!(
+        out.elapsed >= Duration::from_millis(900) && out.elapsed < Duration::from_millis(1150),
+        "{:?}",
+        out.elapsed
+    );
     w.calico(&second.as_del(), &conf).assert_ok();
     w.calico(&first.as_del(), &conf).assert_ok();
     w.assert_clean();
@@ -653,19 +664,19 @@ fn etcd_with_policy_k8s_annotation_features() {
 /// A DEL that the API server fails midway is retried (as kubelet does) until it succeeds,
 /// and then no handle is left (issue 15, item 4: `released handle ... still present` after a
 /// successful DEL under load). Two ways the handle could survive a DEL that said success:
-/// the retry finishing the first attempt's half-done soft delete (a handle marked `deleted`)
-/// with a DELETE that fails; and the retry's second read of the handle (the address is already
-/// released, the handle is left to remove) failing.
+/// the handle's (compare-and-)delete failing on the first attempt and again on the retry,
+/// whose release finds the address already given back; and the retry's second read of the
+/// handle (the address is already released, the handle is left to remove) failing.
 #[test]
 fn kdd_a_del_retried_after_server_errors_leaves_no_handle() {
     require_root();
     let w = KddWorld::new();
     let conf = w.conf(json!({}));
     let cases: [&[(&str, usize)]; 2] = [
-        // The soft delete's DELETE fails; so does the one the retry's read makes to finish it.
+        // The handle's DELETE fails; so does the retry's.
         &[("DELETE", 0), ("DELETE", 0)],
-        // The soft delete's mark (a PUT) fails; the retry's second read of the handle fails.
-        &[("PUT", 0), ("GET", 2)],
+        // The handle's DELETE fails; the retry's second read of the handle fails.
+        &[("DELETE", 0), ("GET", 2)],
     ];
     for (i, rules) in cases.into_iter().enumerate() {
         let cid = format!("rdel{i}");

@@ -30,7 +30,7 @@ impl Backend {
     pub fn kube_client(&self) -> Option<&Arc<KubeClient>> {
         match self {
             Backend::Kubernetes(k) => Some(k.client()),
-            Backend::Etcd(_) => None,
+            Backend::Etcd(e) => e.policy_client(),
         }
     }
 
@@ -61,7 +61,26 @@ pub async fn connect(s: &DatastoreSettings) -> Result<Backend, DatastoreError> {
         password: opt(&s.etcd_password),
         timeout: DATASTORE_TIMEOUT,
     };
-    Ok(Backend::Etcd(EtcdDatastore::connect(&cfg).await?))
+    // With policy type k8s, the API client is made while etcd is connected to, and its
+    // connection opened in the background (`KubeClient::open_soon`): the pod's reads then
+    // find it open, or join its opening. Best effort: a client that cannot be made is left
+    // out, and the reads make their own and report why.
+    let policy = async {
+        let k = s.policy_kube.as_ref()?;
+        match KubeClient::new(k, DATASTORE_TIMEOUT).await {
+            Ok(c) => {
+                let c = Arc::new(c);
+                c.open_soon();
+                Some(c)
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "no early API client for policy type k8s");
+                None
+            }
+        }
+    };
+    let (etcd, policy) = tokio::join!(EtcdDatastore::connect(&cfg), policy);
+    Ok(Backend::Etcd(etcd?.with_policy_client(policy)))
 }
 
 /// The configured endpoints, or those DNS SRV discovery finds (libcalico-go etcdv3.go).
@@ -104,6 +123,11 @@ impl Datastore for Backend {
         match self {
             Backend::Etcd(d) => Box::pin(d.get(key)).await,
             Backend::Kubernetes(d) => Box::pin(d.get(key)).await,
+        }
+    }
+    async fn prefetch(&self, keys: &[Key]) {
+        if let Backend::Kubernetes(d) = self {
+            Box::pin(d.prefetch_now(keys)).await
         }
     }
     async fn list(&self, what: &ListKind) -> Result<Vec<KvPair>, DatastoreError> {

@@ -12,7 +12,7 @@
 //! the same answers (see `ReadQueue`).
 
 use std::future::Future;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::channel::oneshot;
@@ -24,6 +24,7 @@ use etcd_client::{
 use serde_json::Value;
 use tracing::debug;
 
+use super::kubernetes::client::KubeClient;
 use super::resources::{prepare_resource_for_storage, set_resource_version};
 use super::{Datastore, DatastoreError, Key, KvPair, ListKind, Revision};
 use crate::deadline;
@@ -50,6 +51,8 @@ pub struct EtcdDatastore {
     kv: KvClient,
     timeout: Duration,
     reads: ReadQueue,
+    /// With policy type k8s: the API client for the pod's reads, made at connect time.
+    policy_client: Option<Arc<KubeClient>>,
 }
 
 /// At most this many reads go in one transaction (etcd refuses more than `--max-txn-ops`,
@@ -154,7 +157,19 @@ impl EtcdDatastore {
             kv: client.kv_client(),
             timeout,
             reads: ReadQueue::default(),
+            policy_client: None,
         })
+    }
+
+    /// This datastore, holding the API client for policy type k8s (`backend::connect`).
+    pub fn with_policy_client(mut self, client: Option<Arc<KubeClient>>) -> EtcdDatastore {
+        self.policy_client = client;
+        self
+    }
+
+    /// The API client for policy type k8s, when one was made at connect time.
+    pub fn policy_client(&self) -> Option<&Arc<KubeClient>> {
+        self.policy_client.as_ref()
     }
 
     /// A range read of `path` (a prefix when `prefix`), sent together with the reads made in

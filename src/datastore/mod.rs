@@ -271,6 +271,16 @@ pub trait Datastore {
         None
     }
 
+    /// Reads `keys` now, so that the first `get` of each later in this call takes that
+    /// answer instead of making a request of its own: the read moves one or more round
+    /// trips earlier, joined with other reads, and is otherwise the same read (every write
+    /// that follows it is a compare-and-swap, as after any read; a write of the key, or its
+    /// delete, drops the answer). Only where a read costs a round trip of its own (the
+    /// Kubernetes datastore); elsewhere nothing.
+    async fn prefetch(&self, keys: &[Key]) {
+        let _ = keys;
+    }
+
     /// Whether this host's Node object always exists (Kubernetes: the kubelet registered
     /// it), so IPAM may skip reading it when no pool's node selector needs its labels.
     fn nodes_always_exist(&self) -> bool {

@@ -29,6 +29,9 @@ pub struct DatastoreSettings {
     /// The Kubernetes datastore's API server (kubeconfig and the `K8S_*` overrides).
     pub kube: KubeSettings,
     pub calico_api_group: String,
+    /// On etcd with policy type k8s, the API server an ADD reads the pod and its namespace
+    /// from: connected to alongside etcd (`backend::connect`). None otherwise.
+    pub policy_kube: Option<KubeSettings>,
 }
 
 /// What reading the environment can refuse.
@@ -104,6 +107,7 @@ impl DatastoreSettings {
                 context: get("K8S_CURRENT_CONTEXT", ""),
             },
             calico_api_group: get("CALICO_API_GROUP", &conf.calico_api_group),
+            policy_kube: None,
         })
     }
 

@@ -161,6 +161,12 @@ pub(crate) fn create_dirs(dir: Option<&Path>) -> std::io::Result<()> {
 }
 
 /// The hint in the lock file: the CIDRs of its first lines, garbage skipped.
+/// The blocks the lock file at `path` names, read without taking the lock: for reads made
+/// before it is taken (a stale or missing hint costs a wasted read, nothing else).
+pub fn peek_hint(path: &str) -> Vec<IpNet> {
+    File::open(path).map(|f| read_hint(&f)).unwrap_or_default()
+}
+
 fn read_hint(file: &File) -> Vec<IpNet> {
     let mut buf = [0u8; 256];
     let n = file.read_at(&mut buf, 0).unwrap_or(0);

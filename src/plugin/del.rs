@@ -16,11 +16,12 @@ use crate::dataplane::CleanUp;
 use crate::datastore::backend::Backend;
 use crate::datastore::model::{WorkloadEndpoint, WorkloadEndpointSpec};
 use crate::datastore::resources::{decode_resource, delete_resource, get_resource, list_resources};
-use crate::datastore::{DatastoreError, Kind, ListKind};
+use crate::datastore::{Datastore, DatastoreError, Key, Kind, ListKind};
 use crate::error::{Error, Result};
 use crate::identifiers::WepIdentifiers;
 use crate::ipam_driver::IpamDriver;
-use crate::plugin::{connect_as, identifiers, load_config, nodename};
+use crate::ipam::lock::peek_hint;
+use crate::plugin::{connect_as, identifiers, load_config, nodename, Call};
 use crate::skel::CmdArgs;
 
 /// Attempts at the get-then-CAS-delete of a k8s endpoint.
@@ -81,13 +82,20 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
     let ipam = call.ipam();
     // The ready gate and (k8s) the endpoint's first read are independent reads: one round
     // trip. Nothing is written before the gate has passed.
+    // With calico-ipam in-process, the release's first reads (both handles, and the blocks
+    // the last ADD on this node assigned from) join that round trip (`Datastore::prefetch`).
     let k8s_name = name.as_deref().filter(|_| ids.is_k8s());
-    let (ready, first_read) = tokio::join!(check_datastore_ready(&call.ds), async {
-        match k8s_name {
-            Some(n) => Some(read_endpoint(&call.ds, &ids.namespace, n).await),
-            None => None,
-        }
-    });
+    let ahead = release_reads(&call);
+    let (ready, first_read, ()) = tokio::join!(
+        check_datastore_ready(&call.ds),
+        async {
+            match k8s_name {
+                Some(n) => Some(read_endpoint(&call.ds, &ids.namespace, n).await),
+                None => None,
+            }
+        },
+        call.ds.prefetch(&ahead)
+    );
     if let Err(e) = ready {
         failures.push(e);
         failures.add(teardown.finish().await);
@@ -99,22 +107,35 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
         if let Err(e) = dataplane {
             return Err(e.into());
         }
-        if let (Some(name), Some(first)) = (k8s_name, first_read) {
-            failures.add(
-                delete_k8s_endpoint(&call.ds, &ids.namespace, name, &ids.container_id, first).await,
-            );
-        } else if !node_known {
-            failures.add(delete_endpoints_of(&call.ds, ids).await);
-        }
-        release_once_torn_down(
-            &ipam,
-            args,
-            &mut teardown,
-            host_veth_gone,
-            uses_grpc,
-            &mut failures,
-        )
-        .await;
+        // The endpoint's deletion and the release (once the interface is gone) run together:
+        // one round trip for both. Either may land without the other (a failure, a SIGKILL
+        // in between); the runtime's retried DEL then finds what is left: the endpoint by
+        // its name, the addresses by their handle, which is deleted only after its blocks
+        // have given them up (`decrement_handle`), so it always leads to them.
+        let endpoint = async {
+            if let (Some(name), Some(first)) = (k8s_name, first_read) {
+                delete_k8s_endpoint(&call.ds, &ids.namespace, name, &ids.container_id, first)
+                    .await
+            } else if !node_known {
+                delete_endpoints_of(&call.ds, ids).await
+            } else {
+                Ok(())
+            }
+        };
+        let mut released = Failures::default();
+        let (endpoint, ()) = tokio::join!(
+            endpoint,
+            release_once_torn_down(
+                &ipam,
+                args,
+                &mut teardown,
+                host_veth_gone,
+                uses_grpc,
+                &mut released,
+            )
+        );
+        failures.add(endpoint);
+        failures.0.extend(released.0);
         return failures.into_result();
     }
 
@@ -129,6 +150,24 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
     }
     failures.add(teardown.finish().await);
     failures.into_result()
+}
+
+/// The reads a k8s DEL's in-process calico-ipam starts with: its two handles and the blocks
+/// the IPAM lock file names (where the last ADD on this node assigned from).
+fn release_reads(call: &Call) -> Vec<Key> {
+    if !(call.plan.k8s && call.plan.ipam_in_process) {
+        return Vec::new();
+    }
+    let handles = [
+        call.ids.handle_id(&call.conf.name),
+        call.ids.legacy_handle_id(),
+    ];
+    let blocks = peek_hint(call.conf.ipam_lock_file());
+    handles
+        .into_iter()
+        .map(|id| Key::Handle { id })
+        .chain(blocks.into_iter().map(|cidr| Key::Block { cidr }))
+        .collect()
 }
 
 /// With k8s, the addresses are released once the host side of the interface is gone: the

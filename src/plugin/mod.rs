@@ -137,10 +137,12 @@ pub async fn connect_as(args: &CmdArgs, conf: NetConf, node: &str, for_add: bool
         "calico {}",
         "call"
     );
-    let ds = client::connect(&conf).await.map_err(|e| match for_add {
-        true => Error::chain("error creating calico client", e),
-        false => e,
-    })?;
+    let ds = match for_add {
+        true => client::connect_for_add(&conf)
+            .await
+            .map_err(|e| Error::chain("error creating calico client", e))?,
+        false => client::connect(&conf).await?,
+    };
     let plan = Plan::new(&conf, args, &ids, ds.is_kubernetes());
     tracing::debug!(?plan, "the call's plan");
     Ok(Call {

@@ -228,6 +228,14 @@ impl KubeClient {
         &self.settings
     }
 
+    /// Starts opening the connection in the background (a task on the call's runtime), so
+    /// that the first request finds it open or joins its opening. A failure is left for
+    /// that request to meet and report (it tries again).
+    pub fn open_soon(&self) {
+        let transport = self.transport.clone();
+        tokio::spawn(async move { transport.open().await });
+    }
+
     /// Connections opened so far (at most one).
     pub fn connections(&self) -> usize {
         self.transport.connections()

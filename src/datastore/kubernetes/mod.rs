@@ -44,6 +44,9 @@ pub struct KubeDatastore {
     client: Arc<KubeClient>,
     group: GroupChoice,
     seen: Mutex<HashMap<String, Seen>>,
+    /// Answers to reads made ahead (`Datastore::prefetch`), by path, each taken by the first
+    /// read of its object and dropped by a write of it.
+    prefetched: Mutex<HashMap<String, ApiResponse>>,
 }
 
 /// Which API group Calico's custom resources are under: configured, or asked of the API
@@ -98,6 +101,7 @@ impl KubeDatastore {
             client,
             group: GroupChoice::Configured(group),
             seen: Mutex::new(HashMap::new()),
+            prefetched: Mutex::new(HashMap::new()),
         }
     }
 
@@ -107,6 +111,7 @@ impl KubeDatastore {
             client,
             group: GroupChoice::Discover(tokio::sync::OnceCell::new()),
             seen: Mutex::new(HashMap::new()),
+            prefetched: Mutex::new(HashMap::new()),
         }
     }
 
@@ -178,15 +183,41 @@ impl KubeDatastore {
         op().await
     }
 
+    /// `Datastore::prefetch`: the custom resources among `keys`, read together (in the
+    /// group as known now: should discovery move them, their answers are never taken). A
+    /// read that fails is not kept: the later read makes its own request.
+    pub async fn prefetch_now(&self, keys: &[Key]) {
+        let group = self.group();
+        let paths = keys
+            .iter()
+            .filter_map(|k| crd_ref(k, &group))
+            .map(|cr| group.object(cr.plural, &cr.name));
+        let reads = paths.map(|path| async move {
+            let answer = self.client.get(&path).await;
+            (path, answer)
+        });
+        for (path, answer) in futures::future::join_all(reads).await {
+            if let (Ok(resp), Ok(mut m)) = (answer, self.prefetched.lock()) {
+                m.insert(path, resp);
+            }
+        }
+    }
+
     /// The API client, for the plugin's own reads (pods, namespaces, nodes).
     pub fn client(&self) -> &Arc<KubeClient> {
         &self.client
     }
 
     fn remember(&self, path: &str, seen: Seen) {
+        self.take_prefetched(path);
         if let Ok(mut m) = self.seen.lock() {
             m.insert(path.to_string(), seen);
         }
+    }
+
+    /// The answer of a read of `path` made ahead, if there is one (once).
+    fn take_prefetched(&self, path: &str) -> Option<ApiResponse> {
+        self.prefetched.lock().ok().and_then(|mut m| m.remove(path))
     }
 
     fn recall(&self, path: &str) -> Option<Seen> {
@@ -194,6 +225,7 @@ impl KubeDatastore {
     }
 
     fn forget(&self, path: &str) {
+        self.take_prefetched(path);
         if let Ok(mut m) = self.seen.lock() {
             m.remove(path);
         }
@@ -220,7 +252,10 @@ impl KubeDatastore {
 
     async fn get_cr(&self, key: &Key, cr: &CrdRef) -> Result<KvPair, DatastoreError> {
         let path = self.group().object(cr.plural, &cr.name);
-        let resp = self.client.get(&path).await?;
+        let resp = match self.take_prefetched(&path) {
+            Some(resp) => resp,
+            None => self.client.get(&path).await?,
+        };
         if !resp.ok() {
             return Err(api_error(key, &resp));
         }
@@ -314,8 +349,35 @@ impl KubeDatastore {
                 Err(api_error(key, &resp))
             };
         }
-        // Soft delete: the value at that revision, marked deleted, CAS-written; then the
-        // DELETE by UID.
+        // Compare-and-delete, one request: the DELETE's preconditions name the revision (and
+        // the UID, when known). Upstream marks the object deleted first (an update at that
+        // revision) and then deletes it by UID, two round trips, because its client had no
+        // compare-and-delete; for every reader both end the same way: the object is gone if,
+        // and only if, it was still at that revision (else a conflict, and nothing changed).
+        if let Some(rv) = revision.filter(|r| !r.is_empty()) {
+            let uid = self
+                .recall(&path)
+                .filter(|s| s.revision == rv)
+                .map(|s| s.uid)
+                .unwrap_or_default();
+            let mut preconditions = json!({ "resourceVersion": rv });
+            if !uid.is_empty() {
+                preconditions["uid"] = json!(uid);
+            }
+            let opts = json!({"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": preconditions});
+            let resp = self
+                .client
+                .send_json(Method::DELETE, &path, JSON, &opts)
+                .await?;
+            self.forget(&path);
+            return if resp.ok() {
+                Ok(())
+            } else {
+                Err(api_error(key, &resp))
+            };
+        }
+        // Unconditional: the value as last seen, marked deleted, CAS-written (read afresh on
+        // a conflict); then the DELETE by UID.
         let mut remembered = self.recall(&path);
         let mut attempts = 0;
         let current = loop {
@@ -889,6 +951,10 @@ impl KubeDatastore {
 }
 
 impl Datastore for KubeDatastore {
+    async fn prefetch(&self, keys: &[Key]) {
+        self.prefetch_now(keys).await
+    }
+
     fn nodes_always_exist(&self) -> bool {
         true
     }

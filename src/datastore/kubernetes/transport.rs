@@ -85,6 +85,15 @@ impl OneConnection {
         })
     }
 
+    /// Opens the connection now, if it is not open yet (the first request would); its
+    /// failure is only logged.
+    pub async fn open(&self) {
+        let inner = &self.inner;
+        if let Err(e) = inner.conn.get_or_try_init(|| inner.open()).await {
+            tracing::debug!(error = %e, "could not open the API server connection early");
+        }
+    }
+
     /// How many connections were opened (0 or 1).
     pub fn connections(&self) -> usize {
         self.inner
