@@ -23,6 +23,7 @@ use std::net::IpAddr;
 
 use crate::datastore::model::{AllocationBlock, IpPool, IpamConfig};
 use crate::datastore::{Datastore, DatastoreError, KvPair, Revision};
+use crate::ipam::lock::Journal;
 use crate::net::IpNet;
 
 mod assign;
@@ -167,6 +168,10 @@ pub struct Ipam<'a, D: Datastore> {
     prefetched_blocks: std::sync::Mutex<HashMap<IpNet, (AllocationBlock, Revision)>>,
     /// The blocks this call assigned from, in order (the next call's hint).
     assigned_blocks: std::sync::Mutex<Vec<IpNet>>,
+    /// The IPAM lock file's journal, when the host's lock is held: with it, a new handle
+    /// and its block are written together where the datastore cannot write both at once
+    /// (`assign::write_handle_beside_block`).
+    journal: std::sync::Mutex<Option<Journal>>,
 }
 
 impl<'a, D: Datastore> Ipam<'a, D> {
@@ -177,7 +182,19 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             listed_affinities: Default::default(),
             prefetched_blocks: Default::default(),
             assigned_blocks: Default::default(),
+            journal: Default::default(),
         }
+    }
+
+    /// Keeps the lock file's journal (`IpamLock::journal`) for this call's writes.
+    pub fn keep_journal(&self, journal: Option<Journal>) {
+        if let Ok(mut j) = self.journal.lock() {
+            *j = journal;
+        }
+    }
+
+    fn journal(&self) -> Option<Journal> {
+        self.journal.lock().ok().and_then(|j| j.clone())
     }
 
     /// The blocks this call assigned from, in order, each once.

@@ -993,3 +993,114 @@ async fn one_address_per_version_for_a_vm_handle_however_many_ask() {
         assert_consistent(&ds);
     }
 }
+
+/// With the IPAM lock file's journal (the Kubernetes datastore: no transaction), a new
+/// handle and its block are written together; every fault of either write still ends
+/// consistent, or (the outcome unknown) with the block pending in the journal, where the
+/// DEL's release finds it.
+mod journaled {
+    use super::*;
+    use crate::ipam::lock::IpamLock;
+
+    struct Locked {
+        _dir: crate::test_support::TempDir,
+        lock: IpamLock,
+    }
+
+    async fn locked() -> Locked {
+        let dir = crate::test_support::TempDir::new("journal");
+        let path = dir.path().join("ipam.lock");
+        let lock = IpamLock::acquire(path.to_str().unwrap()).await;
+        Locked { _dir: dir, lock }
+    }
+
+    async fn assign_journaled(
+        ds: &MemoryDatastore,
+        l: &Locked,
+        handle: &str,
+    ) -> Result<Vec<IpNet>, IpamError> {
+        let ipam = Ipam::new(ds, "node1");
+        ipam.keep_journal(l.lock.journal());
+        ipam.auto_assign(&args(handle, "node1", 1))
+            .await
+            .map(|(v4, _)| v4.ips)
+    }
+
+    fn handle_and_block_writes(ds: &MemoryDatastore) -> Vec<(WriteOp, KeyClass)> {
+        ds.write_log()
+            .iter()
+            .filter(|r| matches!(r.key, Key::Block { .. } | Key::Handle { .. }))
+            .map(|r| (r.op, KeyClass::of(&r.key)))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn both_writes_go_together_and_the_record_is_settled() {
+        let ds = store();
+        let l = locked().await;
+        let ips = assign_journaled(&ds, &l, "h1").await.unwrap();
+        assert_eq!(ips, [net("10.80.0.0/29")]);
+        // The claim creates the block; then the handle's create and the block's update.
+        assert_eq!(
+            handle_and_block_writes(&ds),
+            [
+                (WriteOp::Create, KeyClass::Block),
+                (WriteOp::Create, KeyClass::Handle),
+                (WriteOp::Update, KeyClass::Block),
+            ]
+        );
+        assert!(l.lock.pending_for("h1").is_empty());
+        assert_consistent(&ds);
+    }
+
+    #[tokio::test]
+    async fn every_fault_of_either_write_ends_consistent() {
+        let faults = [
+            Fault::on(KeyClass::Block, Fault::ConflictOnWrite(2)),
+            Fault::on(KeyClass::Block, Fault::UnavailableOnWrite(2)),
+            Fault::on(KeyClass::Block, Fault::LoseAnswerOfWrite(2)),
+            Fault::on(KeyClass::Handle, Fault::ConflictOnWrite(1)),
+            Fault::on(KeyClass::Handle, Fault::UnavailableOnWrite(1)),
+            Fault::on(KeyClass::Handle, Fault::LoseAnswerOfWrite(1)),
+        ];
+        for fault in faults {
+            let ds = store();
+            let l = locked().await;
+            ds.inject(fault);
+            let ips = assign_journaled(&ds, &l, "h1")
+                .await
+                .unwrap_or_else(|e| panic!("{fault:?}: {e}"));
+            assert!(ds.pending_faults().is_empty(), "{fault:?}");
+            assert_eq!(ips.len(), 1, "{fault:?}");
+            assert_eq!(
+                allocations(&ds),
+                [(ips[0].addr, "h1".to_string())],
+                "{fault:?}"
+            );
+            assert!(l.lock.pending_for("h1").is_empty(), "{fault:?}");
+            assert_consistent(&ds);
+        }
+    }
+
+    /// The block lands, the handle's create fails and its re-read too (as a SIGKILL between
+    /// them would leave it): the call fails, the block stays pending, and the release of the
+    /// pending block (the DEL's) leaves nothing.
+    #[tokio::test]
+    async fn a_block_without_its_handle_stays_pending_until_released() {
+        let ds = store();
+        let l = locked().await;
+        ds.inject(Fault::on(KeyClass::Handle, Fault::UnavailableOnWrite(1)));
+        ds.fail_read(KeyClass::Handle, 1);
+        let e = assign_journaled(&ds, &l, "h1").await.unwrap_err();
+        assert!(!e.to_string().is_empty());
+        let block = net("10.80.0.0/29");
+        assert_eq!(l.lock.pending_for("h1"), [block]);
+        assert_eq!(allocations(&ds).len(), 1);
+        assert!(handles(&ds).is_empty());
+        let ipam = Ipam::new(&ds, "node1");
+        assert_eq!(ipam.release_in_block("h1", block).await.unwrap(), 1);
+        l.lock.settle("h1");
+        assert!(allocations(&ds).is_empty());
+        assert_consistent(&ds);
+    }
+}

@@ -16,6 +16,14 @@
 //! allocator still walks its blocks exactly as without it (a hinted block is only used where
 //! the walk reads that block anyway, and every write is a compare-and-swap); a missing,
 //! stale or garbled hint costs nothing but a wasted read. Upstream ignores the content.
+//!
+//! The file also holds what a crash must not lose: the block writes whose handle may not
+//! exist (`pending <handle> <block>` lines, see `IpamLock::intend`). Where the handle and the
+//! block are written together (the Kubernetes datastore: two objects, no transaction), the
+//! block may land without the handle; until the handle counts the address, this line leads a
+//! DEL (or the next holder) to it. A SIGKILL keeps it (it is in the page cache before the
+//! writes are sent); a lost file (a reboot without sync) leaves the address to GC and to
+//! Calico's own IPAM garbage collection, which find it by its block's attributes.
 
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
@@ -33,6 +41,62 @@ use crate::net::IpNet;
 
 /// At most this many hinted blocks are read early (one per family, and a spare).
 const MAX_HINTED_BLOCKS: usize = 4;
+/// At most this many pending block writes are kept (the oldest go first: a DEL that never
+/// came; GC and Calico's IPAM garbage collection still find its address).
+const MAX_PENDING: usize = 32;
+/// How much of the file is read (the hint and the pending writes; handle IDs are < 300 bytes).
+const MAX_FILE: usize = 16 * 1024;
+const PENDING: &str = "pending";
+
+/// A block write for `handle` whose handle write may not have landed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pending {
+    pub handle: String,
+    pub block: IpNet,
+}
+
+/// The lock file's content: the hint, then the pending block writes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Content {
+    hint: Vec<IpNet>,
+    pending: Vec<Pending>,
+}
+
+impl Content {
+    /// Garbage lines are skipped.
+    fn parse(text: &str) -> Content {
+        let mut c = Content::default();
+        for line in text.lines() {
+            let mut words = line.split_whitespace();
+            match (words.next(), words.next(), words.next()) {
+                (Some(PENDING), Some(handle), Some(block)) => {
+                    if let Ok(block) = block.parse::<IpNet>() {
+                        c.pending.push(Pending {
+                            handle: handle.to_string(),
+                            block: block.masked(),
+                        });
+                    }
+                }
+                (Some(cidr), None, None) if c.hint.len() < MAX_HINTED_BLOCKS => {
+                    if let Ok(b) = cidr.parse::<IpNet>() {
+                        c.hint.push(b.masked());
+                    }
+                }
+                _ => {}
+            }
+        }
+        c
+    }
+
+    fn render(&self) -> String {
+        let hint = self.hint.iter().map(|b| format!("{b}\n"));
+        let pending = self
+            .pending
+            .iter()
+            .map(|p| format!("{PENDING} {} {}\n", p.handle, p.block));
+        hint.chain(pending).collect()
+    }
+}
 
 /// How long a call waits for the lock before going on without it.
 pub const LOCK_WAIT: Duration = Duration::from_secs(10);
@@ -46,6 +110,17 @@ pub struct IpamLock {
     since: Instant,
     /// The blocks the previous holder assigned from (the file's content when taken).
     hint: Vec<IpNet>,
+    /// The file's content, to change (None when not locked).
+    journal: Option<Journal>,
+}
+
+/// The lock file's content as its holder keeps and changes it (the hint, the pending
+/// writes): for the allocator to record pending writes in (`Ipam::keep_journal`). Used only
+/// while the lock is held (the allocator and the lock live and end with one call).
+#[derive(Clone)]
+pub struct Journal {
+    file: Arc<File>,
+    content: Arc<std::sync::Mutex<Content>>,
 }
 
 impl Drop for IpamLock {
@@ -58,35 +133,129 @@ impl Drop for IpamLock {
 
 impl IpamLock {
     fn held(lock: Option<Flock<File>>) -> IpamLock {
-        let hint = lock.as_deref().map(read_hint).unwrap_or_default();
+        let content = lock.as_deref().map(read_content).unwrap_or_default();
+        // A second handle on the same open file (the lock is the open file's): the journal
+        // can then be shared with the allocator without the lock.
+        let file = lock.as_deref().and_then(|f| match f.try_clone() {
+            Ok(f) => Some(Arc::new(f)),
+            Err(e) => {
+                debug!(error = %e, "no journal in the IPAM lock file");
+                None
+            }
+        });
         IpamLock {
             _lock: lock,
             since: Instant::now(),
-            hint,
+            hint: content.hint.clone(),
+            journal: file.map(|file| Journal {
+                file,
+                content: Arc::new(std::sync::Mutex::new(content)),
+            }),
         }
     }
 
-    /// The blocks the previous holder assigned from (empty when not locked).
-    pub fn block_hint(&self) -> &[IpNet] {
-        &self.hint
+    /// The file's content to change (None when not locked).
+    pub fn journal(&self) -> Option<Journal> {
+        self.journal.clone()
     }
 
     /// Leaves `blocks` (those this call assigned from) for the next holder; nothing when
     /// not locked or when the file already says so. Best effort: a failure is logged.
     pub fn remember_blocks(&self, blocks: &[IpNet]) {
-        let Some(file) = self._lock.as_deref() else {
-            return;
-        };
-        if blocks.is_empty() || blocks == self.hint.as_slice() {
-            return;
+        if let Some(j) = &self.journal {
+            j.remember_blocks(blocks);
         }
-        let text: String = blocks.iter().map(|b| format!("{b}\n")).collect();
+    }
+
+    /// `Journal::settle`, when locked.
+    pub fn settle(&self, handle: &str) {
+        if let Some(j) = &self.journal {
+            j.settle(handle);
+        }
+    }
+
+    /// `Journal::pending_for` (nothing when not locked).
+    pub fn pending_for(&self, handle: &str) -> Vec<IpNet> {
+        self.journal
+            .as_ref()
+            .map(|j| j.pending_for(handle))
+            .unwrap_or_default()
+    }
+}
+
+impl Journal {
+    /// Changes the content and writes it; false when the write failed.
+    fn rewrite(&self, change: impl FnOnce(&mut Content) -> bool) -> bool {
+        let file = &self.file;
+        let Ok(mut content) = self.content.lock() else {
+            return false;
+        };
+        if !change(&mut content) {
+            return true;
+        }
+        let text = content.render();
         let written = file
             .set_len(0)
             .and_then(|()| file.write_all_at(text.as_bytes(), 0));
-        if let Err(e) = written {
-            debug!(error = %e, "could not leave the block hint in the IPAM lock file");
+        match written {
+            Ok(()) => true,
+            Err(e) => {
+                debug!(error = %e, "could not write the IPAM lock file");
+                false
+            }
         }
+    }
+
+    /// Records, before the writes are sent, that `block` may come to hold an address for
+    /// `handle` before (or without) the handle counting it. True once recorded: the file is
+    /// written (a SIGKILL keeps it); false when the write failed, and the caller must then
+    /// write the handle first.
+    pub fn intend(&self, handle: &str, block: IpNet) -> bool {
+        self.rewrite(|c| {
+            c.pending.push(Pending {
+                handle: handle.to_string(),
+                block,
+            });
+            let extra = c.pending.len().saturating_sub(MAX_PENDING);
+            c.pending.drain(..extra);
+            true
+        })
+    }
+
+    /// `handle` counts (or no block holds) its addresses: its pending writes are done with.
+    pub fn settle(&self, handle: &str) {
+        self.rewrite(|c| {
+            let before = c.pending.len();
+            c.pending.retain(|p| p.handle != handle);
+            c.pending.len() != before
+        });
+    }
+
+    /// The blocks with a pending write for `handle`.
+    pub fn pending_for(&self, handle: &str) -> Vec<IpNet> {
+        self.content
+            .lock()
+            .map(|c| pending_blocks(&c, handle))
+            .unwrap_or_default()
+    }
+
+    /// `IpamLock::remember_blocks`.
+    pub fn remember_blocks(&self, blocks: &[IpNet]) {
+        if blocks.is_empty() {
+            return;
+        }
+        self.rewrite(|c| {
+            let changed = c.hint != blocks;
+            c.hint = blocks.to_vec();
+            changed
+        });
+    }
+}
+
+impl IpamLock {
+    /// The blocks the previous holder assigned from (empty when not locked).
+    pub fn block_hint(&self) -> &[IpNet] {
+        &self.hint
     }
 
     /// Takes the lock, waiting at most `min(LOCK_WAIT, what is left of the call's budget)`.
@@ -161,21 +330,39 @@ pub(crate) fn create_dirs(dir: Option<&Path>) -> std::io::Result<()> {
 }
 
 /// The hint in the lock file: the CIDRs of its first lines, garbage skipped.
-/// The blocks the lock file at `path` names, read without taking the lock: for reads made
-/// before it is taken (a stale or missing hint costs a wasted read, nothing else).
-pub fn peek_hint(path: &str) -> Vec<IpNet> {
-    File::open(path).map(|f| read_hint(&f)).unwrap_or_default()
+/// The blocks the lock file at `path` names (its hint, and those with a pending write for
+/// one of `handles`), read without taking the lock: for reads made before it is taken (a
+/// stale or missing line costs a wasted read, nothing else).
+pub fn peek_blocks(path: &str, handles: &[String]) -> Vec<IpNet> {
+    let c = File::open(path).map(|f| read_content(&f)).unwrap_or_default();
+    let mut blocks = c.hint.clone();
+    for h in handles {
+        blocks.extend(pending_blocks(&c, h));
+    }
+    blocks.sort();
+    blocks.dedup();
+    blocks
 }
 
-fn read_hint(file: &File) -> Vec<IpNet> {
-    let mut buf = [0u8; 256];
-    let n = file.read_at(&mut buf, 0).unwrap_or(0);
-    String::from_utf8_lossy(&buf[..n])
-        .lines()
-        .filter_map(|l| l.trim().parse::<IpNet>().ok())
-        .map(|b| b.masked())
-        .take(MAX_HINTED_BLOCKS)
+/// Whether the lock file at `path` has a pending write for one of `handles` (read without
+/// the lock: a DEL takes it only when there is something to release).
+pub fn peek_pending(path: &str, handles: &[String]) -> bool {
+    let c = File::open(path).map(|f| read_content(&f)).unwrap_or_default();
+    handles.iter().any(|h| !pending_blocks(&c, h).is_empty())
+}
+
+fn pending_blocks(c: &Content, handle: &str) -> Vec<IpNet> {
+    c.pending
+        .iter()
+        .filter(|p| p.handle == handle)
+        .map(|p| p.block)
         .collect()
+}
+
+fn read_content(file: &File) -> Content {
+    let mut buf = vec![0u8; MAX_FILE];
+    let n = file.read_at(&mut buf, 0).unwrap_or(0);
+    Content::parse(&String::from_utf8_lossy(&buf[..n]))
 }
 
 /// Opens (creating it 0600 regardless of the umask) the lock file, readable for the hint.
@@ -293,6 +480,53 @@ mod tests {
             std::fs::read_to_string(&path).unwrap(),
             "junk\n10.1.2.3/24\n"
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Pending writes outlive their holder (a SIGKILL), keep the hint, are found without the
+    /// lock, and go when settled; an unlocked caller has no journal.
+    #[test]
+    fn pending_writes_are_kept_until_settled() {
+        let dir = scratch("pending");
+        let path = dir.join("ipam.lock");
+        let p = path.to_str().unwrap();
+        let block: IpNet = "10.0.0.64/26".parse().unwrap();
+        let handles = ["net.c1".to_string(), "ns.p1".to_string()];
+        let first = acquire(p);
+        first.remember_blocks(&[block]);
+        let journal = first.journal().unwrap();
+        assert!(journal.intend("net.c1", block));
+        drop(journal);
+        drop(first);
+        assert!(peek_pending(p, &handles));
+        assert!(!peek_pending(p, &["net.c2".to_string()]));
+        assert_eq!(peek_blocks(p, &handles), [block]);
+        let second = acquire(p);
+        assert_eq!(second.block_hint(), [block]);
+        assert_eq!(second.pending_for("net.c1"), [block]);
+        // Another call's hint leaves the pending write alone.
+        let other: IpNet = "10.0.1.0/26".parse().unwrap();
+        second.remember_blocks(&[other]);
+        drop(second);
+        let third = acquire(p);
+        assert_eq!(third.block_hint(), [other]);
+        assert_eq!(third.pending_for("net.c1"), [block]);
+        let holder_busy = within(p, Duration::from_millis(10));
+        assert!(holder_busy.journal().is_none());
+        drop(holder_busy);
+        third.settle("net.c1");
+        drop(third);
+        assert!(!peek_pending(p, &handles));
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "10.0.1.0/26\n");
+        // At most MAX_PENDING are kept, the oldest dropped.
+        let fourth = acquire(p);
+        let j = fourth.journal().unwrap();
+        for i in 0..MAX_PENDING + 2 {
+            assert!(j.intend(&format!("h{i}"), block));
+        }
+        assert!(fourth.pending_for("h0").is_empty());
+        assert_eq!(fourth.pending_for(&format!("h{}", MAX_PENDING + 1)), [block]);
+        drop(fourth);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -21,7 +21,7 @@ use crate::error::{Context, Error, Result};
 use crate::identifiers::WepIdentifiers;
 use crate::ipam::allocator::gc::{GcOutcome, NodeHandles};
 use crate::ipam::allocator::{AutoAssignArgs, Ipam, IpamError, ViewReads};
-use crate::ipam::lock::IpamLock;
+use crate::ipam::lock::{peek_pending, IpamLock};
 use crate::ipam::owner::{Change, Owner, OwnerUpdate};
 use crate::ipam_driver::kubevirt::{self, Detected, PodVmi, Vmi};
 use crate::net::IpNet;
@@ -319,6 +319,7 @@ pub async fn assign<D: Datastore>(
         Some(l) => l,
         None => IpamLock::acquire(lock_file).await,
     };
+    ipam.keep_journal(lock.journal());
     let (v4, v6) = with_timeout(async {
         let reads = match reads {
             Some(reads) => reads,
@@ -454,10 +455,13 @@ async fn release_container_handles<D: Datastore>(ds: &D, call: &Call<'_>) -> Res
             read => Some((handle, read)),
         })
         .collect::<Vec<_>>();
-    if held.is_empty() {
+    // A block written beside a handle that did not land (`Journal::intend`) holds addresses
+    // for it too.
+    let pending = peek_pending(conf.ipam_lock_file(), &handles);
+    if held.is_empty() && !pending {
         return Ok(());
     }
-    let _lock = IpamLock::acquire(conf.ipam_lock_file()).await;
+    let lock = IpamLock::acquire(conf.ipam_lock_file()).await;
     with_timeout(async {
         // In upstream's order: `<network>.<containerID>`, then the legacy one.
         for (handle, read) in held {
@@ -472,6 +476,19 @@ async fn release_container_handles<D: Datastore>(ds: &D, call: &Call<'_>) -> Res
                     info!(handle, "no addresses held by this handle");
                 }
                 Err(e) => return Err(Error::from(e)),
+            }
+        }
+        // Then the blocks pending for either handle; their records go once released.
+        for handle in &handles {
+            let blocks = lock.pending_for(handle);
+            for cidr in &blocks {
+                let n = ipam.release_in_block(handle, *cidr).await?;
+                if n > 0 {
+                    info!(handle, block = %cidr, released = n, "released addresses a block held without their handle");
+                }
+            }
+            if !blocks.is_empty() {
+                lock.settle(handle);
             }
         }
         Ok(())

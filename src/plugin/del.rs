@@ -20,7 +20,7 @@ use crate::datastore::{Datastore, DatastoreError, Key, Kind, ListKind};
 use crate::error::{Error, Result};
 use crate::identifiers::WepIdentifiers;
 use crate::ipam_driver::IpamDriver;
-use crate::ipam::lock::peek_hint;
+use crate::ipam::lock::peek_blocks;
 use crate::plugin::{connect_as, identifiers, load_config, nodename, Call};
 use crate::skel::CmdArgs;
 
@@ -153,7 +153,8 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
 }
 
 /// The reads a k8s DEL's in-process calico-ipam starts with: its two handles and the blocks
-/// the IPAM lock file names (where the last ADD on this node assigned from).
+/// the IPAM lock file names (where the last ADD on this node assigned from, and any block
+/// with a pending write for one of the handles).
 fn release_reads(call: &Call) -> Vec<Key> {
     if !(call.plan.k8s && call.plan.ipam_in_process) {
         return Vec::new();
@@ -162,7 +163,7 @@ fn release_reads(call: &Call) -> Vec<Key> {
         call.ids.handle_id(&call.conf.name),
         call.ids.legacy_handle_id(),
     ];
-    let blocks = peek_hint(call.conf.ipam_lock_file());
+    let blocks = peek_blocks(call.conf.ipam_lock_file(), &handles);
     handles
         .into_iter()
         .map(|id| Key::Handle { id })

@@ -16,6 +16,7 @@ use super::{
 use crate::datastore::model::{AllocationBlock, IpPool, IpamConfig, IpamHandle};
 use crate::datastore::{to_value, Datastore, Key, ListKind, Revision};
 use crate::ipam::block::BlockError;
+use crate::ipam::lock::Journal;
 use crate::net::IpNet;
 
 /// Why assigning from one block failed.
@@ -26,6 +27,18 @@ enum AssignError {
     Failed(IpamError),
     /// The block write failed and whether it was applied is unknown: the handle is kept (DEL
     /// releases whatever it holds) and the call fails rather than assign more elsewhere.
+    Unknown(IpamError),
+}
+
+/// Where a handle stands after it was written beside its block.
+enum HandleNow {
+    /// It counts this call's addresses in the block.
+    Counts,
+    /// It existed already (and does not count them).
+    Existed,
+    /// It was not written.
+    Missing,
+    /// Its write failed and a re-read could not tell whether it was applied.
     Unknown(IpamError),
 }
 
@@ -349,6 +362,16 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             PairWrite::HandleExists => true,
             PairWrite::Unsupported => false,
         };
+        // A new handle without a per-version limit (which needs the handle read first), with
+        // the lock file's journal recording the block as pending: both writes at once.
+        if !exists && args.max_per_version.is_none() {
+            let journal = self.journal();
+            if let Some(j) = journal.filter(|j| j.intend(&args.handle_id, cidr)) {
+                return self
+                    .write_handle_beside_block(block, &rev, &ips, args, &j)
+                    .await;
+            }
+        }
         match self
             .increment_handle(
                 &args.handle_id,
@@ -412,6 +435,99 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             return Err(IpamError::from(e).into());
         }
         Ok(ips)
+    }
+
+    /// Where the datastore cannot write two objects at once (Kubernetes): the new handle and
+    /// the block sent together, one round trip instead of two.
+    ///
+    /// Ordering. Either write may land without the other: one fails, an answer is lost, or
+    /// the process is killed between them. The handle without the block is what upstream's
+    /// order (handle, then block) can leave too: the handle counts an address no block holds
+    /// for it, and DEL releases by the handle, then deletes it. The block without the handle
+    /// holds an address no handle leads to, so before anything is sent the IPAM lock file
+    /// records the block as pending for this handle (`Journal::intend`, written before the
+    /// requests: a SIGKILL keeps it). A DEL of the handle looks in the blocks pending for it
+    /// (`calico::release_container_handles`), and the record is settled only once the handle
+    /// counts the addresses, or no block holds them. Whatever point a SIGKILL hits, the DEL
+    /// that follows finds the addresses; GC and Calico's IPAM garbage collection find them by
+    /// the block's attributes, as always.
+    async fn write_handle_beside_block(
+        &self,
+        mut block: AllocationBlock,
+        rev: &str,
+        ips: &[IpNet],
+        args: &AutoAssignArgs,
+        journal: &Journal,
+    ) -> Result<Vec<IpNet>, AssignError> {
+        let cidr = block.cidr;
+        let id = &args.handle_id;
+        let key = Key::Handle { id: id.clone() };
+        let mut fresh = IpamHandle::default();
+        fresh.block.insert(cidr.to_string(), ips.len() as i64);
+        let value = to_value(&fresh).map_err(|e| AssignError::Failed(e.into()))?;
+        let (created, updated) = tokio::join!(
+            self.ds.create(&key, &value),
+            self.update_block(&mut block, rev)
+        );
+        let assigned: Vec<IpAddr> = ips.iter().map(|n| n.addr).collect();
+        let block_now = match &updated {
+            Ok(_) => Landed::Yes,
+            Err(e) if e.is_conflict() => Landed::No,
+            Err(_) => self.block_write_landed(&block, &assigned, id).await,
+        };
+        let handle_now = match created {
+            Ok(_) => HandleNow::Counts,
+            Err(e) if e.is_already_exists() => HandleNow::Existed,
+            Err(e) => match self.handle_write_landed(&key, &fresh, None).await {
+                Landed::Yes => HandleNow::Counts,
+                Landed::No => HandleNow::Missing,
+                Landed::Unknown(_) => HandleNow::Unknown(e.into()),
+            },
+        };
+        match (block_now, handle_now) {
+            (Landed::Yes, HandleNow::Counts) => {
+                journal.settle(id);
+                Ok(ips.to_vec())
+            }
+            // The block holds the addresses: the handle must count them (until it does, the
+            // pending record stays).
+            (Landed::Yes, h @ (HandleNow::Existed | HandleNow::Missing)) => {
+                let existed = matches!(h, HandleNow::Existed);
+                self.increment_handle(id, cidr, ips.len(), existed, None)
+                    .await
+                    .map_err(AssignError::Unknown)?;
+                journal.settle(id);
+                Ok(ips.to_vec())
+            }
+            (Landed::Yes, HandleNow::Unknown(e)) => {
+                warn!(%cidr, handle = %id, error = %e, "the block holds the addresses; whether the handle was written is unknown");
+                Err(AssignError::Unknown(e))
+            }
+            // Nothing of this call's is in the block: a handle it created must not count it.
+            (Landed::No, h) => {
+                if matches!(h, HandleNow::Counts | HandleNow::Unknown(_)) {
+                    match self.decrement_handle(id, cidr, ips.len(), None).await {
+                        Ok(_) => {}
+                        Err(IpamError::Datastore(e)) if e.is_not_found() => {}
+                        // Over-counting: DEL releases by the handle and deletes it.
+                        Err(e) => warn!(handle = %id, error = %e, "failed to undo the handle's create"),
+                    }
+                }
+                journal.settle(id);
+                Err(match updated {
+                    Err(e) if e.is_conflict() => AssignError::Conflict,
+                    Err(e) => AssignError::Failed(e.into()),
+                    Ok(_) => AssignError::Failed(IpamError::Block("block write not found".into())),
+                })
+            }
+            (Landed::Unknown(re), _) => {
+                warn!(%cidr, reread = %re, "block write outcome unknown; its pending record stays for DEL");
+                Err(AssignError::Unknown(match updated {
+                    Err(e) => e.into(),
+                    Ok(_) => re.into(),
+                }))
+            }
+        }
     }
 
     /// Where the backend writes two keys at once (etcd): the new handle and the block in one

@@ -91,7 +91,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
     /// the same — the handle as stored counts what we wrote, at another revision than the
     /// one we wrote over (`None`: we created it). A handle belongs to one container, so no
     /// other writer makes the same counts meanwhile.
-    async fn handle_write_landed(
+    pub(super) async fn handle_write_landed(
         &self,
         key: &Key,
         written: &IpamHandle,

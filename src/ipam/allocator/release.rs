@@ -99,6 +99,16 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         Ok(())
     }
 
+    /// Releases what `cidr`'s block holds for `handle_id`, whose handle object may not lead
+    /// to it (a block written beside a handle that did not land: `Journal::intend`): how many.
+    pub async fn release_in_block(&self, handle_id: &str, cidr: IpNet) -> Result<usize, IpamError> {
+        let (n, emptied) = self.release_handle_in_block(handle_id, cidr).await?;
+        if let Some(block) = &emptied {
+            self.ensure_consistent_affinity(block).await;
+        }
+        Ok(n)
+    }
+
     /// Releases the handle's addresses in one block: how many, and the block when the release
     /// left it empty but affine (its affinity is then checked, `ensure_consistent_affinity`).
     async fn release_handle_in_block(
