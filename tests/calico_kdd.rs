@@ -493,6 +493,107 @@ fn kdd_round_trips_of_an_add_into_an_affine_block() {
     w.assert_clean();
 }
 
+/// FAKE SERVER (one request held unanswered while the others go through): an ADD killed
+/// (SIGKILL) between its block's update and its handle's create, which it sends together,
+/// either way round. The handle without the block over-counts (as upstream's order can
+/// leave it); the block without the handle holds the address for a handle that does not
+/// exist, and the IPAM lock file records the block as pending for that handle (written
+/// before the two were sent). Either way the runtime's DEL releases everything and settles
+/// the record.
+#[test]
+fn kdd_add_killed_between_the_block_and_its_handle() {
+    require_root();
+    let w = KddWorld::new();
+    w.seed_pod("default", "first", json!({}));
+    let lock = w.scratch.path().join("killed.lock");
+    let conf = w.conf(json!({"calico_api_group": "crd.projectcalico.org/v1",
+        "ipam_lock_file": lock.display().to_string()}));
+    let p1 = common::netns::Netns::new("pod");
+    let first = Invocation::new("ADD", "first0000001", p1.path()).k8s("default", "first");
+    w.calico(&first, &conf).assert_ok();
+    let block = w.crs("ipamblocks")[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let block_path = format!("{CRD}/ipamblocks/{block}");
+    let handles = format!("{CRD}/ipamhandles");
+    let holders = || -> Vec<String> {
+        common::cluster::block_allocations(&w.api.get(&block_path).unwrap()["spec"])
+            .into_iter()
+            .map(|a| a.handle)
+            .collect()
+    };
+    // (the request held, the one waited for before the kill)
+    let cases = [
+        (
+            ("POST", handles.as_str()),
+            ("PUT", block_path.as_str(), 200),
+        ),
+        (
+            ("PUT", block_path.as_str()),
+            ("POST", handles.as_str(), 201),
+        ),
+    ];
+    for (i, ((held_method, held_path), (method, path, status))) in cases.into_iter().enumerate() {
+        let pod = format!("killed{i}");
+        w.seed_pod("default", &pod, json!({}));
+        let cid = format!("killed{i:06}");
+        let handle = format!("k8s-pod-network.{cid}");
+        w.api.fail_one(held_method, held_path, 0, 0);
+        w.api.clear_requests();
+        let netns = common::netns::Netns::new("pod");
+        let inv = Invocation::new("ADD", &cid, netns.path()).k8s("default", &pod);
+        let mut child = w.bin.spawn("calico", w.host.name(), &inv, &conf);
+        let started = std::time::Instant::now();
+        while !w
+            .api
+            .requests()
+            .iter()
+            .any(|r| r.method == method && r.path == path && r.status == status)
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "case {i}: {method} {path} never landed: {:?}",
+                w.api.requests()
+            );
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "case {i}: the ADD ended first"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // SAFETY: kill(2) on the PID this test spawned, not yet reaped.
+        unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+        child.wait().unwrap();
+        let stored_handle = w.api.get(&format!("{CRD}/ipamhandles/{handle}"));
+        let record = |text: &str| {
+            text.lines()
+                .any(|l| l.starts_with(&format!("pending {handle} ")))
+        };
+        match i {
+            0 => {
+                assert!(holders().contains(&handle), "{:?}", holders());
+                assert!(stored_handle.is_none(), "{stored_handle:?}");
+                assert!(record(&std::fs::read_to_string(&lock).unwrap()));
+            }
+            _ => {
+                assert!(!holders().contains(&handle), "{:?}", holders());
+                assert!(stored_handle.is_some());
+            }
+        }
+        // The runtime's DEL finds the address by the record, or the handle by its name.
+        w.calico(&inv.as_del(), &conf).assert_ok();
+        assert!(!holders().contains(&handle), "case {i}: {:?}", holders());
+        assert!(w.api.get(&format!("{CRD}/ipamhandles/{handle}")).is_none());
+        assert!(
+            !record(&std::fs::read_to_string(&lock).unwrap()),
+            "case {i}"
+        );
+    }
+    w.calico(&first.as_del(), &conf).assert_ok();
+    w.assert_clean();
+}
+
 /// `calico -t` in the host netns: (exit code, stdout, time).
 fn run_t(w: &RealKddWorld, conf: &str) -> (i32, String, Duration) {
     common::cni::run_flag(&w.bin.plugin("calico"), w.host.name(), "-t", conf)

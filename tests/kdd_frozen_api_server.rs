@@ -3,11 +3,13 @@
 //! up at its deadline (its undo too, after the grace) while its next request waits in the
 //! kernel; after the thaw the server handles what it still can of what was queued (here it
 //! answers those requests 504 or 500: the client is gone). A failed ADD may leave what the
-//! runtime's DEL then removes: an allocation with its handle, the pod's podIP annotation, or
-//! a handle counting an address its block does not hold (frozen between the handle's write
-//! and the block's: the handle is written first, so that no address is ever held without a
-//! handle to release it by). Never state DEL cannot clean: an address a block holds for a
-//! handle that does not count it, or anything left after the DEL.
+//! runtime's DEL then removes: an allocation with its handle, the pod's podIP annotation, a
+//! handle counting an address its block does not hold, or a block holding an address for a
+//! handle that does not count it, recorded as pending in the IPAM lock file's journal before
+//! the two were written together (`Journal::intend`): the DEL looks there. Never state DEL
+//! cannot clean: an address a block holds for a handle that does not count it with no such
+//! record, or anything left after the DEL. The same holds when the plugin is killed
+//! (SIGKILL) at each of those points instead of giving up at its deadline.
 //!
 //! Thawed after the call, the queued request's client is gone and the server answers it 504
 //! without applying it. Thawed during the undo's grace (the plugin still connected), the
@@ -20,10 +22,11 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 use common::cluster::{block_allocations, Cluster};
-use common::cni::Invocation;
+use common::cni::{Invocation, Outcome};
 use common::kdd::{RealKddWorld, CRD};
 use common::netns::{require_root, Netns};
 use common::real_k8s::Audited;
@@ -44,8 +47,11 @@ fn forget_ipam(w: &RealKddWorld) {
 
 /// (handles counting more addresses in a block than it holds for them, addresses a block
 /// holds for a handle that does not count them). DEL releases by handle: the first is
-/// cleaned by it, the second could never be.
-fn disagreements(w: &RealKddWorld) -> (Vec<String>, Vec<String>) {
+/// cleaned by it; the second only where the IPAM lock file (`lock`) records the block as
+/// pending for the handle (a handle written beside its block, `Journal::intend`): those are
+/// the third list, the rest the second.
+fn disagreements(w: &RealKddWorld, lock: &Path) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let journal = std::fs::read_to_string(lock).unwrap_or_default();
     let mut held: BTreeMap<(String, String), u64> = BTreeMap::new();
     for b in w.blocks() {
         let cidr = b["cidr"].as_str().unwrap().to_string();
@@ -70,16 +76,22 @@ fn disagreements(w: &RealKddWorld) -> (Vec<String>, Vec<String>) {
             ));
         }
     }
+    let mut pending = vec![];
     for (key, n) in &held {
         let c = counted.get(key).copied().unwrap_or(0);
         if c < *n {
-            under.push(format!(
+            let d = format!(
                 "block {} holds {n} for {}, whose handle counts {c}",
                 key.1, key.0
-            ));
+            );
+            let record = format!("pending {} {}", key.0, key.1);
+            match journal.lines().any(|l| l == record) {
+                true => pending.push(d),
+                false => under.push(d),
+            }
         }
     }
-    (over, under)
+    (over, pending, under)
 }
 
 /// What a pod's ADD left: handles, allocations, the pod's address annotation.
@@ -97,6 +109,48 @@ fn leftovers(w: &RealKddWorld, pod: &str) -> String {
     )
 }
 
+/// The ADD started and, once the trap has frozen the server, killed with SIGKILL (an ADD
+/// that finishes first is left to finish); its outcome (-9: killed).
+fn killed_when_frozen(
+    w: &RealKddWorld,
+    trap: &common::real_k8s::FreezeTrap,
+    inv: &Invocation,
+    conf: &str,
+) -> Outcome {
+    let started = Instant::now();
+    let mut child = w.bin.spawn("calico", w.host.name(), inv, conf);
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for the plugin") {
+            return Outcome {
+                code: status.code().unwrap_or(-1),
+                stdout: String::new(),
+                stderr: String::new(),
+                elapsed: started.elapsed(),
+            };
+        }
+        if trap.fired() {
+            // SAFETY: kill(2) on the PID this test spawned, not yet reaped.
+            unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+            let status = child.wait().expect("reap the plugin");
+            assert_eq!(
+                std::os::unix::process::ExitStatusExt::signal(&status),
+                Some(libc::SIGKILL)
+            );
+            return Outcome {
+                code: -9,
+                stdout: String::new(),
+                stderr: String::new(),
+                elapsed: started.elapsed(),
+            };
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the ADD neither finished nor reached the freeze"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 fn listing(reqs: &[Audited]) -> String {
     reqs.iter()
         .map(Audited::line)
@@ -109,6 +163,9 @@ fn listing(reqs: &[Audited]) -> String {
 enum Thaw {
     /// After the plugin has exited (its connection closed).
     AfterTheCall,
+    /// After the plugin was killed (SIGKILL) while the server was frozen: nothing of the
+    /// plugin's runs after that point, not its undo either.
+    AfterASigkill,
     /// This long after the call started: past its deadline, while its undo waits (the
     /// grace), with the connection open.
     DuringTheUndo(Duration),
@@ -120,6 +177,13 @@ fn kdd_add_with_the_api_server_frozen_at_each_write() {
         "kdd_add_with_the_api_server_frozen_at_each_write",
         Thaw::AfterTheCall,
     );
+}
+
+/// A SIGKILL at each write (the server frozen there, so that the kill lands between two
+/// writes, or between the two halves of a pair sent together), then the runtime's DEL.
+#[test]
+fn kdd_add_killed_at_each_write() {
+    frozen_at_each_write("kdd_add_killed_at_each_write", Thaw::AfterASigkill);
 }
 
 #[test]
@@ -172,16 +236,19 @@ fn frozen_at_each_write(test: &str, thaw: Thaw) {
         let conf = conf(n + 1);
         let mark = w.api.audit_mark();
         let trap = w.api.freeze_after_plugin_requests(k);
-        let out = std::thread::scope(|s| {
-            if let Thaw::DuringTheUndo(after) = thaw {
-                let api = &w.api;
-                s.spawn(move || {
-                    std::thread::sleep(after);
-                    api.thaw();
-                });
-            }
-            w.calico(&inv, &conf)
-        });
+        let out = match thaw {
+            Thaw::AfterASigkill => killed_when_frozen(&w, &trap, &inv, &conf),
+            _ => std::thread::scope(|s| {
+                if let Thaw::DuringTheUndo(after) = thaw {
+                    let api = &w.api;
+                    s.spawn(move || {
+                        std::thread::sleep(after);
+                        api.thaw();
+                    });
+                }
+                w.calico(&inv, &conf)
+            }),
+        };
         let fired = trap.fired();
         drop(trap);
         w.api.thaw();
@@ -204,11 +271,12 @@ fn frozen_at_each_write(test: &str, thaw: Thaw) {
             // The ADD made fewer requests this time: it must have succeeded.
             out.assert_ok();
         }
-        let (over, under) = disagreements(&w);
-        for d in &over {
+        let lock = w.scratch.path().join(format!("ipam-{}.lock", n + 1));
+        let (over, pending, under) = disagreements(&w, &lock);
+        for d in over.iter().chain(&pending) {
             eprintln!("  until DEL: {d}");
         }
-        over_counted += over.len();
+        over_counted += over.len() + pending.len();
         for d in under {
             findings.push(format!("{what}: {d}"));
         }

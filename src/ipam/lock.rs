@@ -211,6 +211,10 @@ impl Journal {
     /// written (a SIGKILL keeps it); false when the write failed, and the caller must then
     /// write the handle first.
     pub fn intend(&self, handle: &str, block: IpNet) -> bool {
+        // A record is one line of words: a handle it could not be read back as is refused.
+        if handle.is_empty() || handle.contains(char::is_whitespace) {
+            return false;
+        }
         self.rewrite(|c| {
             c.pending.push(Pending {
                 handle: handle.to_string(),
@@ -334,7 +338,9 @@ pub(crate) fn create_dirs(dir: Option<&Path>) -> std::io::Result<()> {
 /// one of `handles`), read without taking the lock: for reads made before it is taken (a
 /// stale or missing line costs a wasted read, nothing else).
 pub fn peek_blocks(path: &str, handles: &[String]) -> Vec<IpNet> {
-    let c = File::open(path).map(|f| read_content(&f)).unwrap_or_default();
+    let c = File::open(path)
+        .map(|f| read_content(&f))
+        .unwrap_or_default();
     let mut blocks = c.hint.clone();
     for h in handles {
         blocks.extend(pending_blocks(&c, h));
@@ -347,7 +353,9 @@ pub fn peek_blocks(path: &str, handles: &[String]) -> Vec<IpNet> {
 /// Whether the lock file at `path` has a pending write for one of `handles` (read without
 /// the lock: a DEL takes it only when there is something to release).
 pub fn peek_pending(path: &str, handles: &[String]) -> bool {
-    let c = File::open(path).map(|f| read_content(&f)).unwrap_or_default();
+    let c = File::open(path)
+        .map(|f| read_content(&f))
+        .unwrap_or_default();
     handles.iter().any(|h| !pending_blocks(&c, h).is_empty())
 }
 
@@ -525,7 +533,10 @@ mod tests {
             assert!(j.intend(&format!("h{i}"), block));
         }
         assert!(fourth.pending_for("h0").is_empty());
-        assert_eq!(fourth.pending_for(&format!("h{}", MAX_PENDING + 1)), [block]);
+        assert_eq!(
+            fourth.pending_for(&format!("h{}", MAX_PENDING + 1)),
+            [block]
+        );
         drop(fourth);
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -19,8 +19,8 @@ use crate::datastore::resources::{decode_resource, delete_resource, get_resource
 use crate::datastore::{Datastore, DatastoreError, Key, Kind, ListKind};
 use crate::error::{Error, Result};
 use crate::identifiers::WepIdentifiers;
-use crate::ipam_driver::IpamDriver;
 use crate::ipam::lock::peek_blocks;
+use crate::ipam_driver::IpamDriver;
 use crate::plugin::{connect_as, identifiers, load_config, nodename, Call};
 use crate::skel::CmdArgs;
 
@@ -114,8 +114,7 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
         // have given them up (`decrement_handle`), so it always leads to them.
         let endpoint = async {
             if let (Some(name), Some(first)) = (k8s_name, first_read) {
-                delete_k8s_endpoint(&call.ds, &ids.namespace, name, &ids.container_id, first)
-                    .await
+                delete_k8s_endpoint(&call.ds, &ids.namespace, name, &ids.container_id, first).await
             } else if !node_known {
                 delete_endpoints_of(&call.ds, ids).await
             } else {

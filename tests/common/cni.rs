@@ -68,6 +68,17 @@ impl Bin {
     pub fn run(&self, name: &str, host: &str, inv: &Invocation, conf: &str) -> Outcome {
         run_plugin(&self.plugin(name), &self.path(), Some(host), inv, conf)
     }
+
+    /// `run`, not waited for (`spawn_plugin`).
+    pub fn spawn(
+        &self,
+        name: &str,
+        host: &str,
+        inv: &Invocation,
+        conf: &str,
+    ) -> std::process::Child {
+        spawn_plugin(&self.plugin(name), &self.path(), Some(host), inv, conf)
+    }
 }
 
 /// One plugin invocation's environment.
@@ -236,6 +247,39 @@ pub fn run_plugin_within(
     stdin: &str,
     limit: Duration,
 ) -> Outcome {
+    let cmd = plugin_command(plugin, cni_path, host_netns, inv);
+    let what = format!("{} {}", plugin.display(), inv.command);
+    run_command_within(cmd, stdin, limit, &what)
+}
+
+/// The plugin started as `run_plugin` starts it, its output discarded, not waited for: the
+/// process is the plugin's own (`ip netns exec` execs it), for a test to kill.
+pub fn spawn_plugin(
+    plugin: &Path,
+    cni_path: &str,
+    host_netns: Option<&str>,
+    inv: &Invocation,
+    stdin: &str,
+) -> std::process::Child {
+    let mut child = plugin_command(plugin, cni_path, host_netns, inv)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", plugin.display()));
+    if let Some(mut input) = child.stdin.take() {
+        let _ = input.write_all(stdin.as_bytes());
+    }
+    child
+}
+
+/// The command that runs `plugin` for `inv`, as kubelet would run it in `host_netns`.
+fn plugin_command(
+    plugin: &Path,
+    cni_path: &str,
+    host_netns: Option<&str>,
+    inv: &Invocation,
+) -> Command {
     let mut cmd = match (host_netns, &inv.prefix) {
         (Some(ns), Some(prefix)) => {
             let mut c = Command::new("ip");
@@ -268,8 +312,7 @@ pub fn run_plugin_within(
     for (k, v) in &inv.extra_env {
         cmd.env(k, v);
     }
-    let what = format!("{} {}", plugin.display(), inv.command);
-    run_command_within(cmd, stdin, limit, &what)
+    cmd
 }
 
 /// Runs `cmd` with `stdin`, capturing stdout and stderr; a process still running after

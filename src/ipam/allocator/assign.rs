@@ -510,7 +510,9 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                         Ok(_) => {}
                         Err(IpamError::Datastore(e)) if e.is_not_found() => {}
                         // Over-counting: DEL releases by the handle and deletes it.
-                        Err(e) => warn!(handle = %id, error = %e, "failed to undo the handle's create"),
+                        Err(e) => {
+                            warn!(handle = %id, error = %e, "failed to undo the handle's create")
+                        }
                     }
                 }
                 journal.settle(id);

@@ -281,7 +281,7 @@ current-context: test
 
     /// One request with this method and exactly this path fails with `code`: the one after
     /// `skip` more such requests. Rules are independent; a request meets the first armed rule
-    /// that matches it.
+    /// that matches it. Code 0: that request is read and never answered (a stalled answer).
     pub fn fail_one(&self, method: &str, path: &str, skip: usize, code: u16) {
         lock(&self.shared.fail_one).push(FailOne {
             method: method.into(),
@@ -477,6 +477,9 @@ async fn answer(
             Some(rules.remove(i).code)
         })
     };
+    if injected == Some(0) {
+        std::future::pending::<()>().await;
+    }
     let reply = if !authorized {
         ApiError::new(401, "Unauthorized", "Unauthorized").reply()
     } else if let Some(code) = injected {
