@@ -111,6 +111,12 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
             if !early_ipam {
                 return EarlyIpam::default();
             }
+            // On the Kubernetes datastore the connection (its TLS handshake) is opened before
+            // the host's IPAM lock is taken, not while it is held: other pods' ADDs on this
+            // node wait for the lock.
+            if let Some(client) = call.ds.kube_client().filter(|_| call.ds.is_kubernetes()) {
+                client.open().await;
+            }
             let lock = IpamLock::acquire(conf.ipam_lock_file()).await;
             let reads = Ipam::new(&call.ds, &call.ids.node)
                 .read_view(lock.block_hint())

@@ -228,6 +228,12 @@ impl KubeClient {
         &self.settings
     }
 
+    /// Opens the connection now, if it is not open yet (the first request would); a failure
+    /// is left for the first request to meet and report.
+    pub async fn open(&self) {
+        self.transport.open().await
+    }
+
     /// Starts opening the connection in the background (a task on the call's runtime), so
     /// that the first request finds it open or joins its opening. A failure is left for
     /// that request to meet and report (it tries again).
