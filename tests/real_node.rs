@@ -6,6 +6,13 @@
 //! SIGKILL and restarted, and nothing leaks. The suite prints how containerd called the
 //! plugin and the median RunPodSandbox time.
 //!
+//! `bench_pod_start` (ignored; `benches/pod_start.sh`) is a benchmark on the same harness:
+//! pod start and stop as kubelet sees them (containerd's RunPodSandbox and StopPodSandbox,
+//! and the time until a wave of pods is all Ready), with Debian's ptp + host-local and with
+//! our calico on etcd and on the Kubernetes datastore (and optionally another calico build),
+//! interleaved on one node. Why: the plugin's own ADD time (`make bench`) is a part of what
+//! a user waits for; this shows how much of a pod's start the CNI choice is on a real node.
+//!
 //! Without the kube-apiserver + kubelet bundle it prints `SKIPPED <why>` and passes.
 
 mod common;
@@ -20,8 +27,9 @@ use common::cni::report_skip;
 use common::installer::calico_node_account;
 use common::netns::{require_root, UPLINK_V4};
 use common::real_node::{
-    install_cni, read_recorded_calls, record_calls, shared_k8s, wait_until, InstallInputs,
-    RealNode, RecordedCall, BUSYBOX_IMAGE,
+    copy_atomically, install_bare_binaries, install_cni, plugin_binary, read_recorded_calls,
+    record_calls, seconds_between, shared_k8s, utc_seconds_of_day, wait_until, write_atomically,
+    InstallInputs, RealNode, RecordedCall, BUSYBOX_IMAGE,
 };
 use serde_json::{json, Value};
 
@@ -717,4 +725,820 @@ fn pods_through_kubelet_and_containerd_get_addresses_and_leave_nothing() {
     );
     drop(node);
     say(&format!("suite took {:?}", suite_started.elapsed()));
+}
+
+// ------------------------------------------------------------------ the pod-start bench
+
+/// The bench's node (its own name: the etcd datastore's Node resource is seeded for it).
+const BENCH_NODE: &str = "node-bench";
+const BENCH_CONFLIST: &str = "10-bench.conflist";
+const BENCH_PTP_SUBNET: &str = "10.252.0.0/16";
+const BENCH_ETCD_POOL: &str = "10.67.0.0/16";
+const BENCH_KDD_POOL: &str = "10.66.0.0/16";
+/// Bound on a pod (or a wave of pods) becoming Ready, and on deleted pods' sandboxes
+/// being stopped.
+const BENCH_TIMEOUT: Duration = Duration::from_secs(180);
+/// How often the bench polls the API for Ready pods.
+const BENCH_POLL: Duration = Duration::from_millis(50);
+/// After a switch of conflist (and binary): containerd's CRI reloads its CNI config on the
+/// conf dir's inotify event, within milliseconds; every pod's address and plugin log are
+/// checked against the config it was meant to get anyway.
+const BENCH_SWITCH_PAUSE: Duration = Duration::from_secs(1);
+/// How long deleted pods' sandboxes must see no new StopPodSandbox before the bench goes on.
+/// kubelet stops a deleted pod's sandbox a second time some 1-2 s after the first (its PLEG
+/// relist sees the container gone and re-syncs the terminating pod; containerd runs the CNI
+/// DEL again, netns-less): that DEL must run under the config the pod was made with, and not
+/// during the next measurement.
+const BENCH_QUIET: Duration = Duration::from_secs(3);
+/// kubelet's container GC period (ContainerGCPeriod, not configurable): a pass starts a
+/// minute after the previous one ended.
+const KUBELET_GC_PERIOD: f64 = 60.0;
+
+/// One CNI configuration of the bench.
+struct BenchConfig {
+    /// Its row in the report and its pods' name prefix.
+    name: &'static str,
+    conflist: String,
+    /// The calico binary that must be `<cni_bin>/calico` (`None` for ptp).
+    calico: Option<std::path::PathBuf>,
+    /// The range its pods' addresses come from.
+    cidr: &'static str,
+    /// The calico log every ADD of this config writes to (it names the sandbox id).
+    plugin_log: Option<std::path::PathBuf>,
+}
+
+impl BenchConfig {
+    fn ip_ok(&self, ip: &str) -> bool {
+        let (net, len) = self.cidr.split_once('/').expect("a CIDR");
+        let (net, ip) = (
+            net.parse::<std::net::Ipv4Addr>().expect("an IPv4 CIDR"),
+            ip.parse::<std::net::Ipv4Addr>(),
+        );
+        let len: u32 = len.parse().expect("a prefix length");
+        let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
+        ip.is_ok_and(|ip| u32::from(ip) & mask == u32::from(net) & mask)
+    }
+}
+
+/// The chain every config shares after its main plugin.
+fn bench_chain_tail() -> Value {
+    json!([
+        {"type": "portmap", "snat": true, "capabilities": {"portMappings": true}},
+        {"type": "bandwidth", "capabilities": {"bandwidth": true}}
+    ])
+}
+
+fn bench_conflist(main: Value) -> String {
+    let mut plugins = vec![main];
+    plugins.extend(bench_chain_tail().as_array().cloned().unwrap_or_default());
+    serde_json::to_string_pretty(&json!({
+        "name": "k8s-pod-network",
+        "cniVersion": "0.3.1",
+        "plugins": plugins,
+    }))
+    .expect("a conflist")
+}
+
+/// Calico's plugin config for the bench: file logging at info (we measure speed), the
+/// IPAM lock in `dir`, no calico/node (nodename_file_optional), `datastore` merged in.
+fn bench_calico(dir: &Path, datastore: Value, kubeconfig: &Path) -> Value {
+    std::fs::create_dir_all(dir).expect("config scratch dir");
+    let mut c = json!({
+        "type": "calico",
+        "log_level": "info",
+        "log_file_path": dir.join("cni.log"),
+        "ipam_lock_file": dir.join("ipam.lock"),
+        "nodename_file_optional": true,
+        "nodename": BENCH_NODE,
+        "mtu": 1500,
+        "ipam": {"type": "calico-ipam"},
+        "policy": {"type": "k8s"},
+        "kubernetes": {"kubeconfig": kubeconfig},
+    });
+    for (k, v) in datastore.as_object().expect("datastore fields") {
+        c[k] = v.clone();
+    }
+    c
+}
+
+fn bench_pod(name: &str, batch: &str) -> Value {
+    json!({"apiVersion":"v1","kind":"Pod",
+        "metadata":{"name":name,"namespace":"default",
+            "labels":{"app":"pod-bench","bench-batch":batch}},
+        "spec":{"nodeName":BENCH_NODE,"restartPolicy":"Always","automountServiceAccountToken":false,
+            "terminationGracePeriodSeconds":0,
+            "containers":[{"name":"c","image":BUSYBOX_IMAGE,"imagePullPolicy":"Never",
+                // Exits on SIGTERM (a PID 1 has no default handler): its delete does not
+                // wait out kubelet's minimum 2 s grace period.
+                "command":["/bin/sh","-c","trap 'exit 0' TERM; /bin/sleep 3600 & wait"]}]}})
+}
+
+/// The pod's address if it is Ready.
+fn ready_ip(p: &Value) -> Option<String> {
+    let ready = p["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True");
+    ready.then(|| p["status"]["podIP"].as_str().map(str::to_string))?
+}
+
+/// Polls (every [`BENCH_POLL`]) the pods labelled `bench-batch=<batch>` until all of
+/// `names` are Ready; returns name -> address.
+fn wait_batch_ready(node: &RealNode, batch: &str, names: &[String]) -> BTreeMap<String, String> {
+    let started = Instant::now();
+    loop {
+        let mut ips = BTreeMap::new();
+        for p in node
+            .api()
+            .list(&format!("{PODS}?labelSelector=bench-batch%3D{batch}"))
+        {
+            if let (Some(name), Some(ip)) = (p["metadata"]["name"].as_str(), ready_ip(&p)) {
+                ips.insert(name.to_string(), ip);
+            }
+        }
+        if names.iter().all(|n| ips.contains_key(n)) {
+            return ips;
+        }
+        assert!(
+            started.elapsed() < BENCH_TIMEOUT,
+            "{batch}: only {} of {} pods Ready after {BENCH_TIMEOUT:?}",
+            ips.len(),
+            names.len()
+        );
+        std::thread::sleep(BENCH_POLL);
+    }
+}
+
+/// Every pod got its address from `cfg` and, for calico, its sandbox was added by `cfg`'s
+/// plugin (its log names the sandbox): a pod set up by the previous config (containerd
+/// not yet reloaded) fails the bench.
+fn check_config(node: &RealNode, cfg: &BenchConfig, ips: &BTreeMap<String, String>) {
+    let log = cfg
+        .plugin_log
+        .as_ref()
+        .map(|p| std::fs::read_to_string(p).unwrap_or_default());
+    let sandboxes = node.containerd().sandbox_log();
+    for (name, ip) in ips {
+        assert!(
+            cfg.ip_ok(ip),
+            "{name} got {ip}, not from {} ({}): containerd had not loaded the {} conflist",
+            cfg.cidr,
+            cfg.name,
+            cfg.name
+        );
+        if let Some(log) = &log {
+            let ids = sandboxes.ids_of(name);
+            assert!(
+                !ids.is_empty() && ids.iter().all(|id| log.contains(id)),
+                "{name} (sandboxes {ids:?}) was not added by the {} plugin (its log does not name it): a stale config or binary",
+                cfg.name
+            );
+        }
+    }
+}
+
+/// Deletes `names` (sequential DELETEs, no grace period), waits until they are gone from
+/// the API and containerd has stopped each one's sandboxes (the CNI DEL is done), then until
+/// no StopPodSandbox of those sandboxes has started for [`BENCH_QUIET`]. Returns how many
+/// StopPodSandbox calls each sandbox had by then.
+fn delete_and_wait_stopped(node: &RealNode, names: &[String]) -> BTreeMap<String, usize> {
+    for n in names {
+        node.api().remove(&format!("{PODS}/{n}"));
+    }
+    let ids: Vec<String> = wait_until(
+        &format!("{} deleted pods' sandboxes to stop", names.len()),
+        BENCH_TIMEOUT,
+        || {
+            let left = node
+                .api()
+                .list(&format!("{PODS}?labelSelector=app%3Dpod-bench"));
+            if left
+                .iter()
+                .any(|p| names.iter().any(|n| p["metadata"]["name"] == n.as_str()))
+            {
+                return None;
+            }
+            let log = node.containerd().sandbox_log();
+            let mut ids = vec![];
+            for n in names {
+                let of = log.ids_of(n);
+                if of.is_empty() || !of.iter().all(|id| log.stopped(id)) {
+                    return None;
+                }
+                ids.extend(of.iter().map(|id| id.to_string()));
+            }
+            Some(ids)
+        },
+    );
+    let progress = || {
+        let log = node.containerd().sandbox_log();
+        ids.iter()
+            .map(|id| (id.clone(), log.stop_progress(id)))
+            .collect::<BTreeMap<_, _>>()
+    };
+    let started = Instant::now();
+    let mut last = progress();
+    let mut since = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(250));
+        let now = progress();
+        if now != last {
+            (last, since) = (now, Instant::now());
+        } else if since.elapsed() >= BENCH_QUIET && last.values().all(|(_, done)| *done) {
+            return last.into_iter().map(|(id, (n, _))| (id, n)).collect();
+        }
+        assert!(
+            started.elapsed() < BENCH_TIMEOUT,
+            "{names:?}: StopPodSandbox calls still coming after {BENCH_TIMEOUT:?}: {last:?}"
+        );
+    }
+}
+
+/// If kubelet's next container GC pass may come within `need`, waits until it is over, so
+/// that no measurement shares the node with the GC: it stops and removes every dead
+/// sandbox, and containerd runs a CNI DEL for each (netns-less) through the config of the
+/// moment. The GC's phase is that of its last pass that removed something (containerd's
+/// RemovePodSandbox lines); a pass with nothing to remove leaves no trace and takes no
+/// time, keeping the phase. Returns how long it waited.
+fn avoid_kubelet_gc(node: &RealNode, need: Duration) -> Duration {
+    let started = Instant::now();
+    let log = node.containerd().sandbox_log();
+    let Some(&last) = log.removes.last() else {
+        return Duration::ZERO;
+    };
+    let since = seconds_between(last, utc_seconds_of_day());
+    let into_period = since % KUBELET_GC_PERIOD;
+    let until_next = KUBELET_GC_PERIOD - into_period;
+    let just_due = since >= KUBELET_GC_PERIOD && into_period < 3.0;
+    if until_next > need.as_secs_f64() + 2.0 && !just_due {
+        return Duration::ZERO;
+    }
+    // A RemovePodSandbox after `last`, then 1.5 s without another; or none by the due
+    // time + 5 s: that pass had nothing to remove.
+    let seen = log.removes.len();
+    let give_up = Instant::now() + Duration::from_secs_f64(until_next.min(KUBELET_GC_PERIOD) + 5.0);
+    loop {
+        std::thread::sleep(Duration::from_millis(250));
+        let log = node.containerd().sandbox_log();
+        let new = log.removes.len() > seen;
+        let quiet = log
+            .removes
+            .last()
+            .is_some_and(|&t| seconds_between(t, utc_seconds_of_day()) >= 1.5);
+        if (new && quiet) || (!new && Instant::now() > give_up) {
+            break;
+        }
+    }
+    started.elapsed()
+}
+
+/// Makes `cfg` the node's CNI config: its calico binary (if another) and its conflist,
+/// each replaced atomically; then gives containerd a moment to reload.
+fn switch_to(node: &RealNode, cfg: &BenchConfig, current_calico: &mut std::path::PathBuf) {
+    if let Some(bin) = &cfg.calico {
+        if bin != current_calico {
+            copy_atomically(bin, &node.cni_bin().join("calico"));
+            *current_calico = bin.clone();
+        }
+    }
+    write_atomically(
+        &node.cni_conf().join(BENCH_CONFLIST),
+        cfg.conflist.as_bytes(),
+    );
+    std::thread::sleep(BENCH_SWITCH_PAUSE);
+}
+
+/// Nearest-rank percentile of milliseconds.
+fn percentile(v: &[f64], p: f64) -> f64 {
+    assert!(!v.is_empty(), "no samples");
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * s.len() as f64).ceil().max(1.0) as usize;
+    s[rank.min(s.len()) - 1]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// A pod's (config name, round, kind) from its name `<config>-r<round>-<solo|wNN>`.
+fn bench_pod_parts(name: &str) -> Option<(&str, usize, &str)> {
+    let mut it = name.rsplitn(3, '-');
+    let kind = it.next()?;
+    let round = it.next()?.strip_prefix('r')?.parse().ok()?;
+    Some((it.next()?, round, kind))
+}
+
+#[derive(Default, serde::Serialize)]
+struct BenchSamples {
+    /// RunPodSandbox (containerd's log) of the pod created alone, ms.
+    run_alone_ms: Vec<f64>,
+    /// RunPodSandbox of the pods of the waves, ms.
+    run_wave_ms: Vec<f64>,
+    /// First StopPodSandbox of every measured pod's sandbox, ms.
+    stop_ms: Vec<f64>,
+    /// The pod alone: POST to Ready seen in the API, ms.
+    solo_ready_ms: Vec<f64>,
+    /// A wave: first POST to all Ready seen in the API, ms.
+    wave_ready_ms: Vec<f64>,
+    /// RunPodSandbox calls that failed (kubelet retried them).
+    run_failures: usize,
+    /// Sandboxes with more than one StopPodSandbox.
+    stopped_more_than_once: usize,
+    /// StopPodSandbox calls that started after the bench had moved on ([`BENCH_QUIET`]
+    /// was not long enough): their CNI DEL may have run under another config, during
+    /// another measurement.
+    late_stops: usize,
+    /// RemovePodSandbox lines (kubelet's GC) logged during this config's measurements.
+    gc_during_measurements: usize,
+    /// StopPodSandbox calls of other pods' sandboxes (earlier batches, other configs) that
+    /// started during this config's measurements.
+    other_stops_during_measurements: usize,
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    match std::env::var(name) {
+        Ok(v) if !v.is_empty() => v
+            .parse()
+            .unwrap_or_else(|e| panic!("{name}={v:?} is not a count: {e}")),
+        _ => default,
+    }
+}
+
+fn first_line_of(program: &str, args: &[&str]) -> String {
+    std::process::Command::new(program)
+        .args(args)
+        .output()
+        .map(|o| {
+            let text = String::from_utf8_lossy(&o.stdout).into_owned()
+                + &String::from_utf8_lossy(&o.stderr);
+            text.lines().next().unwrap_or("").trim().to_string()
+        })
+        .unwrap_or_else(|e| format!("({program}: {e})"))
+}
+
+/// Pod start through the real node, per CNI configuration: how long containerd's
+/// RunPodSandbox (and StopPodSandbox) takes with Debian's ptp + host-local and with our
+/// calico on either datastore (and, with `BENCH_BEFORE`, another calico build), one pod
+/// alone and inside a wave of pods created at once, and how long the wave takes to be all
+/// Ready. The configs are interleaved round-robin on one node (the order rotating each
+/// round), so machine noise and the node's own state (kubelet, containerd, API server) fall
+/// on all of them alike. It reads what a user waits for (pod start as kubelet sees it)
+/// rather than the plugin's own ADD time, which `make bench` measures.
+///
+/// `BENCH_POD_ROUNDS` (8), `BENCH_POD_WAVE` (20), `BENCH_BEFORE` (a calico binary),
+/// `BENCH_POD_OUT` (the report also to a file), `BENCH_POD_JSON` (raw numbers),
+/// `REAL_NODE_CALICO` (our binary; default the test build). `benches/pod_start.sh` runs it.
+#[test]
+#[ignore = "a benchmark (minutes): benches/pod_start.sh"]
+fn bench_pod_start() {
+    require_root();
+    let test = "bench_pod_start";
+    let k8s = match shared_k8s() {
+        Ok(d) => d,
+        Err(why) => {
+            report_skip(test, &format!("no real Kubernetes binaries: {why}"));
+            return;
+        }
+    };
+    let plugins_ready = || {
+        tools_ready()
+            && ["ptp", "host-local", "portmap", "bandwidth", "loopback"]
+                .iter()
+                .all(|p| Path::new("/usr/lib/cni").join(p).exists())
+    };
+    if let Err(why) = apt::ensure(
+        &[
+            "containerd",
+            "runc",
+            "busybox-static",
+            "iputils-ping",
+            "iptables",
+            "containernetworking-plugins",
+        ],
+        plugins_ready,
+    ) {
+        report_skip(test, &format!("containerd cannot run here: {why}"));
+        return;
+    }
+    let rounds = env_usize("BENCH_POD_ROUNDS", 8);
+    let wave = env_usize("BENCH_POD_WAVE", 20);
+    assert!(
+        rounds > 0 && wave > 0 && wave < 100,
+        "rounds {rounds}, wave {wave}"
+    );
+    let ours =
+        std::fs::canonicalize(plugin_binary()).expect("the calico binary (REAL_NODE_CALICO)");
+    let before = std::env::var_os("BENCH_BEFORE")
+        .filter(|b| !b.is_empty())
+        .map(|b| {
+            std::fs::canonicalize(&b)
+                .unwrap_or_else(|e| panic!("BENCH_BEFORE={}: {e}", Path::new(&b).display()))
+        });
+    let load_start = loadavg();
+    let started = Instant::now();
+
+    let mut node = RealNode::new(&k8s, BENCH_NODE);
+    let api = node.api();
+    // The Kubernetes datastore: ClusterInformation and the pool, as the existing test does.
+    created(
+        &node,
+        &format!("{CRD}/clusterinformations"),
+        json!({"apiVersion":"crd.projectcalico.org/v1","kind":"ClusterInformation",
+            "metadata":{"name":"default"},
+            "spec":{"clusterGUID":"pod-bench","clusterType":"k8s,kdd","calicoVersion":"v3.32.1","datastoreReady":true}}),
+    );
+    created(
+        &node,
+        &format!("{CRD}/ippools"),
+        json!({"apiVersion":"crd.projectcalico.org/v1","kind":"IPPool",
+            "metadata":{"name":"kdd-pool"},
+            "spec":{"cidr":BENCH_KDD_POOL,"blockSize":26,"ipipMode":"Never","vxlanMode":"Never",
+                "natOutgoing":true,"nodeSelector":"all()"}}),
+    );
+    // The etcd datastore, in the API server's own etcd (Calico's keys live under /calico/,
+    // the API server's under /registry/), seeded as benches/bench.py does.
+    let etcd = api.etcd();
+    let now = first_line_of("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]);
+    let meta = |name: &str| json!({"name": name, "creationTimestamp": now});
+    let v3 = "/calico/resources/v3/projectcalico.org";
+    etcd.put(
+        &format!("{v3}/clusterinformations/default"),
+        &json!({"kind":"ClusterInformation","apiVersion":"projectcalico.org/v3",
+            "metadata":meta("default"),"spec":{"datastoreReady":true}})
+        .to_string(),
+    );
+    etcd.put(
+        &format!("{v3}/nodes/{BENCH_NODE}"),
+        &json!({"kind":"Node","apiVersion":"projectcalico.org/v3",
+            "metadata":meta(BENCH_NODE),"spec":{}})
+        .to_string(),
+    );
+    etcd.put(
+        &format!("{v3}/ippools/etcd-pool"),
+        &json!({"kind":"IPPool","apiVersion":"projectcalico.org/v3","metadata":meta("etcd-pool"),
+            "spec":{"cidr":BENCH_ETCD_POOL,"blockSize":26,"ipipMode":"Never","vxlanMode":"Never",
+                "natOutgoing":true,"nodeSelector":"all()"}})
+        .to_string(),
+    );
+
+    // The configs, and the CNI bin dir as bare binaries.
+    let scratch = node.dir.path().join("scratch");
+    std::fs::create_dir_all(&scratch).expect("scratch dir");
+    let kubeconfig = api.kubeconfig();
+    let etcd_fields = json!({"datastore_type": "etcdv3", "etcd_endpoints": etcd.endpoint()});
+    let kdd_fields = json!({"datastore_type": "kubernetes",
+        "calico_api_group": "crd.projectcalico.org/v1"});
+    let calico_cfg = |name: &'static str, bin: &Path, etcd_store: bool| BenchConfig {
+        name,
+        conflist: bench_conflist(bench_calico(
+            &scratch.join(name),
+            if etcd_store {
+                etcd_fields.clone()
+            } else {
+                kdd_fields.clone()
+            },
+            &kubeconfig,
+        )),
+        calico: Some(bin.to_path_buf()),
+        cidr: if etcd_store {
+            BENCH_ETCD_POOL
+        } else {
+            BENCH_KDD_POOL
+        },
+        plugin_log: Some(scratch.join(name).join("cni.log")),
+    };
+    let mut configs = vec![
+        BenchConfig {
+            name: "ptp",
+            conflist: bench_conflist(json!({
+                "type": "ptp", "ipMasq": false, "mtu": 1500,
+                "ipam": {"type": "host-local", "subnet": BENCH_PTP_SUBNET,
+                    "dataDir": scratch.join("host-local"), "routes": [{"dst": "0.0.0.0/0"}]}
+            })),
+            calico: None,
+            cidr: BENCH_PTP_SUBNET,
+            plugin_log: None,
+        },
+        calico_cfg("calico-etcd", &ours, true),
+        calico_cfg("calico-kdd", &ours, false),
+    ];
+    if let Some(b) = &before {
+        configs.push(calico_cfg("before-etcd", b, true));
+        configs.push(calico_cfg("before-kdd", b, false));
+    }
+    install_bare_binaries(&node.cni_bin(), &ours);
+    let mut current_calico = ours.clone();
+    std::fs::create_dir_all(node.cni_conf()).expect("CNI conf dir");
+    // kubelet reports the node Ready only once containerd has a CNI config.
+    write_atomically(
+        &node.cni_conf().join(BENCH_CONFLIST),
+        configs[0].conflist.as_bytes(),
+    );
+    node.start_runtime();
+    let api = node.api();
+    say(&format!(
+        "bench: node Ready {:?} after start; configs {:?}, {rounds} rounds, waves of {wave}",
+        started.elapsed(),
+        configs.iter().map(|c| c.name).collect::<Vec<_>>()
+    ));
+
+    // Sandbox id -> its StopPodSandbox calls when the bench moved on.
+    let settled: std::cell::RefCell<BTreeMap<String, usize>> = Default::default();
+    // Creates `names` (one pod: a POST; more: concurrent POSTs, one thread each, which the
+    // admin client multiplexes on its HTTP/2 connection), waits until all are Ready, checks
+    // they got `cfg`, deletes them and waits for their sandboxes to be stopped and quiet.
+    // Returns the time from before the first POST to all Ready.
+    let batch_of = |cfg: &BenchConfig, batch: &str, names: &[String]| -> Duration {
+        let t0 = Instant::now();
+        if let [name] = names {
+            created(&node, PODS, bench_pod(name, batch));
+        } else {
+            std::thread::scope(|s| {
+                for n in names {
+                    let node = &node;
+                    s.spawn(move || created(node, PODS, bench_pod(n, batch)));
+                }
+            });
+        }
+        let ips = wait_batch_ready(&node, batch, names);
+        let all_ready = t0.elapsed();
+        check_config(&node, cfg, &ips);
+        let distinct: BTreeSet<&String> = ips.values().collect();
+        assert_eq!(distinct.len(), names.len(), "{batch}: addresses {ips:?}");
+        settled
+            .borrow_mut()
+            .extend(delete_and_wait_stopped(&node, names));
+        all_ready
+    };
+    // Warm-up (round 0, not counted): one pod per config, so the first measured pods do not
+    // pay for first use (image, binaries in the page cache, the datastores' first blocks).
+    for cfg in &configs {
+        switch_to(&node, cfg, &mut current_calico);
+        let name = format!("{}-r0-solo", cfg.name);
+        let took = batch_of(cfg, &name, std::slice::from_ref(&name));
+        say(&format!("bench: warm-up {}: Ready in {took:?}", cfg.name));
+    }
+    // kubelet's container GC removes the warm-up's sandboxes within a minute: from then on
+    // its phase is known and the measurements keep out of its way.
+    wait_until(
+        "kubelet's container GC to remove the warm-up's sandboxes",
+        Duration::from_secs(90),
+        || (!node.containerd().sandbox_log().removes.is_empty()).then_some(()),
+    );
+    let settle_gc = avoid_kubelet_gc(&node, Duration::from_secs(KUBELET_GC_PERIOD as u64));
+    say(&format!(
+        "bench: warm-up done, kubelet's GC seen ({settle_gc:?} more) {:?} into the run",
+        started.elapsed()
+    ));
+
+    let mut samples: BTreeMap<&str, BenchSamples> = configs
+        .iter()
+        .map(|c| (c.name, BenchSamples::default()))
+        .collect();
+    // What each kind of measurement took (creation to quiet after the delete), the longest
+    // so far: how long it needs to be clear of kubelet's GC.
+    let (mut need_solo, mut need_wave) = (Duration::from_secs(12), Duration::from_secs(30));
+    // (config, its pods' name prefix, start, end) of every measurement, as
+    // [`utc_seconds_of_day`].
+    let mut windows: Vec<(&str, String, f64, f64)> = vec![];
+    let mut gc_waits = Duration::ZERO;
+    for round in 1..=rounds {
+        let mut order: Vec<&BenchConfig> = configs.iter().collect();
+        order.rotate_left((round - 1) % configs.len());
+        for cfg in order {
+            switch_to(&node, cfg, &mut current_calico);
+            gc_waits += avoid_kubelet_gc(&node, need_solo);
+            let (t, w0) = (Instant::now(), utc_seconds_of_day());
+            let name = format!("{}-r{round}-solo", cfg.name);
+            let took = batch_of(cfg, &name, std::slice::from_ref(&name));
+            windows.push((cfg.name, name.clone(), w0, utc_seconds_of_day()));
+            need_solo = need_solo.max(t.elapsed());
+
+            gc_waits += avoid_kubelet_gc(&node, need_wave);
+            let (t, w0) = (Instant::now(), utc_seconds_of_day());
+            let batch = format!("{}-r{round}-wave", cfg.name);
+            let names: Vec<String> = (0..wave)
+                .map(|i| format!("{}-r{round}-w{i:02}", cfg.name))
+                .collect();
+            let all_ready = batch_of(cfg, &batch, &names);
+            windows.push((
+                cfg.name,
+                format!("{}-r{round}-w", cfg.name),
+                w0,
+                utc_seconds_of_day(),
+            ));
+            need_wave = need_wave.max(t.elapsed());
+
+            let s = samples.get_mut(cfg.name).expect("a config's samples");
+            s.solo_ready_ms.push(ms(took));
+            s.wave_ready_ms.push(ms(all_ready));
+            say(&format!(
+                "bench: round {round}/{rounds} {}: alone Ready {took:?}, {wave} Ready {all_ready:?}",
+                cfg.name
+            ));
+        }
+    }
+
+    // containerd's own timings of the measured (round >= 1) pods.
+    let log = node.containerd().sandbox_log();
+    let runs = node.containerd().run_pod_sandbox_durations();
+    for (name, d) in &runs {
+        let Some((cfg, round, kind)) = bench_pod_parts(name) else {
+            continue;
+        };
+        if let Some(s) = samples.get_mut(cfg).filter(|_| round >= 1) {
+            if kind == "solo" {
+                s.run_alone_ms.push(ms(*d));
+            } else {
+                s.run_wave_ms.push(ms(*d));
+            }
+        }
+    }
+    for (name, d) in log.first_stops() {
+        if let Some((cfg, round, _)) = bench_pod_parts(&name) {
+            if let Some(s) = samples.get_mut(cfg).filter(|_| round >= 1) {
+                s.stop_ms.push(ms(d));
+            }
+        }
+    }
+    for name in &log.run_failures {
+        if let Some((cfg, _, _)) = bench_pod_parts(name) {
+            if let Some(s) = samples.get_mut(cfg) {
+                s.run_failures += 1;
+            }
+        }
+    }
+    for (id, n) in log.stop_calls() {
+        let cfg = log.pod_of.get(id).and_then(|p| bench_pod_parts(p));
+        if let Some(s) = cfg
+            .and_then(|(c, _, _)| samples.get_mut(c))
+            .filter(|_| n > 1)
+        {
+            s.stopped_more_than_once += 1;
+        }
+    }
+    for (cfg, prefix, w0, w1) in &windows {
+        let inside = |t: f64| seconds_between(*w0, t) <= seconds_between(*w0, *w1);
+        let gc = log.removes.iter().filter(|&&t| inside(t)).count();
+        let others = log
+            .stop_starts
+            .iter()
+            .filter(|(id, t)| {
+                inside(*t)
+                    && !log
+                        .pod_of
+                        .get(id)
+                        .is_some_and(|p| p.starts_with(prefix.as_str()))
+            })
+            .count();
+        if let Some(s) = samples.get_mut(cfg) {
+            s.gc_during_measurements += gc;
+            s.other_stops_during_measurements += others;
+        }
+    }
+    for (id, n) in settled.borrow().iter() {
+        let (now, _) = log.stop_progress(id);
+        let cfg = log.pod_of.get(id).and_then(|p| bench_pod_parts(p));
+        if let Some(s) = cfg.and_then(|(c, _, _)| samples.get_mut(c)) {
+            s.late_stops += now.saturating_sub(*n);
+        }
+    }
+    let left = api.list(&format!("{PODS}?labelSelector=app%3Dpod-bench"));
+    assert!(left.is_empty(), "bench pods left: {}", left.len());
+    let veths = node
+        .host_sh("ip -o link show")
+        .lines()
+        .filter(|l| l.contains(": cali") || l.contains(": veth"))
+        .count();
+    let load_end = loadavg();
+    let took = started.elapsed();
+
+    // The report.
+    let mut out = String::new();
+    let w = &mut out;
+    use std::fmt::Write as _;
+    let _ = writeln!(
+        w,
+        "## Pod start through a real node (kubelet + containerd + kube-apiserver)\n"
+    );
+    let _ = writeln!(
+        w,
+        "- machine: {} CPUs ({}), kernel {}; {}; kubelet v1.24.0-alpha.1",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        std::fs::read_to_string("/proc/cpuinfo")
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l
+                .strip_prefix("model name")
+                .map(|r| r.trim_start_matches([' ', '\t', ':']).to_string()))
+            .unwrap_or_default(),
+        first_line_of("uname", &["-r"]),
+        first_line_of("containerd", &["--version"]),
+    );
+    let _ = writeln!(
+        w,
+        "- /proc/loadavg at start: {load_start}; at end: {load_end}"
+    );
+    let _ = writeln!(
+        w,
+        "- {rounds} rounds (+1 warm-up pod per config, not counted), configs interleaved round-robin, the first rotating each round; per round and config: 1 pod alone (create, Ready, delete, sandbox stopped), then {wave} pods created at once (concurrent POSTs, one thread each), all Ready (API polled every {} ms), deleted; after each delete, {}s with no new StopPodSandbox before going on",
+        BENCH_POLL.as_millis(),
+        BENCH_QUIET.as_secs()
+    );
+    let _ = writeln!(
+        w,
+        "- RunPodSandbox and StopPodSandbox: containerd's log (call start to return; StopPodSandbox: the first call of each sandbox, which runs the CNI DEL). \"All Ready\": as the API shows it, which follows kubelet's PLEG relist (1 s period): expect ±0.5 s of noise per sample"
+    );
+    let _ = writeln!(
+        w,
+        "- kubelet's container GC (once a minute; a CNI DEL for every dead sandbox through the config of the moment) is kept out of the measurements: the bench waited {gc_waits:.0?} in all for it"
+    );
+    let _ = writeln!(
+        w,
+        "- calico: {}{}",
+        ours.display(),
+        before
+            .as_ref()
+            .map(|b| format!("; before: {}", b.display()))
+            .unwrap_or_default()
+    );
+    let _ = writeln!(
+        w,
+        "- run took {took:.0?}; after it {veths} pod veths were left on the node\n"
+    );
+    let _ = writeln!(
+        w,
+        "| config | RunPodSandbox alone, median (ms) | alone, p90 (ms) | RunPodSandbox in a wave of {wave}, median (ms) | StopPodSandbox, median (ms) | {wave} pods all Ready, median (s) | ×ptp RunPodSandbox alone | ×ptp StopPodSandbox | ×ptp {wave} all Ready |"
+    );
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|");
+    let median_of = |v: &[f64]| percentile(v, 50.0);
+    let base = &samples["ptp"];
+    for cfg in &configs {
+        let s = &samples[cfg.name];
+        let _ = writeln!(
+            w,
+            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            cfg.name,
+            median_of(&s.run_alone_ms),
+            percentile(&s.run_alone_ms, 90.0),
+            median_of(&s.run_wave_ms),
+            median_of(&s.stop_ms),
+            median_of(&s.wave_ready_ms) / 1000.0,
+            median_of(&s.run_alone_ms) / median_of(&base.run_alone_ms),
+            median_of(&s.stop_ms) / median_of(&base.stop_ms),
+            median_of(&s.wave_ready_ms) / median_of(&base.wave_ready_ms),
+        );
+    }
+    let _ = writeln!(w);
+    for cfg in &configs {
+        let s = &samples[cfg.name];
+        let _ = writeln!(
+            w,
+            "- {}: samples: {} alone, {} in waves, {} stops; one pod POST to Ready median {:.0} ms; RunPodSandbox failures (retried by kubelet) {}; sandboxes stopped more than once {} (calls after the bench moved on, i.e. kubelet's GC: {}); during its measurements: kubelet GC lines {}, StopPodSandbox of other pods {}",
+            cfg.name,
+            s.run_alone_ms.len(),
+            s.run_wave_ms.len(),
+            s.stop_ms.len(),
+            median_of(&s.solo_ready_ms),
+            s.run_failures,
+            s.stopped_more_than_once,
+            s.late_stops,
+            s.gc_during_measurements,
+            s.other_stops_during_measurements,
+        );
+    }
+    let _ = writeln!(std::io::stdout(), "\n{out}");
+    if let Some(path) = std::env::var_os("BENCH_POD_OUT").filter(|p| !p.is_empty()) {
+        std::fs::write(&path, &out)
+            .unwrap_or_else(|e| panic!("BENCH_POD_OUT {}: {e}", Path::new(&path).display()));
+    }
+    if let Some(path) = std::env::var_os("BENCH_POD_JSON").filter(|p| !p.is_empty()) {
+        let raw = json!({
+            "rounds": rounds, "wave": wave,
+            "loadavg_start": load_start, "loadavg_end": load_end,
+            "calico": ours, "before": before,
+            "seconds": took.as_secs_f64(),
+            "configs": samples,
+        });
+        std::fs::write(&path, serde_json::to_string_pretty(&raw).expect("JSON"))
+            .unwrap_or_else(|e| panic!("BENCH_POD_JSON {}: {e}", Path::new(&path).display()));
+    }
+    for (cfg, s) in &samples {
+        let expected = rounds * (wave + 1);
+        assert!(
+            s.run_alone_ms.len() == rounds && s.run_wave_ms.len() == rounds * wave,
+            "{cfg}: RunPodSandbox samples {} + {} of {expected}",
+            s.run_alone_ms.len(),
+            s.run_wave_ms.len()
+        );
+    }
+    drop(node);
 }

@@ -697,6 +697,183 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     }
 }
 
+/// What containerd's log (CRI, level info) says about pod sandboxes: which pod each sandbox
+/// id belongs to, every StopPodSandbox call that returned, and the RunPodSandbox calls that
+/// failed. containerd 1.6 logs `StopPodSandbox for \"<id>\"` when a call starts and
+/// `StopPodSandbox for \"<id>\" returns successfully` (or `... failed`) when it ends.
+#[derive(Debug, Default)]
+pub struct SandboxLog {
+    /// Sandbox id -> pod name, from RunPodSandbox's `returns sandbox id` lines.
+    pub pod_of: BTreeMap<String, String>,
+    /// Every StopPodSandbox that returned successfully: (sandbox id, duration), in the
+    /// order they returned.
+    pub stops: Vec<(String, Duration)>,
+    /// Pod names of the RunPodSandbox calls that failed (kubelet retries them).
+    pub run_failures: Vec<String>,
+    /// (sandbox id, when) of every StopPodSandbox call that started, as
+    /// [`utc_seconds_of_day`].
+    pub stop_starts: Vec<(String, f64)>,
+    /// When each RemovePodSandbox line was logged (kubelet's container GC, once a minute,
+    /// stops and removes the dead sandboxes; containerd runs a CNI DEL for each, netns-less,
+    /// through the config of the moment), as [`utc_seconds_of_day`].
+    pub removes: Vec<f64>,
+}
+
+/// Now as seconds since midnight UTC, the clock of containerd's log timestamps.
+pub fn utc_seconds_of_day() -> f64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("a clock after 1970");
+    now.as_secs_f64() % 86_400.0
+}
+
+/// Seconds from `t0` to `t` (both [`rfc3339_seconds`]), across one midnight.
+pub fn seconds_between(t0: f64, t: f64) -> f64 {
+    if t < t0 {
+        t + 86_400.0 - t0
+    } else {
+        t - t0
+    }
+}
+
+impl SandboxLog {
+    pub fn parse(log: &str) -> SandboxLog {
+        let mut out = SandboxLog::default();
+        let mut stop_started: BTreeMap<String, std::collections::VecDeque<f64>> = BTreeMap::new();
+        for line in log.lines() {
+            let Some(t) = line
+                .strip_prefix("time=\"")
+                .and_then(|r| r.split('"').next())
+                .and_then(rfc3339_seconds)
+            else {
+                continue;
+            };
+            if let Some(i) = line.find("msg=\"RunPodSandbox for &PodSandboxMetadata{Name:") {
+                let rest = &line[i + "msg=\"RunPodSandbox for &PodSandboxMetadata{Name:".len()..];
+                let name = rest.split(',').next().unwrap_or_default().to_string();
+                if let Some(id) = rest
+                    .split("returns sandbox id \\\"")
+                    .nth(1)
+                    .and_then(|r| r.split('\\').next())
+                {
+                    out.pod_of.insert(id.to_string(), name);
+                } else if rest.contains("failed") {
+                    out.run_failures.push(name);
+                }
+            } else if line.contains("msg=\"RemovePodSandbox") {
+                out.removes.push(t);
+            } else if let Some(i) = line.find("msg=\"StopPodSandbox for \\\"") {
+                let rest = &line[i + "msg=\"StopPodSandbox for \\\"".len()..];
+                let Some((id, after)) = rest.split_once("\\\"") else {
+                    continue;
+                };
+                if after.starts_with('"') {
+                    out.stop_starts.push((id.to_string(), t));
+                    stop_started.entry(id.to_string()).or_default().push_back(t);
+                } else if let Some(t0) = stop_started.get_mut(id).and_then(|q| q.pop_front()) {
+                    if after.starts_with(" returns successfully") {
+                        out.stops.push((
+                            id.to_string(),
+                            Duration::from_secs_f64(seconds_between(t0, t)),
+                        ));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The sandbox ids RunPodSandbox returned for pod `name`.
+    pub fn ids_of(&self, name: &str) -> Vec<&str> {
+        self.pod_of
+            .iter()
+            .filter(|(_, n)| n.as_str() == name)
+            .map(|(id, _)| id.as_str())
+            .collect()
+    }
+
+    /// Whether a StopPodSandbox of sandbox `id` has returned successfully.
+    pub fn stopped(&self, id: &str) -> bool {
+        self.stops.iter().any(|(s, _)| s == id)
+    }
+
+    /// (pod name, duration) of the first successful StopPodSandbox of each sandbox (the one
+    /// that tore the network down; a later one finds the netns closed), in return order.
+    pub fn first_stops(&self) -> Vec<(String, Duration)> {
+        let mut seen = std::collections::BTreeSet::new();
+        self.stops
+            .iter()
+            .filter(|(id, _)| seen.insert(id.clone()))
+            .filter_map(|(id, d)| self.pod_of.get(id).map(|n| (n.clone(), *d)))
+            .collect()
+    }
+
+    /// How many successful StopPodSandbox calls each sandbox had.
+    pub fn stop_calls(&self) -> BTreeMap<&str, usize> {
+        let mut m = BTreeMap::new();
+        for (id, _) in &self.stops {
+            *m.entry(id.as_str()).or_insert(0) += 1;
+        }
+        m
+    }
+
+    /// How many StopPodSandbox calls of sandbox `id` have started, and whether every one of
+    /// them has returned (successfully or not).
+    pub fn stop_progress(&self, id: &str) -> (usize, bool) {
+        let started = self.stop_starts.iter().filter(|(s, _)| s == id).count();
+        let returned = self.stops.iter().filter(|(s, _)| s == id).count();
+        (started, started == returned)
+    }
+}
+
+impl Containerd {
+    /// [`SandboxLog`] of this containerd's log so far.
+    pub fn sandbox_log(&self) -> SandboxLog {
+        SandboxLog::parse(&fs::read_to_string(self.log_path()).unwrap_or_default())
+    }
+}
+
+/// Writes `contents` to `path` atomically: a temporary file in the same directory (a dot
+/// name with no `.conf`/`.conflist`/`.json` extension, which libcni ignores) renamed over it.
+pub fn write_atomically(path: &Path, contents: &[u8]) {
+    let tmp = temp_sibling(path);
+    fs::write(&tmp, contents).unwrap_or_else(|e| panic!("write {}: {e}", tmp.display()));
+    fs::rename(&tmp, path)
+        .unwrap_or_else(|e| panic!("rename {} -> {}: {e}", tmp.display(), path.display()));
+}
+
+/// Copies `src` over `dest` atomically (a copy beside `dest`, renamed over it), mode 0755:
+/// a plugin exec'd meanwhile is the old file or the new one, never half of one.
+pub fn copy_atomically(src: &Path, dest: &Path) {
+    let tmp = temp_sibling(dest);
+    fs::copy(src, &tmp)
+        .unwrap_or_else(|e| panic!("copy {} -> {}: {e}", src.display(), tmp.display()));
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::rename(&tmp, dest)
+        .unwrap_or_else(|e| panic!("rename {} -> {}: {e}", tmp.display(), dest.display()));
+}
+
+fn temp_sibling(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .unwrap_or_else(|| panic!("{} has no file name", path.display()))
+        .to_string_lossy();
+    path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
+}
+
+/// The CNI bin dir as "bare binaries" (no installer): `calico` copied from `calico`,
+/// `calico-ipam` a symlink to it (so IPAM runs in-process), and Debian's ptp, host-local,
+/// portmap, bandwidth and loopback copied from /usr/lib/cni.
+pub fn install_bare_binaries(bin_dir: &Path, calico: &Path) {
+    fs::create_dir_all(bin_dir).unwrap();
+    copy_atomically(calico, &bin_dir.join("calico"));
+    std::os::unix::fs::symlink("calico", bin_dir.join("calico-ipam"))
+        .unwrap_or_else(|e| panic!("symlink calico-ipam in {}: {e}", bin_dir.display()));
+    for p in ["ptp", "host-local", "portmap", "bandwidth", "loopback"] {
+        copy_atomically(&Path::new("/usr/lib/cni").join(p), &bin_dir.join(p));
+    }
+}
+
 /// Seconds since midnight (enough to subtract times of one run) of containerd's
 /// `2026-11-26T10:36:19.880123456Z`.
 fn rfc3339_seconds(t: &str) -> Option<f64> {
