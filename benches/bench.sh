@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# make bench: bench.py (ADD/DEL vs ptp+host-local interleaved on etcd with and without policy
-# k8s and on the Kubernetes datastore, N concurrent ADDs, datastore requests per call, VERSION
-# start-up, peak RSS) and ipam_bench.py (allocations/s, empty vs 90 %-full pool).
+# make bench: pod start through a real node first (pod_start.sh: RunPodSandbox and
+# StopPodSandbox from containerd's log, ours against ptp+host-local, one pod alone and 20 at
+# once; needs ../shared/k8s; BENCH_POD=0 leaves it out), then bench.py (ADD/DEL vs
+# ptp+host-local interleaved on etcd with and without policy k8s and on the Kubernetes
+# datastore, N concurrent ADDs, datastore requests per call, VERSION start-up, peak RSS) and
+# ipam_bench.py (allocations/s, empty vs 90 %-full pool).
 # Usage: benches/bench.sh path/to/calico [runs]
 set -euo pipefail
 # The real kube-apiserver harness for the rows with an API server (a test binary, built as
 # `make test` builds it; see serve_for_bench); without the bundle in ../shared/k8s those rows
 # are left out.
 if [ -f "$(dirname "$0")/../../shared/k8s/kube-apiserver.gz" ] || [ -n "${CALICO_K8S_BUNDLE:-}" ]; then
+  if [ "${BENCH_POD:-1}" != 0 ]; then
+    bash "$(dirname "$0")/pod_start.sh" "$1" ${BENCH_BEFORE:+"$BENCH_BEFORE"}
+  fi
   harness=$(cargo test --test real_k8s_harness --no-run 2>&1 | grep -o 'target/debug/deps/real_k8s_harness-[0-9a-f]*' | head -1)
   export BENCH_KUBE_API_BIN="$(realpath "$harness")"
 else
