@@ -85,7 +85,7 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
     // With calico-ipam in-process, the release's first reads (both handles, and the blocks
     // the last ADD on this node assigned from) join that round trip (`Datastore::prefetch`).
     let k8s_name = name.as_deref().filter(|_| ids.is_k8s());
-    let ahead = release_reads(&call);
+    let ahead = release_reads(&call, args);
     let (ready, first_read, ()) = tokio::join!(
         check_datastore_ready(&call.ds),
         async {
@@ -153,8 +153,10 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
 
 /// The reads a k8s DEL's in-process calico-ipam starts with: its two handles and the blocks
 /// the IPAM lock file names (where the last ADD on this node assigned from, and any block
-/// with a pending write for one of the handles).
-fn release_reads(call: &Call) -> Vec<Key> {
+/// with a pending write for one of the handles). Without a netns (the runtime's repeated
+/// DEL of a sandbox already torn down, whose handle is usually gone) only the handles: the
+/// blocks are read, one round trip later, only if a handle leads to them.
+fn release_reads(call: &Call, args: &CmdArgs) -> Vec<Key> {
     if !(call.plan.k8s && call.plan.ipam_in_process) {
         return Vec::new();
     }
@@ -162,7 +164,10 @@ fn release_reads(call: &Call) -> Vec<Key> {
         call.ids.handle_id(&call.conf.name),
         call.ids.legacy_handle_id(),
     ];
-    let blocks = peek_blocks(call.conf.ipam_lock_file(), &handles);
+    let blocks = match args.netns.is_empty() {
+        true => Vec::new(),
+        false => peek_blocks(call.conf.ipam_lock_file(), &handles),
+    };
     handles
         .into_iter()
         .map(|id| Key::Handle { id })
