@@ -378,7 +378,9 @@ fn kdd_calls_end_at_their_deadline_on_a_stalled_or_slow_api_server() {
         let inv = Invocation::new("ADD", &format!("kddcid{i}"), pod.path()).k8s("default", &name);
         let what = if slow { "slow" } else { "stalled" };
         if slow {
-            w.api.set_latency(Duration::from_secs(1));
+            // Every answer 2 s late: any call needing two round trips (an ADD, a DEL) is
+            // past its 3 s budget.
+            w.api.set_latency(Duration::from_secs(2));
         } else {
             w.api.set_stall(true);
         }
