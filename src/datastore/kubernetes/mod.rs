@@ -311,9 +311,21 @@ impl KubeDatastore {
     }
 
     async fn delete_by_uid(&self, key: &Key, path: &str, uid: &str) -> Result<(), DatastoreError> {
+        let preconditions = (!uid.is_empty()).then(|| json!({ "uid": uid }));
+        self.delete_at(key, path, preconditions).await
+    }
+
+    /// One DELETE of `path`, with `preconditions` when given; what was remembered of the
+    /// object is forgotten whatever the answer.
+    async fn delete_at(
+        &self,
+        key: &Key,
+        path: &str,
+        preconditions: Option<Value>,
+    ) -> Result<(), DatastoreError> {
         let mut opts = json!({"kind": "DeleteOptions", "apiVersion": "v1"});
-        if !uid.is_empty() {
-            opts["preconditions"] = json!({ "uid": uid });
+        if let Some(p) = preconditions {
+            opts["preconditions"] = p;
         }
         let resp = self
             .client
@@ -334,20 +346,10 @@ impl KubeDatastore {
     ) -> Result<(), DatastoreError> {
         let path = self.group().object(cr.plural, &cr.name);
         if let Key::Resource { .. } | Key::IpamConfig = key {
-            let mut opts = json!({"kind": "DeleteOptions", "apiVersion": "v1"});
-            if let Some(rv) = revision.filter(|r| !r.is_empty()) {
-                opts["preconditions"] = json!({ "resourceVersion": rv });
-            }
-            let resp = self
-                .client
-                .send_json(Method::DELETE, &path, JSON, &opts)
-                .await?;
-            self.forget(&path);
-            return if resp.ok() {
-                Ok(())
-            } else {
-                Err(api_error(key, &resp))
-            };
+            let preconditions = revision
+                .filter(|r| !r.is_empty())
+                .map(|rv| json!({ "resourceVersion": rv }));
+            return self.delete_at(key, &path, preconditions).await;
         }
         // Compare-and-delete, one request: the DELETE's preconditions name the revision (and
         // the UID, when known). Upstream marks the object deleted first (an update at that
@@ -364,17 +366,7 @@ impl KubeDatastore {
             if !uid.is_empty() {
                 preconditions["uid"] = json!(uid);
             }
-            let opts = json!({"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": preconditions});
-            let resp = self
-                .client
-                .send_json(Method::DELETE, &path, JSON, &opts)
-                .await?;
-            self.forget(&path);
-            return if resp.ok() {
-                Ok(())
-            } else {
-                Err(api_error(key, &resp))
-            };
+            return self.delete_at(key, &path, Some(preconditions)).await;
         }
         // Unconditional: the value as last seen, marked deleted, CAS-written (read afresh on
         // a conflict); then the DELETE by UID.
