@@ -224,6 +224,137 @@ fn kdd_one_http2_connection_per_call() {
     w.assert_clean();
 }
 
+/// FAKE SERVER: which reads may be answered from the API server's watch cache
+/// (`resourceVersion=0`) shows in the request's query, and a cache answer that cannot be
+/// trusted (404, another pod's UID) needs an answer injected: the real server's cache cannot
+/// be made to lag.
+#[test]
+fn kdd_config_and_pod_reads_come_from_the_watch_cache() {
+    require_root();
+    let w = KddWorld::new();
+    let conf = w.conf(json!({}));
+    let cached =
+        |q: &common::kube_api::Recorded| q.query.split('&').any(|p| p == "resourceVersion=0");
+    let gets_of = |path: &str| -> Vec<bool> {
+        w.api
+            .requests()
+            .iter()
+            .filter(|q| q.method == "GET" && q.path == path)
+            .map(cached)
+            .collect()
+    };
+    let pods = [
+        common::netns::Netns::new("pod"),
+        common::netns::Netns::new("pod"),
+        common::netns::Netns::new("pod"),
+    ];
+    let pod_path = |name: &str| format!("/api/v1/namespaces/default/pods/{name}");
+
+    // 1. An ADD: the cluster's configuration, the pod and its namespace from the cache; IPAM's
+    // own objects (blocks, affinities, handles) from etcd. The second ADD is the one into an
+    // affine block, which reads it.
+    let uid = w.seed_pod("default", "web-1", json!({}))["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    w.seed_pod("default", "web-2", json!({}));
+    let first = Invocation::new("ADD", "c0ffee000001", pods[0].path()).with_args(&format!(
+        "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-1;K8S_POD_UID={uid}"
+    ));
+    w.calico(&first, &conf).assert_ok();
+    // The pod's UID as CNI_ARGS gives it matched the cache's: one read.
+    assert_eq!(gets_of(&pod_path("web-1")), [true]);
+    w.api.clear_requests();
+    let second = Invocation::new("ADD", "c0ffee000002", pods[1].path()).k8s("default", "web-2");
+    w.calico(&second, &conf).assert_ok();
+    let reqs = w.api.requests();
+    let gets: Vec<_> = reqs.iter().filter(|q| q.method == "GET").collect();
+    for q in &gets {
+        let config = [
+            "clusterinformations",
+            "ippools",
+            "ipamconfigs",
+            "ipreservations",
+        ]
+        .iter()
+        .any(|p| q.path.contains(&format!("/{p}")));
+        let core = q.path.starts_with("/api/v1/namespaces/");
+        assert_eq!(
+            cached(q),
+            config || core,
+            "{} {}?{}",
+            q.method,
+            q.path,
+            q.query
+        );
+    }
+    for wanted in [
+        "/ipamblocks/",
+        "/blockaffinities",
+        "/ippools",
+        "/pods/web-2",
+        "/namespaces/default",
+    ] {
+        assert!(
+            gets.iter().any(|q| q.path.contains(wanted)),
+            "no GET of {wanted}: {gets:?}"
+        );
+    }
+
+    // 2. A 404 from the cache is asked again of etcd (a pod created a moment ago).
+    w.seed_pod("default", "web-3", json!({}));
+    w.api.clear_requests();
+    w.api.fail_one("GET", &pod_path("web-3"), 0, 404);
+    let third = Invocation::new("ADD", "c0ffee000003", pods[2].path()).k8s("default", "web-3");
+    w.calico(&third, &conf).assert_ok();
+    assert_eq!(gets_of(&pod_path("web-3")), [true, false]);
+
+    // 3. A cached pod of another UID than CNI_ARGS names is read again from etcd (this test
+    // server's copy is the same object, so the second answer is what the ADD goes on with).
+    w.calico(&third.as_del(), &conf).assert_ok();
+    w.api.clear_requests();
+    let again = third.clone().with_args(
+        "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-3;K8S_POD_UID=not-this-one",
+    );
+    w.calico(&again, &conf).assert_ok();
+    assert_eq!(gets_of(&pod_path("web-3")), [true, false]);
+
+    for inv in [first.as_del(), second.as_del(), again.as_del()] {
+        w.calico(&inv, &conf).assert_ok();
+    }
+    w.assert_clean();
+}
+
+/// FAKE SERVER: with no pool in the cache's answer, the pools are asked of etcd before the
+/// ADD fails (the first pool of a new cluster may be a moment behind in the cache).
+#[test]
+fn kdd_no_pool_in_the_cache_is_asked_of_etcd() {
+    require_root();
+    let w = KddWorld::new();
+    for pool in w.api.list(&format!("{CRD}/ippools")) {
+        let name = pool["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        w.api.remove(&format!("{CRD}/ippools/{name}"));
+    }
+    w.seed_pod("default", "web-1", json!({}));
+    let conf = w.conf(json!({}));
+    let pod = common::netns::Netns::new("pod");
+    let inv = Invocation::new("ADD", "c0ffee000001", pod.path()).k8s("default", "web-1");
+    w.calico(&inv, &conf).assert_err();
+    let lists: Vec<String> = w
+        .api
+        .requests()
+        .iter()
+        .filter(|q| q.method == "GET" && q.path == format!("{CRD}/ippools"))
+        .map(|q| q.query.clone())
+        .collect();
+    assert_eq!(lists, ["resourceVersion=0", ""], "the pool lists");
+    w.calico(&inv.as_del(), &conf).assert_ok();
+    w.assert_clean();
+}
+
 #[test]
 fn kdd_del_keeps_a_newer_sandboxs_addresses() {
     require_root();

@@ -799,13 +799,14 @@ fn bench_conflist(main: Value) -> String {
     .expect("a conflist")
 }
 
-/// Calico's plugin config for the bench: file logging at info (we measure speed), the
+/// Calico's plugin config for the bench: file logging at info (we measure speed;
+/// `BENCH_POD_LOG_LEVEL=debug` for a run that shows where an ADD spends its time), the
 /// IPAM lock in `dir`, no calico/node (nodename_file_optional), `datastore` merged in.
 fn bench_calico(dir: &Path, datastore: Value, kubeconfig: &Path) -> Value {
     std::fs::create_dir_all(dir).expect("config scratch dir");
     let mut c = json!({
         "type": "calico",
-        "log_level": "info",
+        "log_level": std::env::var("BENCH_POD_LOG_LEVEL").unwrap_or_else(|_| "info".into()),
         "log_file_path": dir.join("cni.log"),
         "ipam_lock_file": dir.join("ipam.lock"),
         "nodename_file_optional": true,
@@ -1094,7 +1095,7 @@ fn first_line_of(program: &str, args: &[&str]) -> String {
 /// rather than the plugin's own ADD time, which `make bench` measures.
 ///
 /// `BENCH_POD_ROUNDS` (8), `BENCH_POD_WAVE` (20), `BENCH_POD_ALONE` (3 pods alone per round
-/// and config), `BENCH_BEFORE` (a calico binary),
+/// and config), `BENCH_BEFORE` (a calico binary), `BENCH_POD_LOG_LEVEL` (the plugin's, info),
 /// `BENCH_POD_OUT` (the report also to a file), `BENCH_POD_JSON` (raw numbers),
 /// `REAL_NODE_CALICO` (our binary; default the test build). `benches/pod_start.sh` runs it.
 #[test]

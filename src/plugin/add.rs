@@ -103,9 +103,14 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
                 return Ok(None);
             }
             let client = core_objects::client_for(conf, &call.ds).await?;
-            k8s_pod::read(&client, &call.ids.namespace, &call.ids.pod)
-                .await
-                .map(Some)
+            k8s_pod::read(
+                &client,
+                &call.ids.namespace,
+                &call.ids.pod,
+                &call.ids.pod_uid,
+            )
+            .await
+            .map(Some)
         },
         async {
             if !early_ipam {

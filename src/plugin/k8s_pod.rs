@@ -77,11 +77,17 @@ pub struct PodInfo {
     pub kubevirt: Option<Option<PodVmi>>,
 }
 
-/// Reads the namespace and the pod (both requests in flight together).
-pub async fn read(client: &KubeClient, namespace: &str, pod: &str) -> Result<PodInfo> {
+/// Reads the namespace and the pod (both requests in flight together, answered from the
+/// API server's watch cache: `core_objects::pod_cached`).
+pub async fn read(
+    client: &KubeClient,
+    namespace: &str,
+    pod: &str,
+    pod_uid: &str,
+) -> Result<PodInfo> {
     let (ns, p) = tokio::join!(
-        core_objects::namespace(client, namespace),
-        core_objects::pod(client, namespace, pod),
+        core_objects::namespace_cached(client, namespace),
+        core_objects::pod_cached(client, namespace, pod, pod_uid),
     );
     let ns = ns?;
     let p = p?;

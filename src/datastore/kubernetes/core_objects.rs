@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 
 use crate::config::NetConf;
 use crate::datastore::backend::{Backend, DATASTORE_TIMEOUT};
-use crate::datastore::kubernetes::client::KubeClient;
+use crate::datastore::kubernetes::client::{ApiResponse, KubeClient};
 use crate::datastore::settings::DatastoreSettings;
 use crate::datastore::DatastoreError;
 
@@ -45,7 +45,10 @@ pub async fn get<T: DeserializeOwned>(
     client: &KubeClient,
     path: &str,
 ) -> Result<T, DatastoreError> {
-    let resp = client.get(path).await?;
+    answer(path, client.get(path).await?)
+}
+
+fn answer<T: DeserializeOwned>(path: &str, resp: ApiResponse) -> Result<T, DatastoreError> {
     if !resp.ok() {
         return Err(DatastoreError::Other(resp.status_object().message));
     }
@@ -82,4 +85,32 @@ pub async fn namespace(client: &KubeClient, name: &str) -> Result<Namespace, Dat
 
 pub async fn pod(client: &KubeClient, namespace: &str, name: &str) -> Result<Pod, DatastoreError> {
     get(client, &pod_path(namespace, name)).await
+}
+
+/// The namespace, from the API server's watch cache (`KubeClient::get_cached`).
+pub async fn namespace_cached(
+    client: &KubeClient,
+    name: &str,
+) -> Result<Namespace, DatastoreError> {
+    let path = namespace_path(name);
+    answer(&path, client.get_cached(&path).await?)
+}
+
+/// The pod being networked, from the API server's watch cache (`KubeClient::get_cached`):
+/// kubelet learned of it from that cache. Read again from etcd when the cache holds
+/// another pod of that name than `uid` (a StatefulSet's pod deleted and created again a
+/// moment ago, seen by an API server whose cache is behind).
+pub async fn pod_cached(
+    client: &KubeClient,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> Result<Pod, DatastoreError> {
+    let path = pod_path(namespace, name);
+    let pod: Pod = answer(&path, client.get_cached(&path).await?)?;
+    if uid.is_empty() || pod.metadata.uid.as_deref() == Some(uid) {
+        return Ok(pod);
+    }
+    tracing::debug!(uid, cached = ?pod.metadata.uid, "the cached pod is another: reading it from etcd");
+    get(client, &path).await
 }

@@ -2,12 +2,13 @@
 //! as the pods themselves (libcalico-go `backend/k8s`). Keys map to REST paths; values are
 //! converted to and from the CRs (`crd`), pods (`pods`) and core Nodes.
 //!
-//! CAS is the resourceVersion: a PUT with a stale one is a 409 Conflict. The API has no
-//! compare-and-delete, so IPAM objects are soft-deleted as upstream does: a PUT with
-//! `deleted: true` at the caller's revision (the CAS), then a DELETE with the object's UID as
-//! precondition; a Get that finds `deleted: true` finishes the delete and answers NotFound.
-//! What was last read of each object (revision, UID, value) is remembered for the life of
-//! the call, so that a delete does not need to read the object again.
+//! CAS is the resourceVersion: a PUT with a stale one is a 409 Conflict, and a delete at a
+//! revision is a DELETE with resourceVersion (and UID) preconditions. Upstream soft-deletes
+//! IPAM objects instead (a PUT with `deleted: true`, then a DELETE by UID); a Get that finds
+//! such a leftover finishes the delete and answers NotFound. What was last read of each
+//! object (revision, UID, value) is remembered for the life of the call, so that a delete
+//! does not need to read the object again. The cluster's configuration is read from the
+//! API server's watch cache (`CACHED`).
 
 pub mod client;
 pub mod core_objects;
@@ -31,6 +32,18 @@ use crate::identifiers::parse_wep_name;
 
 const STRATEGIC_MERGE: &str = "application/strategic-merge-patch+json";
 const JSON: &str = "application/json";
+
+/// The custom resources read from the API server's watch cache (`KubeClient::get_cached`):
+/// the cluster's configuration, which operators change rarely, and whose change a call may
+/// miss by the cache's moment as it may miss one made just after a quorum read. IPAM's own
+/// objects (blocks, affinities, handles) are read from etcd: the calls themselves write
+/// them one after another, and a stale one would cost a conflict and a retry.
+const CACHED: &[&str] = &[
+    "clusterinformations",
+    "ipamconfigs",
+    "ippools",
+    "ipreservations",
+];
 
 /// What was last read or written of one object.
 #[derive(Clone, Debug)]
@@ -254,6 +267,7 @@ impl KubeDatastore {
         let path = self.group().object(cr.plural, &cr.name);
         let resp = match self.take_prefetched(&path) {
             Some(resp) => resp,
+            None if CACHED.contains(&cr.plural) => self.client.get_cached(&path).await?,
             None => self.client.get(&path).await?,
         };
         if !resp.ok() {
@@ -423,7 +437,19 @@ impl KubeDatastore {
             path.push('?');
             path.push_str(query);
         }
-        let resp = self.client.get(&path).await?;
+        if CACHED.contains(&plural) {
+            let items = self.list_at(plural, &client::cached(&path)).await?;
+            // No pool fails the call, and may be the cache's moment behind the first pool
+            // of a new cluster: etcd is asked.
+            if !items.is_empty() || plural != "ippools" {
+                return Ok(items);
+            }
+        }
+        self.list_at(plural, &path).await
+    }
+
+    async fn list_at(&self, plural: &str, path: &str) -> Result<Vec<Value>, DatastoreError> {
+        let resp = self.client.get(path).await?;
         if !resp.ok() {
             // A list names no key: the collection stands in for it.
             let status = resp.status_object();
