@@ -250,9 +250,9 @@ fn kdd_config_and_pod_reads_come_from_the_watch_cache() {
     ];
     let pod_path = |name: &str| format!("/api/v1/namespaces/default/pods/{name}");
 
-    // 1. An ADD: the cluster's configuration, the pod and its namespace from the cache; IPAM's
-    // own objects (blocks, affinities, handles) from etcd. The second ADD is the one into an
-    // affine block, which reads it.
+    // 1. An ADD into an affine block: the cluster's configuration, the pod, its namespace and
+    // this host's affinities from the cache; the block not read at all (taken as the first
+    // ADD wrote it: `BlockCopies`).
     let uid = w.seed_pod("default", "web-1", json!({}))["metadata"]["uid"]
         .as_str()
         .unwrap_or_default()
@@ -275,6 +275,7 @@ fn kdd_config_and_pod_reads_come_from_the_watch_cache() {
             "ippools",
             "ipamconfigs",
             "ipreservations",
+            "blockaffinities",
         ]
         .iter()
         .any(|p| q.path.contains(&format!("/{p}")));
@@ -289,7 +290,6 @@ fn kdd_config_and_pod_reads_come_from_the_watch_cache() {
         );
     }
     for wanted in [
-        "/ipamblocks/",
         "/blockaffinities",
         "/ippools",
         "/pods/web-2",
@@ -300,6 +300,10 @@ fn kdd_config_and_pod_reads_come_from_the_watch_cache() {
             "no GET of {wanted}: {gets:?}"
         );
     }
+    assert!(
+        !gets.iter().any(|q| q.path.contains("/ipamblocks/")),
+        "the block was read: {gets:?}"
+    );
 
     // 2. A 404 from the cache is asked again of etcd (a pod created a moment ago).
     w.seed_pod("default", "web-3", json!({}));

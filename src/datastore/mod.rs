@@ -271,6 +271,14 @@ pub trait Datastore {
         None
     }
 
+    /// `list`, answered from a cache that may be a moment behind the store where the backend
+    /// has one that is cheaper to ask (the Kubernetes API server's watch cache, for this
+    /// host's block affinities); `None` where it has none, and the caller lists.
+    async fn list_cached(&self, what: &ListKind) -> Option<Result<Vec<KvPair>, DatastoreError>> {
+        let _ = what;
+        None
+    }
+
     /// Reads `keys` now, so that the first `get` of each later in this call takes that
     /// answer instead of making a request of its own: the read moves one or more round
     /// trips earlier, joined with other reads, and is otherwise the same read (every write

@@ -1034,6 +1034,54 @@ mod journaled {
             .collect()
     }
 
+    /// One ADD's IPAM as the plugin makes it: the lock, the reads on its hint and copies.
+    async fn assign_as_a_holder(ds: &MemoryDatastore, lock_file: &str, handle: &str) -> IpNet {
+        let lock = IpamLock::acquire(lock_file).await;
+        let ipam = Ipam::new(ds, "node1");
+        ipam.keep_journal(lock.journal());
+        let reads = ipam
+            .read_view(lock.block_hint(), &lock.hinted_copies())
+            .await;
+        let (v4, _) = ipam
+            .auto_assign_from(&args(handle, "node1", 1), reads)
+            .await
+            .unwrap();
+        lock.remember_blocks(&ipam.assigned_blocks());
+        v4.ips[0]
+    }
+
+    /// The next holder takes the block as this host last wrote it (`BlockCopies`) instead
+    /// of reading it; a copy someone else has written past since costs a conflict and a
+    /// read, and the address is still a free one.
+    #[tokio::test]
+    async fn the_next_holder_takes_the_block_as_written() {
+        let ds = store();
+        let dir = crate::test_support::TempDir::new("copies");
+        let path = dir.path().join("ipam.lock");
+        let p = path.to_str().unwrap();
+        let first = assign_as_a_holder(&ds, p, "h1").await;
+        let reads = ds.reads_of(KeyClass::Block);
+        let second = assign_as_a_holder(&ds, p, "h2").await;
+        assert_ne!(first, second);
+        assert_eq!(ds.reads_of(KeyClass::Block), reads, "the block was read");
+        // Another writer, without the lock's journal: the copy is behind.
+        let (other, _) = Ipam::new(&ds, "node1")
+            .auto_assign(&args("h3", "node1", 1))
+            .await
+            .unwrap();
+        let reads = ds.reads_of(KeyClass::Block);
+        let fourth = assign_as_a_holder(&ds, p, "h4").await;
+        assert!(
+            ds.reads_of(KeyClass::Block) > reads,
+            "the conflict re-read the block"
+        );
+        let all = [first, second, other.ips[0], fourth];
+        let distinct: std::collections::BTreeSet<_> = all.iter().collect();
+        assert_eq!(distinct.len(), 4, "{all:?}");
+        assert_eq!(allocations(&ds).len(), 4);
+        assert_consistent(&ds);
+    }
+
     #[tokio::test]
     async fn both_writes_go_together_and_the_record_is_settled() {
         let ds = store();

@@ -24,6 +24,9 @@
 //! DEL (or the next holder) to it. A SIGKILL keeps it (it is in the page cache before the
 //! writes are sent); a lost file (a reboot without sync) leaves the address to GC and to
 //! Calico's own IPAM garbage collection, which find it by its block's attributes.
+//!
+//! Beside it, the holders keep the blocks they wrote, as written (`block_copies`): the next
+//! holder takes the hinted blocks from there instead of reading them while others wait.
 
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
@@ -37,6 +40,7 @@ use std::os::unix::fs::FileExt;
 use nix::fcntl::{Flock, FlockArg};
 use tracing::{debug, info, warn};
 
+use crate::ipam::block_copies::{BlockCopies, BlockCopy};
 use crate::net::IpNet;
 
 /// At most this many hinted blocks are read early (one per family, and a spare).
@@ -121,6 +125,8 @@ pub struct IpamLock {
 pub struct Journal {
     file: Arc<File>,
     content: Arc<std::sync::Mutex<Content>>,
+    /// The blocks as the holders wrote them, beside the file.
+    copies: BlockCopies,
 }
 
 impl Drop for IpamLock {
@@ -132,7 +138,7 @@ impl Drop for IpamLock {
 }
 
 impl IpamLock {
-    fn held(lock: Option<Flock<File>>) -> IpamLock {
+    fn held(lock: Option<Flock<File>>, path: &str) -> IpamLock {
         let content = lock.as_deref().map(read_content).unwrap_or_default();
         // A second handle on the same open file (the lock is the open file's): the journal
         // can then be shared with the allocator without the lock.
@@ -150,6 +156,7 @@ impl IpamLock {
             journal: file.map(|file| Journal {
                 file,
                 content: Arc::new(std::sync::Mutex::new(content)),
+                copies: BlockCopies::load(Path::new(path)),
             }),
         }
     }
@@ -243,6 +250,11 @@ impl Journal {
             .unwrap_or_default()
     }
 
+    /// The blocks as this host's holders last wrote them (`BlockCopies`).
+    pub fn copies(&self) -> &BlockCopies {
+        &self.copies
+    }
+
     /// `IpamLock::remember_blocks`.
     pub fn remember_blocks(&self, blocks: &[IpNet]) {
         if blocks.is_empty() {
@@ -262,6 +274,14 @@ impl IpamLock {
         &self.hint
     }
 
+    /// The hinted blocks as this host's holders last wrote them (none when not locked).
+    pub fn hinted_copies(&self) -> Vec<BlockCopy> {
+        let Some(j) = &self.journal else {
+            return Vec::new();
+        };
+        self.hint.iter().filter_map(|c| j.copies.get(*c)).collect()
+    }
+
     /// Takes the lock, waiting at most `min(LOCK_WAIT, what is left of the call's budget)`.
     pub async fn acquire(path: &str) -> IpamLock {
         let (wait, capped) = crate::deadline::cap(LOCK_WAIT);
@@ -275,7 +295,7 @@ impl IpamLock {
     /// (the directory, the file and a non-blocking `flock`: no thread, no wait); contended,
     /// the blocking `flock` runs on a helper thread and the call's runtime awaits it.
     pub async fn acquire_within(path: &str, wait: Duration) -> IpamLock {
-        let unlocked = IpamLock::held(None);
+        let unlocked = IpamLock::held(None, path);
         if let Err(e) = create_dirs(Path::new(path).parent()) {
             warn!(path, error = %e, "Failed to make directory for IPAM lock; continuing unlocked");
             return unlocked;
@@ -291,7 +311,7 @@ impl IpamLock {
         let file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(l) => {
                 debug!(path, "Acquired host-wide IPAM lock.");
-                return IpamLock::held(Some(l));
+                return IpamLock::held(Some(l), path);
             }
             Err((f, nix::errno::Errno::EWOULDBLOCK)) => f,
             Err((_, e)) => {
@@ -303,7 +323,7 @@ impl IpamLock {
         match wait_for_lock(file, wait).await {
             Some(l) => {
                 info!(path, "Acquired host-wide IPAM lock.");
-                IpamLock::held(Some(l))
+                IpamLock::held(Some(l), path)
             }
             None => {
                 warn!(

@@ -3,6 +3,7 @@
 
 pub mod allocator;
 pub mod block;
+pub mod block_copies;
 pub mod lock;
 pub mod owner;
 pub mod randwalk;

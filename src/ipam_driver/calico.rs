@@ -206,7 +206,8 @@ pub async fn release_addresses<D: Datastore>(ds: &D, args: &CmdArgs, ips: &[IpAd
     }
     let handle = call.ids.handle_id(&call.conf.name);
     let ipam = Ipam::new(ds, &call.ids.node);
-    let _lock = IpamLock::acquire(call.conf.ipam_lock_file()).await;
+    let lock = IpamLock::acquire(call.conf.ipam_lock_file()).await;
+    ipam.keep_journal(lock.journal());
     info!(handle, ?ips, "releasing the addresses this call assigned");
     let not_ours = with_timeout(ipam.release_ips(ips, Some(&handle))).await??;
     if !not_ours.is_empty() {
@@ -223,7 +224,8 @@ pub async fn release_addresses<D: Datastore>(ds: &D, args: &CmdArgs, ips: &[IpAd
 pub async fn release_any<D: Datastore>(ds: &D, args: &CmdArgs, ips: &[IpAddr]) -> Result<()> {
     let call = prepare(args, None, false)?;
     let ipam = Ipam::new(ds, &call.ids.node);
-    let _lock = IpamLock::acquire(call.conf.ipam_lock_file()).await;
+    let lock = IpamLock::acquire(call.conf.ipam_lock_file()).await;
+    ipam.keep_journal(lock.journal());
     let unallocated = with_timeout(ipam.release_ips(ips, None)).await??;
     if !unallocated.is_empty() {
         warn!(
@@ -323,7 +325,10 @@ pub async fn assign<D: Datastore>(
     let (v4, v6) = with_timeout(async {
         let reads = match reads {
             Some(reads) => reads,
-            None => ipam.read_view(lock.block_hint()).await,
+            None => {
+                ipam.read_view(lock.block_hint(), &lock.hinted_copies())
+                    .await
+            }
         };
         ipam.auto_assign_from(&req, reads).await
     })
@@ -462,6 +467,8 @@ async fn release_container_handles<D: Datastore>(ds: &D, call: &Call<'_>) -> Res
         return Ok(());
     }
     let lock = IpamLock::acquire(conf.ipam_lock_file()).await;
+    // The blocks it writes are kept for the next holder (`BlockCopies`).
+    ipam.keep_journal(lock.journal());
     with_timeout(async {
         // In upstream's order: `<network>.<containerID>`, then the legacy one.
         for (handle, read) in held {

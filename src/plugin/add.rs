@@ -124,7 +124,7 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
             }
             let lock = IpamLock::acquire(conf.ipam_lock_file()).await;
             let reads = Ipam::new(&call.ds, &call.ids.node)
-                .read_view(lock.block_hint())
+                .read_view(lock.block_hint(), &lock.hinted_copies())
                 .await;
             EarlyIpam {
                 lock: Some(lock),

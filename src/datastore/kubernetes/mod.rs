@@ -431,13 +431,20 @@ impl KubeDatastore {
         self.delete_by_uid(key, &path, &uid).await
     }
 
-    async fn list_crs(&self, plural: &str, query: &str) -> Result<Vec<Value>, DatastoreError> {
+    /// The custom resources of `plural`; from the watch cache for the cluster's configuration
+    /// (`CACHED`) and where the caller asks for it (`from_cache`).
+    async fn list_crs(
+        &self,
+        plural: &str,
+        query: &str,
+        from_cache: bool,
+    ) -> Result<Vec<Value>, DatastoreError> {
         let mut path = self.group().collection(plural);
         if !query.is_empty() {
             path.push('?');
             path.push_str(query);
         }
-        if CACHED.contains(&plural) {
+        if from_cache || CACHED.contains(&plural) {
             let items = self.list_at(plural, &client::cached(&path)).await?;
             // No pool fails the call, and may be the cache's moment behind the first pool
             // of a new cluster: etcd is asked.
@@ -474,10 +481,11 @@ impl KubeDatastore {
         &self,
         plural: &str,
         query: &str,
+        from_cache: bool,
         key_of: impl Fn(&Value) -> Option<Key>,
     ) -> Result<Vec<KvPair>, DatastoreError> {
         let mut out = Vec::new();
-        for item in self.list_crs(plural, query).await? {
+        for item in self.list_crs(plural, query, from_cache).await? {
             let Some(key) = key_of(&item) else { continue };
             let got = from_cr(&key, &item)?;
             if let Some(cr) = crd_ref(&key, &self.group()) {
@@ -784,7 +792,7 @@ impl KubeDatastore {
                     return Err(Self::read_only(&probe));
                 };
                 let prefix = name_prefix.clone().unwrap_or_default();
-                self.list_keyed(cr.plural, "", |item| {
+                self.list_keyed(cr.plural, "", false, |item| {
                     let name = item.pointer("/metadata/name")?.as_str()?;
                     name.starts_with(&prefix).then(|| Key::Resource {
                         kind: *kind,
@@ -795,7 +803,7 @@ impl KubeDatastore {
                 .await
             }
             ListKind::Blocks { version } => {
-                self.list_keyed("ipamblocks", "", |item| {
+                self.list_keyed("ipamblocks", "", false, |item| {
                     let cidr: crate::net::IpNet =
                         item.pointer("/spec/cidr")?.as_str()?.parse().ok()?;
                     version
@@ -804,55 +812,65 @@ impl KubeDatastore {
                 })
                 .await
             }
-            ListKind::Affinities {
-                host,
-                affinity_type,
-                version,
-            } => {
-                let mut selector = format!(
-                    "{}={},{}={}",
-                    names::LABEL_AFFINITY_TYPE,
-                    affinity_type,
-                    names::LABEL_HOSTNAME_HASH,
-                    names::hostname_hash(host)
-                );
-                if let Some(v) = version {
-                    selector.push_str(&format!(",{}={v}", names::LABEL_IP_VERSION));
-                }
-                let query = format!("labelSelector={}", url_encode(&selector));
-                let pairs = self
-                    .list_keyed("blockaffinities", &query, |item| {
-                        let spec = item.get("spec")?;
-                        let cidr: crate::net::IpNet = spec.get("cidr")?.as_str()?.parse().ok()?;
-                        let node = spec.get("node")?.as_str()?;
-                        let t = spec
-                            .get("type")
-                            .and_then(Value::as_str)
-                            .filter(|t| !t.is_empty())
-                            .unwrap_or("host");
-                        (node == host
-                            && t == affinity_type
-                            && version.is_none_or(|v| cidr.version() == v))
-                        .then(|| Key::BlockAffinity {
-                            host: host.clone(),
-                            cidr,
-                            affinity_type: affinity_type.clone(),
-                        })
-                    })
-                    .await?;
-                Ok(pairs
-                    .into_iter()
-                    .filter(|kv| kv.value.get("deleted") != Some(&Value::Bool(true)))
-                    .collect())
-            }
+            ListKind::Affinities { .. } => self.list_affinities(what, false).await,
             ListKind::Handles => {
-                self.list_keyed("ipamhandles", "", |item| {
+                self.list_keyed("ipamhandles", "", false, |item| {
                     let id = item.pointer("/spec/handleID")?.as_str()?;
                     Some(Key::Handle { id: id.to_string() })
                 })
                 .await
             }
         }
+    }
+
+    /// This host's block affinities (`ListKind::Affinities`), by their labels; from the watch
+    /// cache when `from_cache` (`Datastore::list_cached`).
+    async fn list_affinities(
+        &self,
+        what: &ListKind,
+        from_cache: bool,
+    ) -> Result<Vec<KvPair>, DatastoreError> {
+        let ListKind::Affinities {
+            host,
+            affinity_type,
+            version,
+        } = what
+        else {
+            return Err(DatastoreError::Other("not an affinity listing".into()));
+        };
+        let mut selector = format!(
+            "{}={},{}={}",
+            names::LABEL_AFFINITY_TYPE,
+            affinity_type,
+            names::LABEL_HOSTNAME_HASH,
+            names::hostname_hash(host)
+        );
+        if let Some(v) = version {
+            selector.push_str(&format!(",{}={v}", names::LABEL_IP_VERSION));
+        }
+        let query = format!("labelSelector={}", url_encode(&selector));
+        let pairs = self
+            .list_keyed("blockaffinities", &query, from_cache, |item| {
+                let spec = item.get("spec")?;
+                let cidr: crate::net::IpNet = spec.get("cidr")?.as_str()?.parse().ok()?;
+                let node = spec.get("node")?.as_str()?;
+                let t = spec
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .filter(|t| !t.is_empty())
+                    .unwrap_or("host");
+                (node == host && t == affinity_type && version.is_none_or(|v| cidr.version() == v))
+                    .then(|| Key::BlockAffinity {
+                        host: host.clone(),
+                        cidr,
+                        affinity_type: affinity_type.clone(),
+                    })
+            })
+            .await?;
+        Ok(pairs
+            .into_iter()
+            .filter(|kv| kv.value.get("deleted") != Some(&Value::Bool(true)))
+            .collect())
     }
 
     async fn create_now(&self, key: &Key, value: &Value) -> Result<Revision, DatastoreError> {
@@ -896,7 +914,7 @@ impl KubeDatastore {
         );
         let mut labelled = 0;
         let mut failures: Vec<String> = Vec::new();
-        for mut item in self.list_crs("blockaffinities", &query).await? {
+        for mut item in self.list_crs("blockaffinities", &query, false).await? {
             let spec = item.get("spec").cloned().unwrap_or_default();
             if spec.get("node").and_then(Value::as_str) != Some(node) {
                 // Only this node's: every node upgrades its own, so none conflict.
@@ -991,6 +1009,15 @@ impl Datastore for KubeDatastore {
                 ..
             } => self.list_now(what).await,
             _ => self.in_group(|| self.list_now(what)).await,
+        }
+    }
+
+    async fn list_cached(&self, what: &ListKind) -> Option<Result<Vec<KvPair>, DatastoreError>> {
+        match what {
+            ListKind::Affinities { .. } => {
+                Some(self.in_group(|| self.list_affinities(what, true)).await)
+            }
+            _ => None,
         }
     }
 

@@ -14,8 +14,9 @@ use super::{
     DEFAULT_MAX_BLOCKS_PER_HOST,
 };
 use crate::datastore::model::{AllocationBlock, IpPool, IpamConfig, IpamHandle};
-use crate::datastore::{to_value, Datastore, Key, ListKind, Revision};
+use crate::datastore::{to_value, Datastore, Key, KvPair, ListKind, Revision};
 use crate::ipam::block::BlockError;
+use crate::ipam::block_copies::BlockCopy;
 use crate::ipam::lock::Journal;
 use crate::net::IpNet;
 
@@ -68,15 +69,22 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         &self,
         args: &AutoAssignArgs,
     ) -> Result<(Assignments, Assignments), IpamError> {
-        let reads = self.read_view(&[]).await;
+        let reads = self.read_view(&[], &[]).await;
         self.auto_assign_from(args, reads).await
     }
 
     /// Every read AutoAssign needs up front, together: one round trip. A caller that holds
     /// the host's IPAM lock may issue it early, with its own reads, and hand the answers to
     /// `auto_assign_from`. `hint`: blocks to read meanwhile (the IPAM lock file's, see
-    /// `IpamLock::block_hint`), so that the walk's first block read is already made.
-    pub async fn read_view(&self, hint: &[IpNet]) -> ViewReads {
+    /// `IpamLock::block_hint`), so that the walk's first block read is already made; those
+    /// of them in `copies` (`IpamLock::hinted_copies`) are taken as this host last wrote
+    /// them instead of read.
+    ///
+    /// This host's affinities are listed from the backend's cache where it has one
+    /// (`Datastore::list_cached`); the store is asked when the cache may be behind this
+    /// host's own last claim: no affinity listed, or a hinted block affine to this host
+    /// missing from the listing.
+    pub async fn read_view(&self, hint: &[IpNet], copies: &[BlockCopy]) -> ViewReads {
         let all_affinities = ListKind::Affinities {
             host: self.host.clone(),
             affinity_type: "host".into(),
@@ -86,6 +94,10 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         // only when a pool's node selector needs its labels.
         let node_up_front = !self.ds.nodes_always_exist();
         let hinted = futures::future::join_all(hint.iter().map(|&cidr| async move {
+            let copy = copies.iter().find(|c| c.cidr == cidr);
+            if let Some(block) = copy.and_then(|c| serde_json::from_value(c.block.clone()).ok()) {
+                return copy.map(|c| (cidr, (block, c.revision.clone())));
+            }
             match self.get_block(cidr).await {
                 Ok(Some(b)) => Some((cidr, b)),
                 Ok(None) => None,
@@ -95,7 +107,13 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                 }
             }
         }));
-        let (config, reserved, labels, pools, affs, hinted) = tokio::join!(
+        let affinities = async {
+            match self.ds.list_cached(&all_affinities).await {
+                Some(listed) => (listed, true),
+                None => (self.ds.list(&all_affinities).await, false),
+            }
+        };
+        let (config, reserved, labels, pools, (affs, cached), hinted) = tokio::join!(
             self.stored_config(),
             self.reservations(),
             async {
@@ -106,17 +124,45 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                 }
             },
             self.pools(),
-            self.ds.list(&all_affinities),
+            affinities,
             hinted
         );
+        let hinted: Vec<(IpNet, (AllocationBlock, Revision))> =
+            hinted.into_iter().flatten().collect();
+        let affs = match affs {
+            Ok(listed) if !cached || self.listing_covers(&listed, &hinted) => Ok(listed),
+            _ => {
+                debug!("this host's affinities asked of the store: the cache may be behind");
+                self.ds.list(&all_affinities).await
+            }
+        };
         ViewReads {
             config,
             reserved,
             labels,
             pools,
             affs,
-            hinted: hinted.into_iter().flatten().collect(),
+            hinted,
         }
+    }
+
+    /// Whether a listing of this host's affinities has every block read as affine to it.
+    fn listing_covers(
+        &self,
+        listed: &[KvPair],
+        hinted: &[(IpNet, (AllocationBlock, Revision))],
+    ) -> bool {
+        let mine = self.host_affinity();
+        let has = |cidr: &IpNet| {
+            listed
+                .iter()
+                .any(|kv| matches!(&kv.key, Key::BlockAffinity { cidr: c, .. } if c == cidr))
+        };
+        !listed.is_empty()
+            && hinted
+                .iter()
+                .filter(|(_, (b, _))| b.affinity.as_deref() == Some(mine.as_str()))
+                .all(|(cidr, _)| has(cidr))
     }
 
     /// `auto_assign` on reads already made (`read_view`).
@@ -568,6 +614,10 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                 (&block_key, &block_value, rev),
             )
             .await;
+        if outcome.is_some() {
+            let landed = outcome.as_ref().and_then(|o| o.as_ref().ok());
+            self.copy_block(block.cidr, landed.map(|rev| (&block_value, rev)));
+        }
         let e = match outcome {
             None => return PairWrite::Unsupported,
             Some(Ok(_)) => return PairWrite::Done(Ok(ips.to_vec())),

@@ -13,6 +13,8 @@ use super::{Ipam, IpamError, DATASTORE_RETRIES, EMPTY_BLOCK_MIN_RECLAIM_AGE_SECS
 use crate::datastore::model::{
     AllocationBlock, BlockAffinity, IpPool, IpamConfig, AFFINITY_CONFIRMED, AFFINITY_PENDING,
 };
+use serde_json::Value;
+
 use crate::datastore::{to_value, Datastore, DatastoreError, Key, ListKind, Revision};
 use crate::ipam::randwalk::block_generator;
 use crate::net::IpNet;
@@ -69,13 +71,26 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         revision: &str,
     ) -> Result<Revision, DatastoreError> {
         block.bump_sequence();
-        self.ds
-            .update(
-                &Key::Block { cidr: block.cidr },
-                &to_value(block)?,
-                revision,
-            )
-            .await
+        let value = to_value(block)?;
+        let written = self
+            .ds
+            .update(&Key::Block { cidr: block.cidr }, &value, revision)
+            .await;
+        self.copy_block(block.cidr, written.as_ref().ok().map(|rev| (&value, rev)));
+        written
+    }
+
+    /// Keeps the block as written at a revision for the host's next IPAM lock holder
+    /// (`BlockCopies`), or (`None`: a write that failed or may not have landed, a delete)
+    /// forgets it. Only while this call holds the lock (`keep_journal`).
+    pub(super) fn copy_block(&self, cidr: IpNet, written: Option<(&Value, &Revision)>) {
+        let Some(journal) = self.journal() else {
+            return;
+        };
+        match written {
+            Some((value, rev)) => journal.copies().keep(cidr, rev, value),
+            None => journal.copies().forget(cidr),
+        }
     }
 
     /// Finds an affine block with room, or claims a new one. Returns (cidr, newly claimed).

@@ -144,6 +144,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         rev: &str,
     ) -> Result<(), DatastoreError> {
         if block.is_empty() && block.affinity.is_none() {
+            self.copy_block(block.cidr, None);
             self.ds
                 .delete(&Key::Block { cidr: block.cidr }, Some(rev))
                 .await
@@ -343,6 +344,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             .update(&key, &to_value(&aff)?, &aff_kv.revision)
             .await?;
         if block.is_empty() {
+            self.copy_block(cidr, None);
             match self.ds.delete(&Key::Block { cidr }, Some(&block_rev)).await {
                 Ok(()) => {}
                 Err(e) if e.is_not_found() => {}
