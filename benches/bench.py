@@ -381,6 +381,12 @@ def main():
                   "spec": {"datastoreReady": True}})
         etcd.put("/calico/resources/v3/projectcalico.org/nodes/bench-node",
                  {"kind": "Node", "apiVersion": "projectcalico.org/v3", "metadata": meta("bench-node"), "spec": {}})
+        # The other binary's calls run as another node of the same cluster (blocks, lock file
+        # and the blocks its lock holders keep of their own), as two plugin versions would
+        # only ever meet.
+        etcd.put("/calico/resources/v3/projectcalico.org/nodes/bench-node-before",
+                 {"kind": "Node", "apiVersion": "projectcalico.org/v3", "metadata": meta("bench-node-before"),
+                  "spec": {}})
         etcd.put("/calico/resources/v3/projectcalico.org/ippools/default-ipv4-ippool",
                  {"kind": "IPPool", "apiVersion": "projectcalico.org/v3", "metadata": meta("default-ipv4-ippool"),
                   "spec": {"cidr": "10.244.0.0/16", "blockSize": 26, "nodeSelector": "all()"}})
@@ -437,10 +443,13 @@ def main():
             sides.append(kdd)
         befores = []
         if BEFORE_BIN:
-            befores.append(Side("before", f"{beforedir}/calico", ours.conf, beforedir, True,
-                                f"{BEFORE_LABEL}: {ours.label}"))
+            as_other_node = lambda conf, lock: json.dumps(
+                dict(json.loads(conf), nodename="bench-node-before", ipam_lock_file=f"{work}/{lock}"))
+            befores.append(Side("before", f"{beforedir}/calico", as_other_node(ours.conf, "ipam-before.lock"),
+                                beforedir, True, f"{BEFORE_LABEL}: {ours.label}"))
             if kdd:
-                befores.append(Side("beforekdd", f"{beforedir}/calico", kdd.conf, beforedir, True,
+                befores.append(Side("beforekdd", f"{beforedir}/calico",
+                                    as_other_node(kdd.conf, "ipam-kdd-before.lock"), beforedir, True,
                                     f"{BEFORE_LABEL}: {kdd.label}"))
         sides += befores
         ptp = Side("ptp", f"{bindir}/ptp", json.dumps(

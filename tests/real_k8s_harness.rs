@@ -67,7 +67,7 @@ fn real_apiserver_starts_with_calico_installed() {
 
 /// BENCH, not a test (`make bench`, benches/bench.py): the real kube-apiserver with Calico
 /// installed, in the bench's host netns (`BENCH_KUBE_API_NETNS`, a name; it is the bench's
-/// to delete), seeded as a node would find it: ClusterInformation ready, Node `bench-node`,
+/// to delete), seeded as a node would find it: ClusterInformation ready, Nodes `bench-node` (and `bench-node-before`),
 /// the default IPPool (10.244.0.0/16, blocks of /26) and pods `pod-0`..`pod-<BENCH_PODS>` and
 /// `pod-dbg` scheduled on the node. Writes into `BENCH_KUBE_API_DIR`: `kubeconfig` (the
 /// plugin's own ServiceAccount token, as Calico's install writes it), `audit` (the audit
@@ -91,10 +91,13 @@ fn serve_for_bench() {
         json!({"apiVersion":"crd.projectcalico.org/v1","kind":"ClusterInformation","metadata":{"name":"default"},
             "spec":{"clusterType":"k8s,kdd","calicoVersion":"v3.32.1","datastoreReady":true}}),
     );
-    k.put(
-        "/api/v1/nodes/bench-node",
-        json!({"apiVersion":"v1","kind":"Node","metadata":{"name":"bench-node","labels":{"kubernetes.io/hostname":"bench-node"}},"spec":{}}),
-    );
+    // `bench-node-before`: where the bench runs another binary's calls (its own blocks).
+    for node in ["bench-node", "bench-node-before"] {
+        k.put(
+            &format!("/api/v1/nodes/{node}"),
+            json!({"apiVersion":"v1","kind":"Node","metadata":{"name":node,"labels":{"kubernetes.io/hostname":node}},"spec":{}}),
+        );
+    }
     k.put(
         &format!("{crd}/ippools/default-ipv4-ippool"),
         json!({"apiVersion":"crd.projectcalico.org/v1","kind":"IPPool","metadata":{"name":"default-ipv4-ippool"},

@@ -735,6 +735,10 @@ const BENCH_CONFLIST: &str = "10-bench.conflist";
 const BENCH_PTP_SUBNET: &str = "10.252.0.0/16";
 const BENCH_ETCD_POOL: &str = "10.67.0.0/16";
 const BENCH_KDD_POOL: &str = "10.66.0.0/16";
+/// The `BENCH_BEFORE` binary's pools: its blocks are its own, as on a node of its own (each
+/// binary's IPAM lock holders keep the blocks they wrote, `BlockCopies`).
+const BENCH_ETCD_BEFORE_POOL: &str = "10.69.0.0/16";
+const BENCH_KDD_BEFORE_POOL: &str = "10.68.0.0/16";
 /// Bound on a pod (or a wave of pods) becoming Ready, and on deleted pods' sandboxes
 /// being stopped.
 const BENCH_TIMEOUT: Duration = Duration::from_secs(180);
@@ -1160,14 +1164,19 @@ fn bench_pod_start() {
             "metadata":{"name":"default"},
             "spec":{"clusterGUID":"pod-bench","clusterType":"k8s,kdd","calicoVersion":"v3.32.1","datastoreReady":true}}),
     );
-    created(
-        &node,
-        &format!("{CRD}/ippools"),
-        json!({"apiVersion":"crd.projectcalico.org/v1","kind":"IPPool",
-            "metadata":{"name":"kdd-pool"},
-            "spec":{"cidr":BENCH_KDD_POOL,"blockSize":26,"ipipMode":"Never","vxlanMode":"Never",
-                "natOutgoing":true,"nodeSelector":"all()"}}),
-    );
+    for (name, cidr) in [
+        ("kdd-pool", BENCH_KDD_POOL),
+        ("kdd-before-pool", BENCH_KDD_BEFORE_POOL),
+    ] {
+        created(
+            &node,
+            &format!("{CRD}/ippools"),
+            json!({"apiVersion":"crd.projectcalico.org/v1","kind":"IPPool",
+                "metadata":{"name":name},
+                "spec":{"cidr":cidr,"blockSize":26,"ipipMode":"Never","vxlanMode":"Never",
+                    "natOutgoing":true,"nodeSelector":"all()"}}),
+        );
+    }
     // The etcd datastore, in the API server's own etcd (Calico's keys live under /calico/,
     // the API server's under /registry/), seeded as benches/bench.py does.
     let etcd = api.etcd();
@@ -1186,13 +1195,18 @@ fn bench_pod_start() {
             "metadata":meta(BENCH_NODE),"spec":{}})
         .to_string(),
     );
-    etcd.put(
-        &format!("{v3}/ippools/etcd-pool"),
-        &json!({"kind":"IPPool","apiVersion":"projectcalico.org/v3","metadata":meta("etcd-pool"),
-            "spec":{"cidr":BENCH_ETCD_POOL,"blockSize":26,"ipipMode":"Never","vxlanMode":"Never",
-                "natOutgoing":true,"nodeSelector":"all()"}})
-        .to_string(),
-    );
+    for (name, cidr) in [
+        ("etcd-pool", BENCH_ETCD_POOL),
+        ("etcd-before-pool", BENCH_ETCD_BEFORE_POOL),
+    ] {
+        etcd.put(
+            &format!("{v3}/ippools/{name}"),
+            &json!({"kind":"IPPool","apiVersion":"projectcalico.org/v3","metadata":meta(name),
+                "spec":{"cidr":cidr,"blockSize":26,"ipipMode":"Never","vxlanMode":"Never",
+                    "natOutgoing":true,"nodeSelector":"all()"}})
+            .to_string(),
+        );
+    }
 
     // The configs, and the CNI bin dir as bare binaries.
     let scratch = node.dir.path().join("scratch");
@@ -1201,24 +1215,21 @@ fn bench_pod_start() {
     let etcd_fields = json!({"datastore_type": "etcdv3", "etcd_endpoints": etcd.endpoint()});
     let kdd_fields = json!({"datastore_type": "kubernetes",
         "calico_api_group": "crd.projectcalico.org/v1"});
-    let calico_cfg = |name: &'static str, bin: &Path, etcd_store: bool| BenchConfig {
-        name,
-        conflist: bench_conflist(bench_calico(
-            &scratch.join(name),
-            if etcd_store {
-                etcd_fields.clone()
-            } else {
-                kdd_fields.clone()
-            },
-            &kubeconfig,
-        )),
-        calico: Some(bin.to_path_buf()),
-        cidr: if etcd_store {
-            BENCH_ETCD_POOL
+    // Each config allocates from its own pool (`ipam.ipv4_pools`).
+    let calico_cfg = |name: &'static str, bin: &Path, etcd_store: bool, pool: &'static str| {
+        let mut fields = if etcd_store {
+            etcd_fields.clone()
         } else {
-            BENCH_KDD_POOL
-        },
-        plugin_log: Some(scratch.join(name).join("cni.log")),
+            kdd_fields.clone()
+        };
+        fields["ipam"] = json!({"type": "calico-ipam", "ipv4_pools": [pool]});
+        BenchConfig {
+            name,
+            conflist: bench_conflist(bench_calico(&scratch.join(name), fields, &kubeconfig)),
+            calico: Some(bin.to_path_buf()),
+            cidr: pool,
+            plugin_log: Some(scratch.join(name).join("cni.log")),
+        }
     };
     let mut configs = vec![
         BenchConfig {
@@ -1232,12 +1243,12 @@ fn bench_pod_start() {
             cidr: BENCH_PTP_SUBNET,
             plugin_log: None,
         },
-        calico_cfg("calico-etcd", &ours, true),
-        calico_cfg("calico-kdd", &ours, false),
+        calico_cfg("calico-etcd", &ours, true, BENCH_ETCD_POOL),
+        calico_cfg("calico-kdd", &ours, false, BENCH_KDD_POOL),
     ];
     if let Some(b) = &before {
-        configs.push(calico_cfg("before-etcd", b, true));
-        configs.push(calico_cfg("before-kdd", b, false));
+        configs.push(calico_cfg("before-etcd", b, true, BENCH_ETCD_BEFORE_POOL));
+        configs.push(calico_cfg("before-kdd", b, false, BENCH_KDD_BEFORE_POOL));
     }
     install_bare_binaries(&node.cni_bin(), &ours);
     let mut current_calico = ours.clone();
