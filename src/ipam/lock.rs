@@ -156,7 +156,7 @@ impl IpamLock {
             journal: file.map(|file| Journal {
                 file,
                 content: Arc::new(std::sync::Mutex::new(content)),
-                copies: BlockCopies::load(Path::new(path)),
+                copies: BlockCopies::beside(Path::new(path)),
             }),
         }
     }

@@ -95,7 +95,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         let node_up_front = !self.ds.nodes_always_exist();
         let hinted = futures::future::join_all(hint.iter().map(|&cidr| async move {
             let copy = copies.iter().find(|c| c.cidr == cidr);
-            if let Some(block) = copy.and_then(|c| serde_json::from_value(c.block.clone()).ok()) {
+            if let Some(block) = copy.and_then(|c| serde_json::from_str(&c.block).ok()) {
                 return copy.map(|c| (cidr, (block, c.revision.clone())));
             }
             match self.get_block(cidr).await {
