@@ -114,6 +114,9 @@ impl Datastore for Backend {
     fn nodes_always_exist(&self) -> bool {
         self.is_kubernetes()
     }
+    fn keeps_block_copies(&self) -> bool {
+        self.is_kubernetes()
+    }
 
     fn as_backend(&self) -> Option<&Backend> {
         Some(self)

@@ -509,6 +509,11 @@ impl MemoryDatastore {
 }
 
 impl Datastore for MemoryDatastore {
+    /// As the Kubernetes datastore: the allocator's tests exercise the copies.
+    fn keeps_block_copies(&self) -> bool {
+        true
+    }
+
     async fn get(&self, key: &Key) -> Result<KvPair, DatastoreError> {
         let mut st = self.lock();
         let class = KeyClass::of(key);

@@ -295,6 +295,14 @@ pub trait Datastore {
         false
     }
 
+    /// Whether IPAM keeps the blocks it writes for the host's next IPAM lock holder and
+    /// takes them from there (`BlockCopies`): where a block's read is a request of its own
+    /// made while the host's other calls wait for the lock (the Kubernetes API). On etcd it
+    /// rides in the transaction of the other reads, and a copy would save nothing.
+    fn keeps_block_copies(&self) -> bool {
+        false
+    }
+
     /// The production backend this is, for the reads beyond Calico's own objects that only
     /// it can make (a pod's KubeVirt VM); `None` for the test stores.
     fn as_backend(&self) -> Option<&backend::Backend> {

@@ -995,6 +995,10 @@ impl Datastore for KubeDatastore {
         true
     }
 
+    fn keeps_block_copies(&self) -> bool {
+        true
+    }
+
     async fn get(&self, key: &Key) -> Result<KvPair, DatastoreError> {
         match is_cr(key) {
             true => self.in_group(|| self.get_now(key)).await,

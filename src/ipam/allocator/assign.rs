@@ -93,6 +93,11 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         // A backend whose nodes always exist (Kubernetes: the kubelet's Node) reads the Node
         // only when a pool's node selector needs its labels.
         let node_up_front = !self.ds.nodes_always_exist();
+        let copies = if self.ds.keeps_block_copies() {
+            copies
+        } else {
+            &[]
+        };
         let hinted = futures::future::join_all(hint.iter().map(|&cidr| async move {
             let copy = copies.iter().find(|c| c.cidr == cidr);
             if let Some(block) = copy.and_then(|c| serde_json::from_str(&c.block).ok()) {

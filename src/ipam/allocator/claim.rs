@@ -82,9 +82,10 @@ impl<'a, D: Datastore> Ipam<'a, D> {
 
     /// Keeps the block as written at a revision for the host's next IPAM lock holder
     /// (`BlockCopies`), or (`None`: a write that failed or may not have landed, a delete)
-    /// forgets it. Only while this call holds the lock (`keep_journal`).
+    /// forgets it. Only while this call holds the lock (`keep_journal`), and where the
+    /// datastore keeps copies (`Datastore::keeps_block_copies`).
     pub(super) fn copy_block(&self, cidr: IpNet, written: Option<(&Value, &Revision)>) {
-        let Some(journal) = self.journal() else {
+        let Some(journal) = self.journal().filter(|_| self.ds.keeps_block_copies()) else {
             return;
         };
         match written {
