@@ -548,9 +548,10 @@ fn kdd_request_budget_of_an_add_into_an_affine_block() {
         reqs.len(),
         listing(&reqs)
     );
-    // Upstream makes 16 requests, one after another; the target is at most 11.
+    // Upstream makes 16 requests, one after another; the target is at most 11, and 10 since
+    // the block is taken as the first ADD wrote it (`BlockCopies`) instead of read.
     assert!(
-        reqs.len() <= 11,
+        reqs.len() <= 10,
         "{} requests:\n{}",
         reqs.len(),
         listing(&reqs)
