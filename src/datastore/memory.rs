@@ -153,6 +153,11 @@ struct State {
     reads_by_class: HashMap<KeyClass, u64>,
     /// Armed read faults: the n-th `get` of a key of the class fails (`fail_read`).
     pending_reads: Vec<(KeyClass, u64)>,
+    /// What `list_cached` answers for affinities (`serve_cached_affinities`): a cache
+    /// behind the store.
+    cached_affinities: Option<Vec<KvPair>>,
+    /// `list` calls of affinities so far.
+    affinity_lists: u64,
 }
 
 impl State {
@@ -374,6 +379,17 @@ impl MemoryDatastore {
         self.lock().reads_by_class.get(&class).copied().unwrap_or(0)
     }
 
+    /// From now on `list_cached` answers affinity listings with `listing`, as a cache
+    /// behind the store would (without it, it has no cache).
+    pub fn serve_cached_affinities(&self, listing: Vec<KvPair>) {
+        self.lock().cached_affinities = Some(listing);
+    }
+
+    /// `list` calls of affinities so far (the cache's answers not counted).
+    pub fn affinity_lists(&self) -> u64 {
+        self.lock().affinity_lists
+    }
+
     /// Read faults armed but not fired yet.
     pub fn pending_read_faults(&self) -> Vec<(KeyClass, u64)> {
         self.lock().pending_reads.clone()
@@ -514,6 +530,13 @@ impl Datastore for MemoryDatastore {
         true
     }
 
+    async fn list_cached(&self, what: &ListKind) -> Option<Result<Vec<KvPair>, DatastoreError>> {
+        match what {
+            ListKind::Affinities { .. } => self.lock().cached_affinities.clone().map(Ok),
+            _ => None,
+        }
+    }
+
     async fn get(&self, key: &Key) -> Result<KvPair, DatastoreError> {
         let mut st = self.lock();
         let class = KeyClass::of(key);
@@ -537,7 +560,10 @@ impl Datastore for MemoryDatastore {
 
     async fn list(&self, what: &ListKind) -> Result<Vec<KvPair>, DatastoreError> {
         let prefix = list_prefix(what);
-        let st = self.lock();
+        let mut st = self.lock();
+        if matches!(what, ListKind::Affinities { .. }) {
+            st.affinity_lists += 1;
+        }
         let mut out = Vec::new();
         for (path, entry) in st.objects.range(prefix.clone()..) {
             if !path.starts_with(&prefix) {
