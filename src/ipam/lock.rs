@@ -25,8 +25,10 @@
 //! writes are sent); a lost file (a reboot without sync) leaves the address to GC and to
 //! Calico's own IPAM garbage collection, which find it by its block's attributes.
 //!
-//! Beside it, the holders keep the blocks they wrote, as written (`block_copies`): the next
-//! holder takes the hinted blocks from there instead of reading them while others wait.
+//! Beside it, on the Kubernetes datastore, the holders keep the blocks they wrote, as written
+//! (`block_copies`): the next holder takes the hinted blocks from there instead of reading
+//! them while others wait. Like the journal, these are small local files written in place
+//! (tmpfs on a node), not I/O worth a thread.
 
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
