@@ -1034,6 +1034,13 @@ mod journaled {
             .collect()
     }
 
+    /// A scratch directory and the IPAM lock file's path in it.
+    fn lock_file(name: &str) -> (crate::test_support::TempDir, String) {
+        let dir = crate::test_support::TempDir::new(name);
+        let path = dir.path().join("ipam.lock").to_string_lossy().into_owned();
+        (dir, path)
+    }
+
     /// One ADD's IPAM as the plugin makes it: the lock, the reads on its hint and copies.
     async fn assign_as_a_holder(ds: &MemoryDatastore, lock_file: &str, handle: &str) -> IpNet {
         let lock = IpamLock::acquire(lock_file).await;
@@ -1056,9 +1063,8 @@ mod journaled {
     #[tokio::test]
     async fn the_next_holder_takes_the_block_as_written() {
         let ds = store();
-        let dir = crate::test_support::TempDir::new("copies");
-        let path = dir.path().join("ipam.lock");
-        let p = path.to_str().unwrap();
+        let (_dir, p) = lock_file("copies");
+        let p = p.as_str();
         let first = assign_as_a_holder(&ds, p, "h1").await;
         let reads = ds.reads_of(KeyClass::Block);
         let second = assign_as_a_holder(&ds, p, "h2").await;
@@ -1088,9 +1094,8 @@ mod journaled {
     #[tokio::test]
     async fn a_cache_behind_this_hosts_claim_is_asked_again_of_the_store() {
         let ds = store();
-        let dir = crate::test_support::TempDir::new("stale-cache");
-        let path = dir.path().join("ipam.lock");
-        let p = path.to_str().unwrap();
+        let (_dir, p) = lock_file("stale-cache");
+        let p = p.as_str();
         ds.serve_cached_affinities(vec![]);
         let first = assign_as_a_holder(&ds, p, "h1").await;
         let lists = ds.affinity_lists();
