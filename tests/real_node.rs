@@ -28,8 +28,8 @@ use common::installer::calico_node_account;
 use common::netns::{require_root, UPLINK_V4};
 use common::real_node::{
     copy_atomically, install_bare_binaries, install_cni, plugin_binary, read_recorded_calls,
-    record_calls, seconds_between, shared_k8s, utc_seconds_of_day, wait_until, write_atomically,
-    InstallInputs, RealNode, RecordedCall, BUSYBOX_IMAGE,
+    record_calls, seconds_between, shared_k8s, time_network_plugins, utc_seconds_of_day,
+    wait_until, write_atomically, InstallInputs, RealNode, RecordedCall, BUSYBOX_IMAGE, TIMED_DIR,
 };
 use serde_json::{json, Value};
 
@@ -1002,7 +1002,14 @@ fn avoid_kubelet_gc(node: &RealNode, need: Duration) -> Duration {
 fn switch_to(node: &RealNode, cfg: &BenchConfig, current_calico: &mut std::path::PathBuf) {
     if let Some(bin) = &cfg.calico {
         if bin != current_calico {
-            copy_atomically(bin, &node.cni_bin().join("calico"));
+            // Behind the timing wrapper, when there is one.
+            let timed = node.cni_bin().join(TIMED_DIR);
+            let dir = if timed.is_dir() {
+                timed
+            } else {
+                node.cni_bin()
+            };
+            copy_atomically(bin, &dir.join("calico"));
             *current_calico = bin.clone();
         }
     }
@@ -1048,6 +1055,11 @@ struct BenchSamples {
     wave_ready_ms: Vec<f64>,
     /// RunPodSandbox calls that failed (kubelet retried them).
     run_failures: usize,
+    /// `BENCH_POD_PLUGIN_TIMES`: the network plugin's own ADD of each pod alone (its
+    /// wrapper's start to end), ms.
+    plugin_add_ms: Vec<f64>,
+    /// The same for the DEL of each measured pod's sandbox (its first), ms.
+    plugin_del_ms: Vec<f64>,
     /// Sandboxes with more than one StopPodSandbox.
     stopped_more_than_once: usize,
     /// StopPodSandbox calls that started after the bench had moved on ([`BENCH_QUIET`]
@@ -1100,6 +1112,8 @@ fn first_line_of(program: &str, args: &[&str]) -> String {
 ///
 /// `BENCH_POD_ROUNDS` (8), `BENCH_POD_WAVE` (20), `BENCH_POD_ALONE` (3 pods alone per round
 /// and config), `BENCH_BEFORE` (a calico binary), `BENCH_POD_LOG_LEVEL` (the plugin's, info),
+/// `BENCH_POD_PLUGIN_TIMES=1` (the network plugin's own ADD and DEL time on the node, through
+/// a timing wrapper: a profile, as it adds the wrapper's start-up to every pod),
 /// `BENCH_POD_OUT` (the report also to a file), `BENCH_POD_JSON` (raw numbers),
 /// `REAL_NODE_CALICO` (our binary; default the test build). `benches/pod_start.sh` runs it.
 #[test]
@@ -1251,6 +1265,12 @@ fn bench_pod_start() {
         configs.push(calico_cfg("before-kdd", b, false, BENCH_KDD_BEFORE_POOL));
     }
     install_bare_binaries(&node.cni_bin(), &ours);
+    let plugin_times = std::env::var_os("BENCH_POD_PLUGIN_TIMES")
+        .filter(|v| !v.is_empty() && v != "0")
+        .map(|_| scratch.join("plugin-times.log"));
+    if let Some(log) = &plugin_times {
+        time_network_plugins(&node.cni_bin(), log);
+    }
     let mut current_calico = ours.clone();
     std::fs::create_dir_all(node.cni_conf()).expect("CNI conf dir");
     // kubelet reports the node Ready only once containerd has a CNI config.
@@ -1389,6 +1409,32 @@ fn bench_pod_start() {
         if let Some((cfg, round, _)) = bench_pod_parts(&name) {
             if let Some(s) = samples.get_mut(cfg).filter(|_| round >= 1) {
                 s.stop_ms.push(ms(d));
+            }
+        }
+    }
+    if let Some(path) = &plugin_times {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let mut seen = BTreeSet::new();
+        for line in text.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let [t0, t1, _, command, id] = f[..] else {
+                continue;
+            };
+            let (Ok(t0), Ok(t1)) = (t0.parse::<f64>(), t1.parse::<f64>()) else {
+                continue;
+            };
+            let Some((cfg, round, kind)) = log.pod_of.get(id).and_then(|p| bench_pod_parts(p))
+            else {
+                continue;
+            };
+            let Some(s) = samples.get_mut(cfg).filter(|_| round >= 1) else {
+                continue;
+            };
+            let took = (t1 - t0) * 1000.0;
+            match command {
+                "ADD" if kind.starts_with("solo") => s.plugin_add_ms.push(took),
+                "DEL" if seen.insert(id.to_string()) => s.plugin_del_ms.push(took),
+                _ => {}
             }
         }
     }
@@ -1537,6 +1583,35 @@ fn bench_pod_start() {
             s.gc_during_measurements,
             s.other_stops_during_measurements,
         );
+    }
+    if plugin_times.is_some() {
+        let _ = writeln!(
+            w,
+            "\nThe network plugin's own time on the node (`BENCH_POD_PLUGIN_TIMES`: a bash wrapper around `calico` and `ptp`, the chain's first plugin, its IPAM included; the wrapper's start-up, ~2 ms, is in every figure; portmap and bandwidth are not in it):\n"
+        );
+        let _ = writeln!(
+            w,
+            "| config | ADD of a pod alone, median (ms) | p90 (ms) | − ptp (ms) | DEL, median (ms) | − ptp (ms) |"
+        );
+        let _ = writeln!(w, "|---|---|---|---|---|---|");
+        let med = |v: &[f64]| if v.is_empty() { f64::NAN } else { median_of(v) };
+        for cfg in &configs {
+            let s = &samples[cfg.name];
+            let _ = writeln!(
+                w,
+                "| {} | {:.1} | {:.1} | {:+.1} | {:.1} | {:+.1} |",
+                cfg.name,
+                med(&s.plugin_add_ms),
+                if s.plugin_add_ms.is_empty() {
+                    f64::NAN
+                } else {
+                    percentile(&s.plugin_add_ms, 90.0)
+                },
+                med(&s.plugin_add_ms) - med(&base.plugin_add_ms),
+                med(&s.plugin_del_ms),
+                med(&s.plugin_del_ms) - med(&base.plugin_del_ms),
+            );
+        }
     }
     let _ = writeln!(std::io::stdout(), "\n{out}");
     if let Some(path) = std::env::var_os("BENCH_POD_OUT").filter(|p| !p.is_empty()) {

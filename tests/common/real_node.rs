@@ -874,6 +874,37 @@ pub fn install_bare_binaries(bin_dir: &Path, calico: &Path) {
     }
 }
 
+/// Where the timed network plugins' real binaries live ([`time_network_plugins`]).
+pub const TIMED_DIR: &str = ".timed";
+
+/// Puts a bash wrapper in front of each network plugin (`calico`, `ptp`: the chain's first
+/// plugin, whose time includes its IPAM) that appends `<start> <end> <plugin> <command>
+/// <container id>` (epoch seconds, `$EPOCHREALTIME`) to `log` for every call. The binaries
+/// move to [`TIMED_DIR`]; `calico-ipam` points there, so IPAM still runs in-process. Both
+/// plugins pay the same wrapper (bash's start-up, ~2 ms), so their difference is the
+/// plugins' own; portmap and bandwidth are left alone.
+pub fn time_network_plugins(bin_dir: &Path, log: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let timed = bin_dir.join(TIMED_DIR);
+    fs::create_dir_all(&timed).unwrap_or_else(|e| panic!("create {}: {e}", timed.display()));
+    for p in ["calico", "ptp"] {
+        fs::rename(bin_dir.join(p), timed.join(p))
+            .unwrap_or_else(|e| panic!("move {p} to {}: {e}", timed.display()));
+        let wrapper = format!(
+            "#!/bin/bash\nt0=$EPOCHREALTIME\n{real} \"$@\"\nrc=$?\necho \"$t0 $EPOCHREALTIME {p} $CNI_COMMAND $CNI_CONTAINERID\" >> {log}\nexit $rc\n",
+            real = timed.join(p).display(),
+            log = log.display(),
+        );
+        write_atomically(&bin_dir.join(p), wrapper.as_bytes());
+        fs::set_permissions(bin_dir.join(p), fs::Permissions::from_mode(0o755))
+            .unwrap_or_else(|e| panic!("chmod the {p} wrapper: {e}"));
+    }
+    let ipam = bin_dir.join("calico-ipam");
+    fs::remove_file(&ipam).unwrap_or_else(|e| panic!("remove {}: {e}", ipam.display()));
+    std::os::unix::fs::symlink(Path::new(TIMED_DIR).join("calico"), &ipam)
+        .unwrap_or_else(|e| panic!("symlink {}: {e}", ipam.display()));
+}
+
 /// Seconds since midnight (enough to subtract times of one run) of containerd's
 /// `2026-11-26T10:36:19.880123456Z`.
 fn rfc3339_seconds(t: &str) -> Option<f64> {
