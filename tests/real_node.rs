@@ -1010,6 +1010,10 @@ fn switch_to(node: &RealNode, cfg: &BenchConfig, current_calico: &mut std::path:
                 node.cni_bin()
             };
             copy_atomically(bin, &dir.join("calico"));
+            // Written back now, not during the measurements that follow (the datastores'
+            // fsyncs would queue behind 12 MB of writeback).
+            let synced = std::fs::File::open(dir.join("calico")).and_then(|f| f.sync_all());
+            synced.unwrap_or_else(|e| panic!("fsync the calico binary: {e}"));
             *current_calico = bin.clone();
         }
     }
