@@ -215,6 +215,27 @@ pub fn cap(timeout: Duration) -> (Duration, bool) {
     }
 }
 
+/// `cap` as the instant a wait must end by: `now + timeout`, or the limit itself when that
+/// comes first, and whether the limit is what bounds it. Waits nested in one another that
+/// the deadline cuts then all end at the same instant, and the innermost one, which names
+/// what the call was waiting for, is the one that reports it: a tokio timeout polls what it
+/// wraps before its own timer. With `cap`'s durations each wait ended a little past the
+/// limit, by however long the thread took between reading the clock and arming its timer,
+/// so on a busy machine an outer wait could fire first and report only its own step.
+pub fn cap_at(timeout: Duration) -> (tokio::time::Instant, bool) {
+    let own = Instant::now().checked_add(timeout);
+    match (limit(), own) {
+        (Some(l), Some(o)) if o < l => (o.into(), false),
+        (Some(l), _) => (l.into(), true),
+        (None, Some(o)) => (o.into(), false),
+        // Unbounded: as far off as tokio's own "never".
+        (None, None) => (
+            tokio::time::Instant::now() + Duration::from_secs(86400 * 365 * 30),
+            false,
+        ),
+    }
+}
+
 /// The error for running out of time while `what` ("waiting for etcd (get /calico/…)").
 pub fn expired(what: impl Into<String>) -> Expired {
     let e = unlogged_expired(what.into());
@@ -431,6 +452,35 @@ mod tests {
                 assert!(took < Duration::from_secs(2), "{took:?}");
             })
             .await;
+        });
+    }
+
+    /// Waits cut by the deadline end at its very instant, so when one is nested in another
+    /// the inner one, which names what the call waited for, reports the expiry.
+    #[test]
+    fn nested_waits_cut_by_the_deadline_report_the_innermost() {
+        runtime().block_on(async {
+            for _ in 0..5 {
+                let soon = Instant::now() + Duration::from_millis(40);
+                scoped(soon, async {
+                    let (at, capped) = cap_at(Duration::from_secs(10));
+                    assert!(capped);
+                    assert_eq!(at, soon.into());
+                    let (short, capped) = cap_at(Duration::from_millis(1));
+                    assert!(!capped && short < soon.into());
+                    let outer = tokio::time::timeout_at(cap_at(Duration::from_secs(90)).0, async {
+                        // The inner wait is armed later than the outer one, as a request
+                        // inside the IPAM work is.
+                        tokio::task::yield_now().await;
+                        std::thread::sleep(Duration::from_millis(3));
+                        let (at, _) = cap_at(Duration::from_secs(5));
+                        tokio::time::timeout_at(at, std::future::pending::<()>()).await
+                    })
+                    .await;
+                    assert!(matches!(outer, Ok(Err(_))), "the outer wait fired first");
+                })
+                .await;
+            }
         });
     }
 

@@ -228,8 +228,8 @@ impl GrpcDataplane {
         rpc: &str,
         request: impl std::future::Future<Output = Result<T, DataplaneError>>,
     ) -> Result<T, DataplaneError> {
-        let (wait, capped) = crate::deadline::cap(TIMEOUT);
-        match tokio::time::timeout(wait, request).await {
+        let (until, capped) = crate::deadline::cap_at(TIMEOUT);
+        match tokio::time::timeout_at(until, request).await {
             Ok(Ok(reply)) => Ok(reply),
             Ok(Err(e)) => {
                 warn!(error = %e, rpc, "request to grpc dataplane failed");

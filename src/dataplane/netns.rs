@@ -181,8 +181,8 @@ impl Teardown {
             State::Running(rx) => rx,
         };
         let left = DELETE_TIMEOUT.saturating_sub(self.started.elapsed());
-        let (wait, capped) = crate::deadline::cap(left);
-        match tokio::time::timeout(wait, rx).await {
+        let (until, capped) = crate::deadline::cap_at(left);
+        match tokio::time::timeout_at(until, rx).await {
             Ok(Ok(r)) => {
                 if r.is_ok() {
                     tracing::info!(after = ?self.started.elapsed(), "Deleted device in netns.");

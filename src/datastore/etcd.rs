@@ -145,8 +145,8 @@ impl EtcdDatastore {
         }
         let what = || format!("connecting to etcd at {:?}", cfg.endpoints);
         deadline::check(what())?;
-        let (wait, capped) = deadline::cap(timeout);
-        let client = tokio::time::timeout(wait, Client::connect(&cfg.endpoints, Some(opts)))
+        let (until, capped) = deadline::cap_at(timeout);
+        let client = tokio::time::timeout_at(until, Client::connect(&cfg.endpoints, Some(opts)))
             .await
             .map_err(|_| match capped {
                 true => DatastoreError::Deadline(deadline::expired(what())),
@@ -307,11 +307,11 @@ impl EtcdDatastore {
         loop {
             attempt += 1;
             deadline::check(waiting())?;
-            let (wait, capped) = deadline::cap(per_attempt);
+            let (until, capped) = deadline::cap_at(per_attempt);
             // One debug line per request (the round trips of a call, in order, with their
             // times: BENCHMARKS.md counts them from these).
             let sent = std::time::Instant::now();
-            let err = match tokio::time::timeout(wait, op()).await {
+            let err = match tokio::time::timeout_at(until, op()).await {
                 Ok(Ok(v)) => {
                     debug!(what, attempt, took = ?sent.elapsed(), "etcd request");
                     return Ok((v, attempt));

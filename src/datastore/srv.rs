@@ -71,8 +71,8 @@ async fn lookup_srv(servers: &[SocketAddr], name: &str) -> Result<Vec<Srv>, Stri
     for server in servers {
         let err = |reason: &str| format!("lookup {name} on {server}: {reason}");
         // Each query is also cut at the call's deadline.
-        let (wait, capped) = crate::deadline::cap(QUERY_TIMEOUT);
-        let answer = match tokio::time::timeout(wait, query(*server, name)).await {
+        let (until, capped) = crate::deadline::cap_at(QUERY_TIMEOUT);
+        let answer = match tokio::time::timeout_at(until, query(*server, name)).await {
             Ok(Ok(a)) => a,
             Ok(Err(e)) => {
                 last = err(&e);

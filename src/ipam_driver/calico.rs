@@ -692,8 +692,8 @@ async fn release_vm<D: Datastore>(ds: &D, call: &Call<'_>, vmi: &Vmi) -> Result<
 
 /// Upstream's 90 s budget for the IPAM work, cut at the call's deadline.
 async fn with_timeout<T>(f: impl std::future::Future<Output = T>) -> Result<T> {
-    let (wait, capped) = crate::deadline::cap(IPAM_TIMEOUT);
-    tokio::time::timeout(wait, f)
+    let (until, capped) = crate::deadline::cap_at(IPAM_TIMEOUT);
+    tokio::time::timeout_at(until, f)
         .await
         .map_err(|_| match capped {
             true => crate::deadline::expired("assigning or releasing IPAM addresses").into(),

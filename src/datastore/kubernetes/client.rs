@@ -283,9 +283,9 @@ impl KubeClient {
         };
         let waiting = || format!("waiting for the Kubernetes API server ({method} {path})");
         crate::deadline::check(waiting())?;
-        let (wait, capped) = crate::deadline::cap(self.timeout);
+        let (until, capped) = crate::deadline::cap_at(self.timeout);
         let sent = std::time::Instant::now();
-        match tokio::time::timeout(wait, exchange).await {
+        match tokio::time::timeout_at(until, exchange).await {
             Ok(Ok(r)) => {
                 tracing::debug!(%method, path, status = r.status, took = ?sent.elapsed(), "API request");
                 Ok(r)

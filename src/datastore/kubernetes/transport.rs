@@ -131,8 +131,8 @@ impl Inner {
             }
         };
         // Never past the call's deadline (the request's own bound then reports it).
-        let (wait, _) = crate::deadline::cap(self.connect_timeout);
-        tokio::time::timeout(wait, connect)
+        let (until, _) = crate::deadline::cap_at(self.connect_timeout);
+        tokio::time::timeout_at(until, connect)
             .await
             .map_err(|_| -> BoxError {
                 format!(
