@@ -742,6 +742,10 @@ const BENCH_KDD_BEFORE_POOL: &str = "10.68.0.0/16";
 /// Bound on a pod (or a wave of pods) becoming Ready, and on deleted pods' sandboxes
 /// being stopped.
 const BENCH_TIMEOUT: Duration = Duration::from_secs(180);
+/// How often, by default, a neighbour ServiceAccount's request keeps the plugin's API
+/// Priority and Fairness level busy (`RealK8s::start_priority_level_neighbour`): 10 a
+/// second, fewer than a cluster's kube-system ServiceAccounts send.
+const BENCH_NEIGHBOUR_MS: usize = 100;
 /// How often the bench polls the API for Ready pods.
 const BENCH_POLL: Duration = Duration::from_millis(50);
 /// After a switch of conflist (and binary): containerd's CRI reloads its CNI config on the
@@ -1119,6 +1123,9 @@ fn first_line_of(program: &str, args: &[&str]) -> String {
 /// `BENCH_POD_PLUGIN_TIMES=1` (the network plugin's own ADD and DEL time on the node, through
 /// a timing wrapper: a profile, as it adds the wrapper's start-up to every pod),
 /// `BENCH_POD_OUT` (the report also to a file), `BENCH_POD_JSON` (raw numbers),
+/// `BENCH_POD_AUDIT` (a copy of the API server's audit log, to time the plugin's requests),
+/// `BENCH_POD_NEIGHBOUR_MS` (100; 0: none: the period of a neighbour's request on the
+/// plugin's API Priority and Fairness level, as in a cluster),
 /// `REAL_NODE_CALICO` (our binary; default the test build). `benches/pod_start.sh` runs it.
 #[test]
 #[ignore = "a benchmark (minutes): benches/pod_start.sh"]
@@ -1284,6 +1291,10 @@ fn bench_pod_start() {
     );
     node.start_runtime();
     let api = node.api();
+    // The plugin's APF priority level kept busy, as in a cluster (see the report's line).
+    let neighbour_ms = env_usize("BENCH_POD_NEIGHBOUR_MS", BENCH_NEIGHBOUR_MS);
+    let neighbour = (neighbour_ms > 0)
+        .then(|| api.start_priority_level_neighbour(Duration::from_millis(neighbour_ms as u64)));
     say(&format!(
         "bench: node Ready {:?} after start; configs {:?}, {rounds} rounds, waves of {wave}",
         started.elapsed(),
@@ -1491,6 +1502,7 @@ fn bench_pod_start() {
         .lines()
         .filter(|l| l.contains(": cali") || l.contains(": veth"))
         .count();
+    drop(neighbour);
     let load_end = loadavg();
     let took = started.elapsed();
 
@@ -1525,6 +1537,15 @@ fn bench_pod_start() {
         "- {rounds} rounds (+1 warm-up pod per config, not counted), configs interleaved round-robin, the first rotating each round; per round and config: {alone} pods alone, one after another (create, Ready, delete, sandbox stopped), then {wave} pods created at once (concurrent POSTs, one thread each), all Ready (API polled every {} ms), deleted; after each delete, {}s with no new StopPodSandbox before going on",
         BENCH_POLL.as_millis(),
         BENCH_QUIET.as_secs()
+    );
+    let _ = writeln!(
+        w,
+        "- {}",
+        if neighbour_ms > 0 {
+            format!("the plugin's API Priority and Fairness level (workload-high) kept busy as in a cluster: another kube-system ServiceAccount sends GET /version every {neighbour_ms} ms (`BENCH_POD_NEIGHBOUR_MS`; 0: none). This v1.24 API server charges a level's first request after an idle spell with CPU for every idle millisecond (APF's sample-and-watermark histograms; v1.25 replaced them)")
+        } else {
+            "no neighbour on the plugin's API Priority and Fairness level (`BENCH_POD_NEIGHBOUR_MS=0`): each pod's first API round trip pays this v1.24 server's catch-up for the idle time since the previous pod".to_string()
+        }
     );
     let _ = writeln!(
         w,
@@ -1632,6 +1653,10 @@ fn bench_pod_start() {
         });
         std::fs::write(&path, serde_json::to_string_pretty(&raw).expect("JSON"))
             .unwrap_or_else(|e| panic!("BENCH_POD_JSON {}: {e}", Path::new(&path).display()));
+    }
+    if let Some(path) = std::env::var_os("BENCH_POD_AUDIT").filter(|p| !p.is_empty()) {
+        std::fs::copy(node.api().audit_path(), &path)
+            .unwrap_or_else(|e| panic!("BENCH_POD_AUDIT {}: {e}", Path::new(&path).display()));
     }
     for (cfg, s) in &samples {
         let expected = rounds * (wave + alone);

@@ -413,9 +413,73 @@ rules:
         );
     }
 
-    fn token_request(&self) -> String {
+    /// Starts a client that sends `GET /version` every `every` as ServiceAccount
+    /// `kube-system/neighbour` (made here; no RBAC beyond what every authenticated user
+    /// has): on the plugin's API Priority and Fairness priority level (`workload-high`, the
+    /// `kube-system-service-accounts` FlowSchema's), as a cluster's other kube-system
+    /// ServiceAccounts are. Stopped when the guard drops.
+    ///
+    /// Why a benchmark wants it: this v1.24 server's APF metrics
+    /// (`sampleAndWaterMarkHistograms`) catch up, on a priority level's first request after
+    /// an idle spell, with three histogram observations per idle millisecond, under the
+    /// level's lock. On a server where the plugin is its level's only client, each pod's
+    /// first round trip pays CPU for the seconds since the previous pod (measured on the
+    /// node: 3.6 ms after 1 s idle, 15 ms after 20 s). v1.25 replaced those histograms
+    /// (timing-ratio histograms, no catch-up), and in a cluster the level is never idle.
+    pub fn start_priority_level_neighbour(&self, every: Duration) -> Neighbour {
+        let sa = "neighbour";
         let a = self.post(
-            &format!("/api/v1/namespaces/{PLUGIN_SA_NAMESPACE}/serviceaccounts/{PLUGIN_SA}/token"),
+            &format!("/api/v1/namespaces/{PLUGIN_SA_NAMESPACE}/serviceaccounts"),
+            json!({"apiVersion":"v1","kind":"ServiceAccount",
+                "metadata":{"name":sa,"namespace":PLUGIN_SA_NAMESPACE}}),
+        );
+        assert!(a.status == 201 || a.status == 409, "SA {sa}: {a:?}");
+        let token = self.token_for(sa);
+        let tx = self
+            .admin
+            .tx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .expect("admin client running");
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("apf-neighbour".into())
+            .spawn(move || {
+                while !stopped.load(Ordering::SeqCst) {
+                    let (reply, rx) = std::sync::mpsc::channel();
+                    let job = Job {
+                        method: "GET".into(),
+                        path: "/version".into(),
+                        body: None,
+                        content_type: String::new(),
+                        token: token.clone(),
+                        reply,
+                    };
+                    if tx.send(job).is_err() {
+                        return;
+                    }
+                    // Its answer (or the admin client's timeout) before the next request.
+                    let _ = rx.recv();
+                    std::thread::sleep(every);
+                }
+            })
+            .expect("spawn the APF neighbour");
+        Neighbour {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn token_request(&self) -> String {
+        self.token_for(PLUGIN_SA)
+    }
+
+    /// A TokenRequest's token for ServiceAccount `sa` of [`PLUGIN_SA_NAMESPACE`].
+    fn token_for(&self, sa: &str) -> String {
+        let a = self.post(
+            &format!("/api/v1/namespaces/{PLUGIN_SA_NAMESPACE}/serviceaccounts/{sa}/token"),
             json!({"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest",
                 "spec":{"expirationSeconds": 7200}}),
         );
@@ -637,7 +701,9 @@ current-context: real
 
     // ----------------------------------------------------------------- the audit log
 
-    fn audit_path(&self) -> PathBuf {
+    /// The API server's audit log (Metadata level: each request's user, verb, URI, and when
+    /// it was received and answered).
+    pub fn audit_path(&self) -> PathBuf {
         self.dir.path().join("audit.log")
     }
 
@@ -985,6 +1051,22 @@ impl Tls {
             server_key_pem: key.serialize_pem(),
             sa_key_pem: sa.serialize_pem(),
             sa_pub_pem: sa.public_key_pem(),
+        }
+    }
+}
+
+/// The client [`RealK8s::start_priority_level_neighbour`] started; stops it (and waits for
+/// its last request) on drop.
+pub struct Neighbour {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Neighbour {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
     }
 }
