@@ -5,7 +5,8 @@
 # Environment: BENCH_POD_ROUNDS (8), BENCH_POD_WAVE (20), BENCH_POD_ALONE (3), BENCH_POD_OUT (report file),
 # BENCH_POD_PLUGIN_TIMES=1 (a profile: the network plugin's own ADD/DEL time, through a timing wrapper),
 # BENCH_POD_JSON (raw numbers), BENCH_POD_AUDIT (a copy of the API server's audit log),
-# BENCH_POD_NEIGHBOUR_MS (100; 0: none: a neighbour's request period on the plugin's APF level). Runs as root; needs ../shared/k8s (or CALICO_K8S_BUNDLE).
+# BENCH_POD_NEIGHBOUR_MS (100; 0: none: a neighbour's request period on the plugin's APF level),
+# BENCH_POD_NEIGHBOUR_AB=1 (every config also without the neighbour, as <config>-quiet). Runs as root; needs ../shared/k8s (or CALICO_K8S_BUNDLE).
 set -euo pipefail
 if [ $# -lt 1 ] || [ $# -gt 2 ]; then
   echo "usage: $0 path/to/calico [path/to/before-calico]" >&2

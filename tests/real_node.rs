@@ -26,6 +26,7 @@ use common::apt;
 use common::cni::report_skip;
 use common::installer::calico_node_account;
 use common::netns::{require_root, UPLINK_V4};
+use common::real_k8s::Neighbour;
 use common::real_node::{
     copy_atomically, install_bare_binaries, install_cni, plugin_binary, read_recorded_calls,
     record_calls, seconds_between, shared_k8s, time_network_plugins, utc_seconds_of_day,
@@ -742,9 +743,9 @@ const BENCH_KDD_BEFORE_POOL: &str = "10.68.0.0/16";
 /// Bound on a pod (or a wave of pods) becoming Ready, and on deleted pods' sandboxes
 /// being stopped.
 const BENCH_TIMEOUT: Duration = Duration::from_secs(180);
-/// How often, by default, a neighbour ServiceAccount's request keeps the plugin's API
-/// Priority and Fairness level busy (`RealK8s::start_priority_level_neighbour`): 10 a
-/// second, fewer than a cluster's kube-system ServiceAccounts send.
+/// How often, by default, a neighbour ServiceAccount's read and write keep the plugin's API
+/// Priority and Fairness level busy (`RealK8s::start_priority_level_neighbour`): 10 of each
+/// a second, fewer than a cluster's kube-system ServiceAccounts send.
 const BENCH_NEIGHBOUR_MS: usize = 100;
 /// How often the bench polls the API for Ready pods.
 const BENCH_POLL: Duration = Duration::from_millis(50);
@@ -773,6 +774,8 @@ struct BenchConfig {
     cidr: &'static str,
     /// The calico log every ADD of this config writes to (it names the sandbox id).
     plugin_log: Option<std::path::PathBuf>,
+    /// Measured without the neighbour on the plugin's APF level (`BENCH_POD_NEIGHBOUR_AB`).
+    quiet: bool,
 }
 
 impl BenchConfig {
@@ -1125,7 +1128,8 @@ fn first_line_of(program: &str, args: &[&str]) -> String {
 /// `BENCH_POD_OUT` (the report also to a file), `BENCH_POD_JSON` (raw numbers),
 /// `BENCH_POD_AUDIT` (a copy of the API server's audit log, to time the plugin's requests),
 /// `BENCH_POD_NEIGHBOUR_MS` (100; 0: none: the period of a neighbour's request on the
-/// plugin's API Priority and Fairness level, as in a cluster),
+/// plugin's API Priority and Fairness level, as in a cluster), `BENCH_POD_NEIGHBOUR_AB=1`
+/// (every config also measured without the neighbour, as `<config>-quiet`),
 /// `REAL_NODE_CALICO` (our binary; default the test build). `benches/pod_start.sh` runs it.
 #[test]
 #[ignore = "a benchmark (minutes): benches/pod_start.sh"]
@@ -1254,6 +1258,7 @@ fn bench_pod_start() {
             calico: Some(bin.to_path_buf()),
             cidr: pool,
             plugin_log: Some(scratch.join(name).join("cni.log")),
+            quiet: false,
         }
     };
     let mut configs = vec![
@@ -1267,6 +1272,7 @@ fn bench_pod_start() {
             calico: None,
             cidr: BENCH_PTP_SUBNET,
             plugin_log: None,
+            quiet: false,
         },
         calico_cfg("calico-etcd", &ours, true, BENCH_ETCD_POOL),
         calico_cfg("calico-kdd", &ours, false, BENCH_KDD_POOL),
@@ -1274,6 +1280,23 @@ fn bench_pod_start() {
     if let Some(b) = &before {
         configs.push(calico_cfg("before-etcd", b, true, BENCH_ETCD_BEFORE_POOL));
         configs.push(calico_cfg("before-kdd", b, false, BENCH_KDD_BEFORE_POOL));
+    }
+    let neighbour_ms = env_usize("BENCH_POD_NEIGHBOUR_MS", BENCH_NEIGHBOUR_MS);
+    // `BENCH_POD_NEIGHBOUR_AB=1`: every config again, measured with no neighbour (its row
+    // named `<config>-quiet`), interleaved with the rest: what the neighbour changes.
+    if neighbour_ms > 0 && env_usize("BENCH_POD_NEIGHBOUR_AB", 0) > 0 {
+        let quiet: Vec<BenchConfig> = configs
+            .iter()
+            .map(|c| BenchConfig {
+                name: Box::leak(format!("{}-quiet", c.name).into_boxed_str()),
+                conflist: c.conflist.clone(),
+                calico: c.calico.clone(),
+                cidr: c.cidr,
+                plugin_log: c.plugin_log.clone(),
+                quiet: true,
+            })
+            .collect();
+        configs.extend(quiet);
     }
     install_bare_binaries(&node.cni_bin(), &ours);
     let plugin_times = std::env::var_os("BENCH_POD_PLUGIN_TIMES")
@@ -1291,10 +1314,20 @@ fn bench_pod_start() {
     );
     node.start_runtime();
     let api = node.api();
-    // The plugin's APF priority level kept busy, as in a cluster (see the report's line).
-    let neighbour_ms = env_usize("BENCH_POD_NEIGHBOUR_MS", BENCH_NEIGHBOUR_MS);
-    let neighbour = (neighbour_ms > 0)
-        .then(|| api.start_priority_level_neighbour(Duration::from_millis(neighbour_ms as u64)));
+    // The plugin's APF priority level kept busy, as in a cluster (see the report's line),
+    // but while a quiet config is measured.
+    let neighbour: std::cell::RefCell<Option<Neighbour>> = Default::default();
+    let neighbour_for = |cfg: &BenchConfig| {
+        let mut n = neighbour.borrow_mut();
+        let want = neighbour_ms > 0 && !cfg.quiet;
+        if want && n.is_none() {
+            *n = Some(
+                api.start_priority_level_neighbour(Duration::from_millis(neighbour_ms as u64)),
+            );
+        } else if !want {
+            *n = None;
+        }
+    };
     say(&format!(
         "bench: node Ready {:?} after start; configs {:?}, {rounds} rounds, waves of {wave}",
         started.elapsed(),
@@ -1333,6 +1366,7 @@ fn bench_pod_start() {
     // pay for first use (image, binaries in the page cache, the datastores' first blocks).
     for cfg in &configs {
         switch_to(&node, cfg, &mut current_calico);
+        neighbour_for(cfg);
         let name = format!("{}-r0-solo", cfg.name);
         let took = batch_of(cfg, &name, std::slice::from_ref(&name));
         say(&format!("bench: warm-up {}: Ready in {took:?}", cfg.name));
@@ -1366,6 +1400,7 @@ fn bench_pod_start() {
         order.rotate_left((round - 1) % configs.len());
         for cfg in order {
             switch_to(&node, cfg, &mut current_calico);
+            neighbour_for(cfg);
             gc_waits += avoid_kubelet_gc(&node, need_solo);
             let mut took = Duration::ZERO;
             for k in 0..alone {
@@ -1502,7 +1537,7 @@ fn bench_pod_start() {
         .lines()
         .filter(|l| l.contains(": cali") || l.contains(": veth"))
         .count();
-    drop(neighbour);
+    neighbour.borrow_mut().take();
     let load_end = loadavg();
     let took = started.elapsed();
 
@@ -1542,7 +1577,7 @@ fn bench_pod_start() {
         w,
         "- {}",
         if neighbour_ms > 0 {
-            format!("the plugin's API Priority and Fairness level (workload-high) kept busy as in a cluster: another kube-system ServiceAccount sends GET /version every {neighbour_ms} ms (`BENCH_POD_NEIGHBOUR_MS`; 0: none). This v1.24 API server charges a level's first request after an idle spell with CPU for every idle millisecond (APF's sample-and-watermark histograms; v1.25 replaced them)")
+            format!("the plugin's API Priority and Fairness level (workload-high) kept busy as in a cluster: another kube-system ServiceAccount sends a read (GET /version) and a write RBAC refuses every {neighbour_ms} ms (`BENCH_POD_NEIGHBOUR_MS`; 0: none). This v1.24 API server charges the first request after an idle spell with CPU for every idle millisecond (APF's sample-and-watermark histograms; v1.25 replaced them){}", if configs.iter().any(|c| c.quiet) { "; rows named `-quiet` were measured without it (`BENCH_POD_NEIGHBOUR_AB=1`)" } else { "" })
         } else {
             "no neighbour on the plugin's API Priority and Fairness level (`BENCH_POD_NEIGHBOUR_MS=0`): each pod's first API round trip pays this v1.24 server's catch-up for the idle time since the previous pod".to_string()
         }
