@@ -764,6 +764,7 @@ const BENCH_QUIET: Duration = Duration::from_secs(3);
 const KUBELET_GC_PERIOD: f64 = 60.0;
 
 /// One CNI configuration of the bench.
+#[derive(Clone)]
 struct BenchConfig {
     /// Its row in the report and its pods' name prefix.
     name: &'static str,
@@ -1289,11 +1290,8 @@ fn bench_pod_start() {
             .iter()
             .map(|c| BenchConfig {
                 name: Box::leak(format!("{}-quiet", c.name).into_boxed_str()),
-                conflist: c.conflist.clone(),
-                calico: c.calico.clone(),
-                cidr: c.cidr,
-                plugin_log: c.plugin_log.clone(),
                 quiet: true,
+                ..c.clone()
             })
             .collect();
         configs.extend(quiet);

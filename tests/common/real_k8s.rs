@@ -425,8 +425,8 @@ rules:
     /// (`sampleAndWaterMarkHistograms`) catch up, on the first request after an idle spell,
     /// with three histogram observations per idle millisecond, under a lock. Where the plugin
     /// is its level's only client, each pod's first round trip pays CPU for the seconds since
-    /// the previous pod: a plugin GET took 4-9 ms on an idle server after 1-30 s of quiet,
-    /// 1.4-2.2 ms with this neighbour. v1.25 replaced those histograms (timing-ratio
+    /// the previous pod: a plugin GET took 4.4-9.5 ms on an idle server after 1-30 s of
+    /// quiet, 1.4-2.2 ms with this neighbour. v1.25 replaced those histograms (timing-ratio
     /// histograms, no catch-up), and in a cluster they are never idle.
     pub fn start_priority_level_neighbour(&self, every: Duration) -> Neighbour {
         let sa = "neighbour";
