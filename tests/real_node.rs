@@ -1313,7 +1313,7 @@ fn bench_pod_start() {
     node.start_runtime();
     let api = node.api();
     // The plugin's APF priority level kept busy, as in a cluster (see the report's line),
-    // but while a quiet config is measured.
+    // except while a quiet config is measured.
     let neighbour: std::cell::RefCell<Option<Neighbour>> = Default::default();
     let neighbour_for = |cfg: &BenchConfig| {
         let mut n = neighbour.borrow_mut();
