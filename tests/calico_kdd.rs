@@ -730,6 +730,103 @@ fn kdd_add_killed_between_the_block_and_its_handle() {
     w.assert_clean();
 }
 
+/// Two DELs on one node queued on the host's IPAM lock, each having read its pod's block
+/// before taking the lock (in its first round trip): the second takes the block as the
+/// first wrote it (`BlockCopies`, the newer revision) instead of its own read, which the
+/// first wrote past. No compare-and-swap fails and nothing is read again while the node's
+/// other calls wait (in a burst of pod deletions, a third of the DELs did both).
+#[test]
+fn kdd_dels_queued_on_the_ipam_lock_take_the_block_as_written() {
+    require_root();
+    let w = real_world!("kdd_dels_queued_on_the_ipam_lock_take_the_block_as_written");
+    let lock = w.scratch.path().join("queued.lock");
+    let conf = w.conf(json!({"calico_api_group": "crd.projectcalico.org/v1",
+        "ipam_lock_file": lock.display().to_string()}));
+    let pods = ["keep", "gone0", "gone1"];
+    let netns: Vec<_> = pods
+        .iter()
+        .map(|_| common::netns::Netns::new("pod"))
+        .collect();
+    let adds: Vec<Invocation> = pods
+        .iter()
+        .zip(&netns)
+        .enumerate()
+        .map(|(i, (pod, ns))| {
+            w.seed_pod("default", pod, json!({}));
+            Invocation::new("ADD", &format!("queued{i:06}"), ns.path()).k8s("default", pod)
+        })
+        .collect();
+    for add in &adds {
+        w.calico(add, &conf).assert_ok();
+    }
+    let blocks = w.crs("ipamblocks");
+    assert_eq!(blocks.len(), 1, "{blocks:?}");
+    let block = blocks[0]["metadata"]["name"].as_str().unwrap().to_string();
+    let block_uri = format!("/apis/crd.projectcalico.org/v1/ipamblocks/{block}");
+    let on_block = |q: &Audited, verb: &str| q.verb == verb && q.uri.starts_with(&block_uri);
+
+    // The lock held here while both DELs make their first round trip.
+    let file = std::fs::File::open(&lock).unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock(2) on a descriptor this test owns, open until the end of the test.
+    assert_eq!(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let mark = w.api.audit_mark();
+    let mut dels: Vec<_> = adds[1..]
+        .iter()
+        .map(|add| w.bin.spawn("calico", w.host.name(), &add.as_del(), &conf))
+        .collect();
+    let started = std::time::Instant::now();
+    loop {
+        let reads = w.api.plugin_requests_since(mark);
+        if reads.iter().filter(|q| on_block(q, "get")).count() == 2 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the DELs did not both read the block ahead:\n{}",
+            listing(&reads)
+        );
+        for del in &mut dels {
+            assert!(
+                del.try_wait().unwrap().is_none(),
+                "a DEL ended without the lock"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) }, 0);
+    for mut del in dels {
+        let status = loop {
+            if let Some(status) = del.try_wait().unwrap() {
+                break status;
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                let _ = del.kill();
+                let _ = del.wait();
+                panic!("a DEL did not end within 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert!(status.success(), "DEL failed: {status:?}");
+    }
+    let reqs = w.api.plugin_requests_since(mark);
+    let updates: Vec<u16> = reqs
+        .iter()
+        .filter(|q| on_block(q, "update"))
+        .map(|q| q.code)
+        .collect();
+    assert_eq!(updates, [200, 200], "{}", listing(&reqs));
+    assert_eq!(
+        reqs.iter().filter(|q| on_block(q, "get")).count(),
+        2,
+        "the block was read again:\n{}",
+        listing(&reqs)
+    );
+    w.calico(&adds[0].as_del(), &conf).assert_ok();
+    w.assert_clean();
+}
+
 /// `calico -t` in the host netns: (exit code, stdout, time).
 fn run_t(w: &RealKddWorld, conf: &str) -> (i32, String, Duration) {
     common::cni::run_flag(&w.bin.plugin("calico"), w.host.name(), "-t", conf)

@@ -1088,6 +1088,45 @@ mod journaled {
         assert_consistent(&ds);
     }
 
+    /// A block read before the lock was taken (DEL's first round trip) gives way to the copy
+    /// a holder wrote since, which has the higher revision; a read newer than the copy
+    /// (another writer's, without the journal) is kept, and so is a block not found.
+    #[tokio::test]
+    async fn a_read_made_before_the_lock_gives_way_to_a_newer_copy() {
+        let ds = store();
+        let (_dir, p) = lock_file("newer-copy");
+        let p = p.as_str();
+        assign_as_a_holder(&ds, p, "h1").await;
+        let cidr = IpamLock::acquire(p).await.block_hint()[0];
+        let ipam = Ipam::new(&ds, "node1");
+        let early = ipam.get_block(cidr).await.unwrap();
+        assign_as_a_holder(&ds, p, "h2").await;
+        let lock = IpamLock::acquire(p).await;
+        ipam.keep_journal(lock.journal());
+        let (block, rev) = ipam.newer_copy(cidr, early.clone()).unwrap();
+        assert!(block.holds_handle("h2"));
+        assert_eq!(
+            Some(rev),
+            ipam.get_block(cidr).await.unwrap().map(|(_, r)| r)
+        );
+        // Another writer, without the journal: the read is the newer.
+        Ipam::new(&ds, "node1")
+            .auto_assign(&args("h3", "node1", 1))
+            .await
+            .unwrap();
+        let (fresh, fresh_rev) = ipam.get_block(cidr).await.unwrap().unwrap();
+        let (kept, kept_rev) = ipam
+            .newer_copy(cidr, Some((fresh, fresh_rev.clone())))
+            .unwrap();
+        assert!(kept.holds_handle("h3"));
+        assert_eq!(kept_rev, fresh_rev);
+        assert!(ipam.newer_copy(cidr, None).is_none());
+        // Without the journal (not locked), the read as it was.
+        let unlocked = Ipam::new(&ds, "node1");
+        let (_, rev) = unlocked.newer_copy(cidr, early.clone()).unwrap();
+        assert_eq!(Some(rev), early.map(|(_, r)| r));
+    }
+
     /// A cache of this host's affinities that is behind its own last claim (empty, or
     /// without the hinted block affine to it) is not believed: the store is asked, and no
     /// second block is claimed. One that has the block is.

@@ -63,6 +63,46 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         }
     }
 
+    /// `read` (a block as read, or its absence), or the copy this host's lock holders last
+    /// wrote of it (`BlockCopies`) when that copy is the newer: its revision is the higher.
+    /// For a read made before the lock was taken, which the holders before this call may
+    /// have written past: the copy spares the compare-and-swap that would fail on the read,
+    /// and the read and retry after it, all while the host's other calls wait for the lock.
+    /// Revisions are compared as numbers (etcd's revisions, which the API server's
+    /// resourceVersions are); where one is not a number, or there is no copy, the read is
+    /// kept. A wrong choice costs what a stale copy costs anywhere: a failed
+    /// compare-and-swap, a read and a retry.
+    pub(super) fn newer_copy(
+        &self,
+        cidr: IpNet,
+        read: Option<(AllocationBlock, Revision)>,
+    ) -> Option<(AllocationBlock, Revision)> {
+        let Some(journal) = self.journal().filter(|_| self.ds.keeps_block_copies()) else {
+            return read;
+        };
+        let Some(copy) = journal.copies().get(cidr) else {
+            return read;
+        };
+        let Ok(copied) = copy.revision.parse::<u64>() else {
+            return read;
+        };
+        // A block not found stays not found: a copy outliving its block (deleted by another
+        // host or Calico's garbage collection) would fail the write instead of a retry.
+        let newer = read
+            .as_ref()
+            .is_some_and(|(_, rev)| rev.parse::<u64>().is_ok_and(|r| copied > r));
+        if !newer {
+            return read;
+        }
+        match serde_json::from_str::<AllocationBlock>(&copy.block) {
+            Ok(block) => {
+                debug!(%cidr, revision = %copy.revision, "the block as this host last wrote it, newer than its read");
+                Some((block, copy.revision))
+            }
+            Err(_) => read,
+        }
+    }
+
     /// Every block write bumps the sequence number first (invalidating concurrent writers'
     /// view), then compare-and-swaps on the revision.
     pub(super) async fn update_block(

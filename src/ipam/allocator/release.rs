@@ -116,8 +116,15 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         handle_id: &str,
         cidr: IpNet,
     ) -> Result<(usize, Option<AllocationBlock>), IpamError> {
-        for _ in 0..DATASTORE_RETRIES {
-            let Some((mut block, rev)) = self.get_block(cidr).await? else {
+        for attempt in 0..DATASTORE_RETRIES {
+            let read = self.get_block(cidr).await?;
+            // The first attempt's read may have been made before the host's lock was taken
+            // (DEL's prefetch): the copy a holder wrote since is the newer block.
+            let read = match attempt {
+                0 => self.newer_copy(cidr, read),
+                _ => read,
+            };
+            let Some((mut block, rev)) = read else {
                 return Ok((0, None));
             };
             let n = block.release_by_handle(handle_id);
