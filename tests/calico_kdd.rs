@@ -730,6 +730,117 @@ fn kdd_add_killed_between_the_block_and_its_handle() {
     w.assert_clean();
 }
 
+/// The host's IPAM lock file, held by the test (flock, as the plugin takes it) until dropped.
+struct HeldIpamLock {
+    _file: std::fs::File,
+}
+
+impl HeldIpamLock {
+    fn take(path: &std::path::Path) -> HeldIpamLock {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::File::open(path).unwrap();
+        // SAFETY: flock(2) on a descriptor this struct owns.
+        assert_eq!(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) }, 0);
+        HeldIpamLock { _file: file }
+    }
+}
+
+/// Calls queued on the host's IPAM lock: the lock held by the test while the `queued` calls
+/// run, until the plugin's requests in the audit log are `ready`, then released; each call
+/// must succeed. Returns the plugin's requests from the moment the lock was taken.
+fn queued_on_the_ipam_lock(
+    w: &RealKddWorld,
+    conf: &str,
+    lock: &std::path::Path,
+    queued: &[Invocation],
+    ready: impl Fn(&[Audited]) -> bool,
+) -> Vec<Audited> {
+    let held = HeldIpamLock::take(lock);
+    let mark = w.api.audit_mark();
+    let mut calls: Vec<_> = queued
+        .iter()
+        .map(|inv| w.bin.spawn("calico", w.host.name(), inv, conf))
+        .collect();
+    let started = std::time::Instant::now();
+    loop {
+        let reqs = w.api.plugin_requests_since(mark);
+        if ready(&reqs) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the queued calls did not make their requests ahead of the lock:\n{}",
+            listing(&reqs)
+        );
+        for call in &mut calls {
+            assert!(
+                call.try_wait().unwrap().is_none(),
+                "a call ended without the lock"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(held);
+    for mut call in calls {
+        let status = loop {
+            if let Some(status) = call.try_wait().unwrap() {
+                break status;
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                let _ = call.kill();
+                let _ = call.wait();
+                panic!("a queued call did not end within 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert!(status.success(), "a queued call failed: {status:?}");
+    }
+    w.api.plugin_requests_since(mark)
+}
+
+/// `n` pods seeded, each with its netns and ADD (not yet run); the conflist with the IPAM
+/// lock file at `lock`.
+fn lock_test_pods(
+    w: &RealKddWorld,
+    name: &str,
+    n: usize,
+) -> (
+    String,
+    std::path::PathBuf,
+    Vec<common::netns::Netns>,
+    Vec<Invocation>,
+) {
+    let lock = w.scratch.path().join(format!("{name}.lock"));
+    let conf = w.conf(json!({"calico_api_group": "crd.projectcalico.org/v1",
+        "ipam_lock_file": lock.display().to_string()}));
+    let netns: Vec<_> = (0..n).map(|_| common::netns::Netns::new("pod")).collect();
+    let adds = netns
+        .iter()
+        .enumerate()
+        .map(|(i, ns)| {
+            let pod = format!("{name}{i}");
+            w.seed_pod("default", &pod, json!({}));
+            Invocation::new("ADD", &format!("{name}{i:06}"), ns.path()).k8s("default", &pod)
+        })
+        .collect();
+    (conf, lock, netns, adds)
+}
+
+/// The URI of the only block there is.
+fn the_block(w: &RealKddWorld) -> String {
+    let blocks = w.crs("ipamblocks");
+    assert_eq!(blocks.len(), 1, "{blocks:?}");
+    let name = blocks[0]["metadata"]["name"].as_str().unwrap();
+    format!("/apis/crd.projectcalico.org/v1/ipamblocks/{name}")
+}
+
+/// How many of `reqs` are `verb` on `uri` (or below it).
+fn count(reqs: &[Audited], verb: &str, uri: &str) -> usize {
+    reqs.iter()
+        .filter(|q| q.verb == verb && q.uri.starts_with(uri))
+        .count()
+}
+
 /// Two DELs on one node queued on the host's IPAM lock, each having read its pod's block
 /// before taking the lock (in its first round trip): the second takes the block as the
 /// first wrote it (`BlockCopies`, the newer revision) instead of its own read, which the
@@ -739,91 +850,60 @@ fn kdd_add_killed_between_the_block_and_its_handle() {
 fn kdd_dels_queued_on_the_ipam_lock_take_the_block_as_written() {
     require_root();
     let w = real_world!("kdd_dels_queued_on_the_ipam_lock_take_the_block_as_written");
-    let lock = w.scratch.path().join("queued.lock");
-    let conf = w.conf(json!({"calico_api_group": "crd.projectcalico.org/v1",
-        "ipam_lock_file": lock.display().to_string()}));
-    let pods = ["keep", "gone0", "gone1"];
-    let netns: Vec<_> = pods
-        .iter()
-        .map(|_| common::netns::Netns::new("pod"))
-        .collect();
-    let adds: Vec<Invocation> = pods
-        .iter()
-        .zip(&netns)
-        .enumerate()
-        .map(|(i, (pod, ns))| {
-            w.seed_pod("default", pod, json!({}));
-            Invocation::new("ADD", &format!("queued{i:06}"), ns.path()).k8s("default", pod)
-        })
-        .collect();
+    let (conf, lock, _netns, adds) = lock_test_pods(&w, "queueddel", 3);
     for add in &adds {
         w.calico(add, &conf).assert_ok();
     }
-    let blocks = w.crs("ipamblocks");
-    assert_eq!(blocks.len(), 1, "{blocks:?}");
-    let block = blocks[0]["metadata"]["name"].as_str().unwrap().to_string();
-    let block_uri = format!("/apis/crd.projectcalico.org/v1/ipamblocks/{block}");
-    let on_block = |q: &Audited, verb: &str| q.verb == verb && q.uri.starts_with(&block_uri);
-
-    // The lock held here while both DELs make their first round trip.
-    let file = std::fs::File::open(&lock).unwrap();
-    use std::os::fd::AsRawFd;
-    // SAFETY: flock(2) on a descriptor this test owns, open until the end of the test.
-    assert_eq!(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) }, 0);
-    let mark = w.api.audit_mark();
-    let mut dels: Vec<_> = adds[1..]
-        .iter()
-        .map(|add| w.bin.spawn("calico", w.host.name(), &add.as_del(), &conf))
-        .collect();
-    let started = std::time::Instant::now();
-    loop {
-        let reads = w.api.plugin_requests_since(mark);
-        if reads.iter().filter(|q| on_block(q, "get")).count() == 2 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "the DELs did not both read the block ahead:\n{}",
-            listing(&reads)
-        );
-        for del in &mut dels {
-            assert!(
-                del.try_wait().unwrap().is_none(),
-                "a DEL ended without the lock"
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    // SAFETY: as above.
-    assert_eq!(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) }, 0);
-    for mut del in dels {
-        let status = loop {
-            if let Some(status) = del.try_wait().unwrap() {
-                break status;
-            }
-            if started.elapsed() > Duration::from_secs(30) {
-                let _ = del.kill();
-                let _ = del.wait();
-                panic!("a DEL did not end within 30 s");
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        assert!(status.success(), "DEL failed: {status:?}");
-    }
-    let reqs = w.api.plugin_requests_since(mark);
+    let block = the_block(&w);
+    let dels: Vec<Invocation> = adds[1..].iter().map(Invocation::as_del).collect();
+    let reqs = queued_on_the_ipam_lock(&w, &conf, &lock, &dels, |r| count(r, "get", &block) == 2);
     let updates: Vec<u16> = reqs
         .iter()
-        .filter(|q| on_block(q, "update"))
+        .filter(|q| q.verb == "update" && q.uri.starts_with(&block))
         .map(|q| q.code)
         .collect();
     assert_eq!(updates, [200, 200], "{}", listing(&reqs));
     assert_eq!(
-        reqs.iter().filter(|q| on_block(q, "get")).count(),
+        count(&reqs, "get", &block),
         2,
-        "the block was read again:\n{}",
+        "read again:\n{}",
         listing(&reqs)
     );
     w.calico(&adds[0].as_del(), &conf).assert_ok();
+    w.assert_clean();
+}
+
+/// Two ADDs on one node queued on the host's IPAM lock: on the Kubernetes datastore each
+/// makes all its reads before it has the lock (the lock is held for the writes only), and
+/// the second takes the block as the first wrote it: no block read, no failed
+/// compare-and-swap, two addresses.
+#[test]
+fn kdd_adds_queued_on_the_ipam_lock_read_before_it() {
+    require_root();
+    let w = real_world!("kdd_adds_queued_on_the_ipam_lock_read_before_it");
+    let (conf, lock, _netns, adds) = lock_test_pods(&w, "queuedadd", 3);
+    w.calico(&adds[0], &conf).assert_ok();
+    let block = the_block(&w);
+    let reservations = "/apis/crd.projectcalico.org/v1/ipreservations";
+    let pools = "/apis/crd.projectcalico.org/v1/ippools";
+    let reqs = queued_on_the_ipam_lock(&w, &conf, &lock, &adds[1..], |r| {
+        count(r, "list", reservations) == 2 && count(r, "list", pools) == 2
+    });
+    eprintln!("two ADDs queued on the lock:\n{}", listing(&reqs));
+    let updates: Vec<u16> = reqs
+        .iter()
+        .filter(|q| q.verb == "update" && q.uri.starts_with(&block))
+        .map(|q| q.code)
+        .collect();
+    assert_eq!(updates, [200, 200], "{}", listing(&reqs));
+    assert_eq!(count(&reqs, "get", &block), 0, "{}", listing(&reqs));
+    assert!(reqs.iter().all(accepted), "{}", listing(&reqs));
+    let stored = w.api.get(&block).unwrap();
+    let held = common::cluster::block_allocations(&stored["spec"]);
+    assert_eq!(held.len(), 3, "{held:?}");
+    for add in &adds {
+        w.calico(&add.as_del(), &conf).assert_ok();
+    }
     w.assert_clean();
 }
 

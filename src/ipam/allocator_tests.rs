@@ -1127,6 +1127,56 @@ mod journaled {
         assert_eq!(Some(rev), early.map(|(_, r)| r));
     }
 
+    /// AutoAssign's reads made before the lock, completed under it (`complete_view`, the
+    /// Kubernetes datastore's ADD): the hinted block is taken from the holders' copy, not
+    /// read, and a listing of this host's affinities made before another holder claimed a
+    /// block is asked again: the ADD assigns from that block and claims no other.
+    #[tokio::test]
+    async fn reads_made_before_the_lock_are_completed_under_it() {
+        let ds = store_with_pool("10.80.0.0/27", 29);
+        let (_dir, p) = lock_file("two-step");
+        let p = p.as_str();
+        assign_as_a_holder(&ds, p, "h0").await;
+        let ipam = Ipam::new(&ds, "node1");
+        // Read while other holders fill the block and claim the next one.
+        let early = ipam.read_view_unlocked().await;
+        let mut ips = Vec::new();
+        for i in 1..=8 {
+            ips.push(assign_as_a_holder(&ds, p, &format!("h{i}")).await);
+        }
+        let affine = |ds: &MemoryDatastore| {
+            ds.dump()
+                .into_iter()
+                .filter(|kv| matches!(kv.key, Key::BlockAffinity { .. }))
+                .count()
+        };
+        assert_eq!(affine(&ds), 2);
+        let lock = IpamLock::acquire(p).await;
+        ipam.keep_journal(lock.journal());
+        let block_reads = ds.reads_of(KeyClass::Block);
+        let lists = ds.affinity_lists();
+        let reads = ipam
+            .complete_view(early, lock.block_hint(), &lock.hinted_copies())
+            .await;
+        assert_eq!(
+            ds.reads_of(KeyClass::Block),
+            block_reads,
+            "the hinted block was read"
+        );
+        assert_eq!(ds.affinity_lists(), lists + 1, "the listing was believed");
+        let (v4, _) = ipam
+            .auto_assign_from(&args("h9", "node1", 1), reads)
+            .await
+            .unwrap();
+        ips.push(v4.ips[0]);
+        assert_eq!(affine(&ds), 2, "another block was claimed");
+        assert_eq!(
+            ips.iter().collect::<std::collections::BTreeSet<_>>().len(),
+            9
+        );
+        assert_consistent(&ds);
+    }
+
     /// A cache of this host's affinities that is behind its own last claim (empty, or
     /// without the hinted block affine to it) is not believed: the store is asked, and no
     /// second block is claimed. One that has the block is.

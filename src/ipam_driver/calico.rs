@@ -183,7 +183,8 @@ pub struct Prepared {
     pub pod_vmi: Option<Option<PodVmi>>,
     /// The namespace's labels (for pools' `namespaceSelector`).
     pub namespace_labels: BTreeMap<String, String>,
-    /// AutoAssign's up-front reads, already made, under `lock`.
+    /// AutoAssign's up-front reads, already made: under `lock`, or completed under it
+    /// (`Ipam::complete_view`).
     pub reads: Option<ViewReads>,
     /// The host's IPAM lock, already held.
     pub lock: Option<IpamLock>,

@@ -32,6 +32,7 @@ use crate::datastore::backend::Backend;
 use crate::datastore::kubernetes::core_objects;
 use crate::datastore::model::{Profile, WorkloadEndpoint};
 use crate::datastore::validate;
+use crate::datastore::Datastore;
 use crate::error::{Context, Error, Result};
 use crate::ipam::allocator::{Ipam, ViewReads};
 use crate::ipam::lock::IpamLock;
@@ -78,9 +79,9 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     let plan = &call.plan;
     let (want_profile, policy_k8s) = (plan.want_profile, plan.policy_k8s);
     let endpoint_from_pod = plan.endpoint_from_pod;
-    // With calico-ipam in-process, the host's IPAM lock is taken now and AutoAssign's reads
-    // join this round trip (they are the same reads, under the same lock, as after the
-    // gate). Not with readiness gates, which may wait: the lock would be held meanwhile.
+    // With calico-ipam in-process, AutoAssign's reads join this round trip and the host's
+    // IPAM lock is taken now (they are the same reads, as after the gate, and the lock is
+    // the same). Not with readiness gates, which may wait: the lock would be held meanwhile.
     let early_ipam = plan.k8s && conf.readiness_gates.is_empty() && plan.ipam_in_process;
     let (ready, existing, profile_exists, pod, early) = tokio::join!(
         check_datastore_ready(&call.ds),
@@ -122,8 +123,28 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
             if let Some(client) = call.ds.kube_client().filter(|_| call.ds.is_kubernetes()) {
                 client.open().await;
             }
+            let ipam = Ipam::new(&call.ds, &call.ids.node);
+            // Where the holders keep the blocks they write (the Kubernetes datastore), the
+            // lock is taken only once the reads are answered, and held for the writes: the
+            // node's other ADDs and DELs wait for it, and these reads are the slower half of
+            // what it guards when many pods start at once. The hinted blocks are then taken
+            // from the copies, under the lock (no request), and a listing of this host's
+            // affinities that does not cover them is asked again (`Ipam::complete_view`).
+            // On etcd, whose reads are fast and whose holders keep no copies, the reads are
+            // made under the lock, where they cannot be behind another holder's writes.
+            if call.ds.keeps_block_copies() {
+                let reads = ipam.read_view_unlocked().await;
+                let lock = IpamLock::acquire(conf.ipam_lock_file()).await;
+                let reads = ipam
+                    .complete_view(reads, lock.block_hint(), &lock.hinted_copies())
+                    .await;
+                return EarlyIpam {
+                    lock: Some(lock),
+                    reads: Some(reads),
+                };
+            }
             let lock = IpamLock::acquire(conf.ipam_lock_file()).await;
-            let reads = Ipam::new(&call.ds, &call.ids.node)
+            let reads = ipam
                 .read_view(lock.block_hint(), &lock.hinted_copies())
                 .await;
             EarlyIpam {

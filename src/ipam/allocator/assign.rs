@@ -85,14 +85,77 @@ impl<'a, D: Datastore> Ipam<'a, D> {
     /// host's own last claim: no affinity listed, or a hinted block affine to this host
     /// missing from the listing.
     pub async fn read_view(&self, hint: &[IpNet], copies: &[BlockCopy]) -> ViewReads {
-        let all_affinities = ListKind::Affinities {
-            host: self.host.clone(),
-            affinity_type: "host".into(),
-            version: None,
-        };
+        let ((reads, cached), hinted) =
+            tokio::join!(self.unhinted_reads(), self.read_hinted(hint, copies));
+        self.with_hinted(reads, hinted, cached).await
+    }
+
+    /// `read_view` in two steps, for a caller that makes the reads before it takes the
+    /// host's IPAM lock, so that the lock is held for the writes only while the host's other
+    /// calls wait: every read but the hinted blocks' (`read_view_unlocked`), then, under the
+    /// lock, the hinted blocks from `copies` (`complete_view`). A listing of this host's
+    /// affinities made before the lock may be behind a claim the holders made since: it is
+    /// asked of the store again when it does not cover the hinted blocks, however it was
+    /// made.
+    pub async fn read_view_unlocked(&self) -> ViewReads {
+        self.unhinted_reads().await.0
+    }
+
+    /// `read_view_unlocked`'s reads, completed under the lock (see there).
+    pub async fn complete_view(
+        &self,
+        reads: ViewReads,
+        hint: &[IpNet],
+        copies: &[BlockCopy],
+    ) -> ViewReads {
+        let hinted = self.read_hinted(hint, copies).await;
+        self.with_hinted(reads, hinted, true).await
+    }
+
+    /// All of `read_view` but the hinted blocks, and whether the affinities were listed from
+    /// the backend's cache.
+    async fn unhinted_reads(&self) -> (ViewReads, bool) {
         // A backend whose nodes always exist (Kubernetes: the kubelet's Node) reads the Node
         // only when a pool's node selector needs its labels.
         let node_up_front = !self.ds.nodes_always_exist();
+        let all_affinities = self.host_affinities();
+        let affinities = async {
+            match self.ds.list_cached(&all_affinities).await {
+                Some(listed) => (listed, true),
+                None => (self.ds.list(&all_affinities).await, false),
+            }
+        };
+        let (config, reserved, labels, pools, (affs, cached)) = tokio::join!(
+            self.stored_config(),
+            self.reservations(),
+            async {
+                if node_up_front {
+                    self.node_labels().await.map(Some)
+                } else {
+                    Ok(None)
+                }
+            },
+            self.pools(),
+            affinities,
+        );
+        let reads = ViewReads {
+            config,
+            reserved,
+            labels,
+            pools,
+            affs,
+            hinted: Vec::new(),
+        };
+        (reads, cached)
+    }
+
+    /// The hinted blocks that exist: those in `copies` as this host last wrote them (where
+    /// the backend keeps copies), the others read.
+    async fn read_hinted(
+        &self,
+        hint: &[IpNet],
+        copies: &[BlockCopy],
+    ) -> Vec<(IpNet, (AllocationBlock, Revision))> {
         let copies = if self.ds.keeps_block_copies() {
             copies
         } else {
@@ -112,42 +175,38 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                 }
             }
         }));
-        let affinities = async {
-            match self.ds.list_cached(&all_affinities).await {
-                Some(listed) => (listed, true),
-                None => (self.ds.list(&all_affinities).await, false),
-            }
-        };
-        let (config, reserved, labels, pools, (affs, cached), hinted) = tokio::join!(
-            self.stored_config(),
-            self.reservations(),
-            async {
-                if node_up_front {
-                    self.node_labels().await.map(Some)
-                } else {
-                    Ok(None)
-                }
-            },
-            self.pools(),
-            affinities,
-            hinted
-        );
-        let hinted: Vec<(IpNet, (AllocationBlock, Revision))> =
-            hinted.into_iter().flatten().collect();
-        let affs = match affs {
-            Ok(listed) if !cached || self.listing_covers(&listed, &hinted) => Ok(listed),
+        hinted.await.into_iter().flatten().collect()
+    }
+
+    /// `reads` with the hinted blocks; their affinities asked of the store again when the
+    /// listing may be behind (`doubtful`: from a cache, or made before the lock) and does
+    /// not cover the hinted blocks.
+    async fn with_hinted(
+        &self,
+        reads: ViewReads,
+        hinted: Vec<(IpNet, (AllocationBlock, Revision))>,
+        doubtful: bool,
+    ) -> ViewReads {
+        let affs = match reads.affs {
+            Ok(listed) if !doubtful || self.listing_covers(&listed, &hinted) => Ok(listed),
             _ => {
-                debug!("this host's affinities asked of the store: the cache may be behind");
-                self.ds.list(&all_affinities).await
+                debug!("this host's affinities asked of the store: the listing may be behind");
+                self.ds.list(&self.host_affinities()).await
             }
         };
         ViewReads {
-            config,
-            reserved,
-            labels,
-            pools,
             affs,
             hinted,
+            ..reads
+        }
+    }
+
+    /// Every affinity of this host.
+    fn host_affinities(&self) -> ListKind {
+        ListKind::Affinities {
+            host: self.host.clone(),
+            affinity_type: "host".into(),
+            version: None,
         }
     }
 
