@@ -1061,6 +1061,12 @@ struct BenchSamples {
     run_wave_ms: Vec<f64>,
     /// First StopPodSandbox of every measured pod's sandbox, ms.
     stop_ms: Vec<f64>,
+    /// Of those, the pods alone's. A wave's stops queue behind each other on the node, so
+    /// each one's duration is mostly its place in that queue (70–900 ms in a wave of 20):
+    /// the pods alone's are the measure of a stop, the waves' that of a burst.
+    stop_alone_ms: Vec<f64>,
+    /// The waves' pods'.
+    stop_wave_ms: Vec<f64>,
     /// The pod alone: POST to Ready seen in the API, ms.
     solo_ready_ms: Vec<f64>,
     /// A wave: first POST to all Ready seen in the API, ms.
@@ -1454,9 +1460,14 @@ fn bench_pod_start() {
         }
     }
     for (name, d) in log.first_stops() {
-        if let Some((cfg, round, _)) = bench_pod_parts(&name) {
+        if let Some((cfg, round, kind)) = bench_pod_parts(&name) {
             if let Some(s) = samples.get_mut(cfg).filter(|_| round >= 1) {
                 s.stop_ms.push(ms(d));
+                if kind.starts_with("solo") {
+                    s.stop_alone_ms.push(ms(d));
+                } else {
+                    s.stop_wave_ms.push(ms(d));
+                }
             }
         }
     }
@@ -1603,24 +1614,28 @@ fn bench_pod_start() {
     );
     let _ = writeln!(
         w,
-        "| config | RunPodSandbox alone, median (ms) | alone, p90 (ms) | RunPodSandbox in a wave of {wave}, median (ms) | StopPodSandbox, median (ms) | {wave} pods all Ready, median (s) | ×ptp RunPodSandbox alone | ×ptp StopPodSandbox | ×ptp {wave} all Ready |"
+        "| config | RunPodSandbox alone, median (ms) | alone, p90 (ms) | RunPodSandbox in a wave of {wave}, median (ms) | StopPodSandbox, median (ms) | alone | in a wave | {wave} pods all Ready, median (s) | ×ptp RunPodSandbox alone | ×ptp StopPodSandbox | alone | in a wave | ×ptp {wave} all Ready |"
     );
-    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let median_of = |v: &[f64]| percentile(v, 50.0);
     let base = &samples["ptp"];
     for cfg in &configs {
         let s = &samples[cfg.name];
         let _ = writeln!(
             w,
-            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
             cfg.name,
             median_of(&s.run_alone_ms),
             percentile(&s.run_alone_ms, 90.0),
             median_of(&s.run_wave_ms),
             median_of(&s.stop_ms),
+            median_of(&s.stop_alone_ms),
+            median_of(&s.stop_wave_ms),
             median_of(&s.wave_ready_ms) / 1000.0,
             median_of(&s.run_alone_ms) / median_of(&base.run_alone_ms),
             median_of(&s.stop_ms) / median_of(&base.stop_ms),
+            median_of(&s.stop_alone_ms) / median_of(&base.stop_alone_ms),
+            median_of(&s.stop_wave_ms) / median_of(&base.stop_wave_ms),
             median_of(&s.wave_ready_ms) / median_of(&base.wave_ready_ms),
         );
     }
