@@ -27,10 +27,10 @@
 //!
 //! Beside it, on the Kubernetes datastore, the holders keep the blocks they wrote, as written
 //! (`block_copies`): the next holder takes the hinted blocks from there instead of reading
-//! them while others wait, and where a call read a block before it took the lock (an ADD's
-//! or a DEL's first round trip), the copy replaces that read when it is the newer. An ADD
-//! there makes all its other reads before taking the lock, which it then holds for its
-//! writes only (`Ipam::complete_view`). Like the journal, these are small local files written in place
+//! them while others wait, and where a call read a block before it took the lock (a DEL's
+//! first round trip), the copy replaces that read when it is the newer. An ADD there makes
+//! all its other reads before taking the lock, which it then holds for its writes only
+//! (`Ipam::complete_view`). Like the journal, these are small local files written in place
 //! (tmpfs on a node), not I/O worth a thread.
 
 use std::fs::{DirBuilder, File, OpenOptions};

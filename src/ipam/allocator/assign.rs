@@ -93,7 +93,8 @@ impl<'a, D: Datastore> Ipam<'a, D> {
     /// `read_view` in two steps, for a caller that makes the reads before it takes the
     /// host's IPAM lock, so that the lock is held for the writes only while the host's other
     /// calls wait: every read but the hinted blocks' (`read_view_unlocked`), then, under the
-    /// lock, the hinted blocks from `copies` (`complete_view`). A listing of this host's
+    /// lock, the hinted blocks from `copies` (`complete_view`; one without a copy is read
+    /// there, a round trip more). A listing of this host's
     /// affinities made before the lock may be behind a claim the holders made since: it is
     /// asked of the store again when it does not cover the hinted blocks, however it was
     /// made.
