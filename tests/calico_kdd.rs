@@ -841,6 +841,16 @@ fn count(reqs: &[Audited], verb: &str, uri: &str) -> usize {
         .count()
 }
 
+/// The block was updated exactly twice among `reqs`, and neither update was refused.
+fn assert_two_block_updates_landed(reqs: &[Audited], block: &str) {
+    let updates: Vec<u16> = reqs
+        .iter()
+        .filter(|q| q.verb == "update" && q.uri.starts_with(block))
+        .map(|q| q.code)
+        .collect();
+    assert_eq!(updates, [200, 200], "{}", listing(reqs));
+}
+
 /// Two DELs on one node queued on the host's IPAM lock, each having read its pod's block
 /// before taking the lock (in its first round trip): the second takes the block as the
 /// first wrote it (`BlockCopies`, the newer revision) instead of its own read, which the
@@ -857,12 +867,7 @@ fn kdd_dels_queued_on_the_ipam_lock_take_the_block_as_written() {
     let block = the_block(&w);
     let dels: Vec<Invocation> = adds[1..].iter().map(Invocation::as_del).collect();
     let reqs = queued_on_the_ipam_lock(&w, &conf, &lock, &dels, |r| count(r, "get", &block) == 2);
-    let updates: Vec<u16> = reqs
-        .iter()
-        .filter(|q| q.verb == "update" && q.uri.starts_with(&block))
-        .map(|q| q.code)
-        .collect();
-    assert_eq!(updates, [200, 200], "{}", listing(&reqs));
+    assert_two_block_updates_landed(&reqs, &block);
     assert_eq!(
         count(&reqs, "get", &block),
         2,
@@ -890,12 +895,7 @@ fn kdd_adds_queued_on_the_ipam_lock_read_before_it() {
         count(r, "list", reservations) == 2 && count(r, "list", pools) == 2
     });
     eprintln!("two ADDs queued on the lock:\n{}", listing(&reqs));
-    let updates: Vec<u16> = reqs
-        .iter()
-        .filter(|q| q.verb == "update" && q.uri.starts_with(&block))
-        .map(|q| q.code)
-        .collect();
-    assert_eq!(updates, [200, 200], "{}", listing(&reqs));
+    assert_two_block_updates_landed(&reqs, &block);
     assert_eq!(count(&reqs, "get", &block), 0, "{}", listing(&reqs));
     assert!(reqs.iter().all(accepted), "{}", listing(&reqs));
     let stored = w.api.get(&block).unwrap();
