@@ -3,7 +3,8 @@
 # StopPodSandbox from containerd's log, ours against ptp+host-local, one pod alone and 20 at
 # once; needs ../shared/k8s; BENCH_POD=0 leaves it out), then bench.py (ADD/DEL vs
 # ptp+host-local interleaved on etcd with and without policy k8s and on the Kubernetes
-# datastore, N concurrent ADDs, datastore requests per call, VERSION start-up, peak RSS) and
+# datastore, N concurrent ADDs, datastore requests per call, VERSION start-up, peak RSS),
+# api_cost.py (the API server's CPU per request of a Kubernetes-datastore ADD) and
 # ipam_bench.py (allocations/s, empty vs 90 %-full pool).
 # Usage: benches/bench.sh path/to/calico [runs]
 set -euo pipefail
@@ -20,4 +21,8 @@ else
   echo "bench: no ../shared/k8s/kube-apiserver.gz: the rows with an API server are left out" >&2
 fi
 python3 "$(dirname "$0")/bench.py" "$@"
+# What each API request of a Kubernetes-datastore ADD costs the API server (CPU, per request).
+if [ -n "${BENCH_KUBE_API_BIN:-}" ]; then
+  python3 "$(dirname "$0")/api_cost.py" "$1"
+fi
 python3 "$(dirname "$0")/ipam_bench.py" "$1"
