@@ -318,6 +318,26 @@ impl Dataplane for Linux {
             .handles
             .await
             .map_err(|e| internal(format!("opening the netlink handles: {e}")))??;
+        VethPair::build(ns, req).await
+    }
+}
+
+/// A veth pair built before the pod's addresses were known, with the call's handles on
+/// both sides.
+pub struct VethPair {
+    req: VethRequest,
+    ns: Netns,
+    /// What this call made. `None` when a link with the host-side name already existed:
+    /// deleting it (upstream's "old hostVeth") waits until the addresses are there, so an ADD
+    /// that fails in IPAM leaves it alone; `finish` builds the pair then. Also `None` once a
+    /// failure has removed the pair.
+    made: Option<veth::Made>,
+}
+
+impl VethPair {
+    /// The pair for `req` with the call's handles; none yet when a link with its host-side
+    /// name exists (see `made`).
+    async fn build(ns: Netns, req: VethRequest) -> Result<VethPair> {
         tracing::info!("Setting the host side veth name to {}", req.host_veth);
         if veth::host_link_exists(&ns.host, &req.host_veth).await {
             tracing::info!(
@@ -338,18 +358,48 @@ impl Dataplane for Linux {
             made: Some(made),
         })
     }
-}
 
-/// A veth pair built before the pod's addresses were known, with the call's handles on
-/// both sides.
-pub struct VethPair {
-    req: VethRequest,
-    ns: Netns,
-    /// What this call made. `None` when a link with the host-side name already existed:
-    /// deleting it (upstream's "old hostVeth") waits until the addresses are there, so an ADD
-    /// that fails in IPAM leaves it alone; `finish` builds the pair then. Also `None` once a
-    /// failure has removed the pair.
-    made: Option<veth::Made>,
+    /// Takes over a pair built before the pod was read (`prepare` with what the
+    /// configuration tells) for `req`, the request as the pod made it. Only two things can
+    /// differ: the pod's `hwAddr` MAC, applied now (or by `link_up`, if it has not run), and
+    /// the families, which `finish` reconciles with the addresses' as it does when IPAM
+    /// answers with unexpected ones. A request differing in anything else (names, MTU,
+    /// queues) has the pair built again. A failure removes what this call made.
+    pub async fn adopt(mut self, req: VethRequest) -> Result<VethPair> {
+        let same_link = (
+            &req.netns_path,
+            &req.ifname,
+            &req.host_veth,
+            req.mtu,
+            req.num_queues,
+        ) == (
+            &self.req.netns_path,
+            &self.req.ifname,
+            &self.req.host_veth,
+            self.req.mtu,
+            self.req.num_queues,
+        );
+        if !same_link {
+            let ns = self.ns;
+            if let Some(made) = self.made {
+                let cx = veth::Ctx {
+                    req: &self.req,
+                    ns: &ns,
+                };
+                veth::remove_pair(&cx, made.cont_idx).await?;
+            }
+            return VethPair::build(ns, req).await;
+        }
+        self.req = req;
+        if let Some(made) = self.made.as_mut() {
+            let cx = veth::Ctx {
+                req: &self.req,
+                ns: &self.ns,
+            };
+            veth::apply_annotated_mac(&cx, made).await?;
+        }
+        Ok(self)
+    }
 }
 
 impl PodInterface for VethPair {

@@ -260,19 +260,7 @@ async fn link_up(cx: &Ctx<'_>, made: &Made, families: Families) -> Result<Linked
 
     // 8. Container MAC: the annotated one, else the kernel's.
     let container_mac = match cx.req.container_mac {
-        Some(mac) => {
-            nl::set_mac(pod, made.cont_idx, &mac).await.map_err(|e| {
-                DataplaneError::ContainerMac {
-                    mac: format_mac(&mac),
-                    reason: nl_text(&e),
-                }
-            })?;
-            tracing::info!(
-                "successfully configured container veth MAC to {} as requested via cni.projectcalico.org/hwAddr",
-                format_mac(&mac)
-            );
-            format_mac(&mac)
-        }
+        Some(mac) => set_annotated_mac(cx, made.cont_idx, &mac).await?,
         None => format_mac(&link_mac(&cont_link).unwrap_or_default()),
     };
 
@@ -286,6 +274,35 @@ async fn link_up(cx: &Ctx<'_>, made: &Made, families: Families) -> Result<Linked
         container_mac,
         host_ll,
     })
+}
+
+/// Step 8 with the `cni.projectcalico.org/hwAddr` annotation: its MAC on the container end.
+async fn set_annotated_mac(cx: &Ctx<'_>, cont_idx: u32, mac: &[u8; 6]) -> Result<String> {
+    nl::set_mac(&cx.ns.pod, cont_idx, mac)
+        .await
+        .map_err(|e| DataplaneError::ContainerMac {
+            mac: format_mac(mac),
+            reason: nl_text(&e),
+        })?;
+    tracing::info!(
+        "successfully configured container veth MAC to {} as requested via cni.projectcalico.org/hwAddr",
+        format_mac(mac)
+    );
+    Ok(format_mac(mac))
+}
+
+/// Step 8 for a pair whose `link_up` ran before the request had its annotated MAC (built
+/// before the pod was read): the MAC is set now, on the live link, as `link_up` sets it
+/// after link up too. Nothing to do without one, or before `link_up` (which sets it). A
+/// failure removes the pair.
+pub(super) async fn apply_annotated_mac(cx: &Ctx<'_>, made: &mut Made) -> Result<()> {
+    let cont_idx = made.cont_idx;
+    let (Some(mac), Some(linked)) = (cx.req.container_mac, made.linked.as_mut()) else {
+        return Ok(());
+    };
+    let set = set_annotated_mac(cx, cont_idx, &mac).await;
+    linked.container_mac = undo_on_error(cx, cont_idx, set).await?;
+    Ok(())
 }
 
 /// Steps 9, 10b and 11–13: routes and addresses in the pod, forwarding, host routes.

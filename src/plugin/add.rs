@@ -10,10 +10,11 @@
 //! pre-existing interface, never an address another ADD of the same sandbox holds under the
 //! same handle.
 //!
-//! The veth pair is built while IPAM allocates (`alongside`): it is started only once
-//! everything before IPAM has passed, and the addresses, routes and endpoint follow once
-//! both are done. A failure of either undoes the other's work (IPAM failed: the pair is
-//! removed; the pair failed: the addresses are given back).
+//! The veth pair is built while IPAM allocates (`alongside`), or, for a Kubernetes pod,
+//! already while the first reads are answered (`early_pair`; an ADD refused before IPAM
+//! removes it). The addresses, routes and endpoint follow once both are done. A failure of
+//! either undoes the other's work (IPAM failed: the pair is removed; the pair failed: the
+//! addresses are given back).
 //!
 //! The undo runs within the call's grace (`deadline::cleanup_bound`): after a failure at the
 //! deadline it may go on for `deadline::GRACE` more, so an ADD returns within its budget plus
@@ -40,6 +41,7 @@ use crate::ipam_driver::exec::{host_local_add_stdin, uses_pod_cidr};
 use crate::ipam_driver::{calico, IpamDriver, IpamKind, Prepared};
 use crate::net::IpNet;
 use crate::plugin::add_tail::{alongside, network_and_write, undo, Extras, Tail};
+use crate::plugin::early_pair::PairSlot;
 use crate::plugin::endpoint;
 use crate::plugin::endpoint_status;
 use crate::plugin::k8s_pod::{self, AddressSource, PodInfo};
@@ -83,7 +85,24 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     // IPAM lock is taken now (they are the same reads, as after the gate, and the lock is
     // the same). Not with readiness gates, which may wait: the lock would be held meanwhile.
     let early_ipam = plan.k8s && conf.readiness_gates.is_empty() && plan.ipam_in_process;
-    let (ready, existing, profile_exists, pod, early) = tokio::join!(
+    // A Kubernetes pod's veth pair is built with these reads (`early_pair`): not where a
+    // readiness gate may wait (the pair would stand meanwhile), nor for a dataplane
+    // configuration that is refused below.
+    let mut pair = PairSlot::new(dataplane);
+    let early_veth = (plan.k8s
+        && conf.readiness_gates.is_empty()
+        && conf.check_dataplane().is_ok())
+    .then(|| {
+        veth_request(
+            args,
+            &call,
+            &call.ids.host_veth_name(),
+            mtu,
+            None,
+            plan.families,
+        )
+    });
+    let (ready, existing, profile_exists, pod, early, ()) = tokio::join!(
         check_datastore_ready(&call.ds),
         async {
             if endpoint_from_pod {
@@ -151,8 +170,49 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
                 lock: Some(lock),
                 reads: Some(reads),
             }
+        },
+        async {
+            if let Some(req) = early_veth {
+                pair.build_now(req).await;
+            }
         }
     );
+    let outcome = after_reads(
+        args,
+        &call,
+        mtu,
+        (ready, existing, profile_exists, pod, early),
+        &mut pair,
+    )
+    .await;
+    if outcome.is_err() {
+        pair.discard().await;
+    }
+    outcome
+}
+
+/// What the first round trip answered, in `cmd_add`'s join order.
+type FirstReads = (
+    Result<()>,
+    Result<Option<WorkloadEndpoint>>,
+    Result<bool>,
+    Result<Option<PodInfo>>,
+    EarlyIpam,
+);
+
+/// ADD once its first reads are answered: the checks, then IPAM with the veth pair, the
+/// addresses and routes, and the endpoint. A failure leaves the pair in `pair` if it was
+/// built with the reads and not yet taken: `cmd_add` removes it.
+async fn after_reads(
+    args: &CmdArgs,
+    call: &Call,
+    mtu: u32,
+    (ready, existing, profile_exists, pod, early): FirstReads,
+    pair: &mut PairSlot,
+) -> Result<CniResult> {
+    let conf = &call.conf;
+    let plan = &call.plan;
+    let (want_profile, endpoint_from_pod) = (plan.want_profile, plan.endpoint_from_pod);
     ready?;
     readiness::wait_for_gates(&conf.readiness_gates).await?;
     let pod: Option<PodInfo> = pod?;
@@ -173,9 +233,9 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     };
 
     let mut result = if plan.k8s {
-        add_k8s(args, &call, existing, profile, mtu, pod, early, dataplane).await?
+        add_k8s(args, call, existing, profile, mtu, pod, early, pair).await?
     } else {
-        add_cni(args, &call, existing, profile, mtu, dataplane).await?
+        add_cni(args, call, existing, profile, mtu, pair).await?
     };
     // Calico IPAM sets no gateway; host-local's is meaningless for a /32 interface.
     for ip in &mut result.ips {
@@ -227,7 +287,7 @@ async fn add_cni(
     existing: Option<WorkloadEndpoint>,
     profile: Option<Profile>,
     mtu: u32,
-    dataplane: Selected,
+    pair: &mut PairSlot,
 ) -> Result<CniResult> {
     let conf = &call.conf;
     if conf.feature_control.ip_addrs_no_ipam {
@@ -261,7 +321,14 @@ async fn add_cni(
     wep.spec.interface_name = ids.host_veth_name();
     validate_and_ensure_profile(call, &wep, profile).await?;
 
-    let veth = veth_request(args, call, &wep, mtu, None, call.plan.families);
+    let veth = veth_request(
+        args,
+        call,
+        &wep.spec.interface_name,
+        mtu,
+        None,
+        call.plan.families,
+    );
     let ipam = ipam_add(
         call,
         args,
@@ -270,7 +337,7 @@ async fn add_cni(
     );
     let driver = call.ipam();
     let tail = tail(call, &driver);
-    let (result, link) = alongside(&tail, args, dataplane, veth, ipam).await?;
+    let (result, link) = alongside(&tail, args, pair.take()?, veth, ipam).await?;
     let routes = default_routes();
     network_and_write(
         &tail,
@@ -294,7 +361,7 @@ async fn add_k8s(
     mtu: u32,
     pod: Option<PodInfo>,
     early: EarlyIpam,
-    dataplane: Selected,
+    pair: &mut PairSlot,
 ) -> Result<CniResult> {
     let conf = &call.conf;
     let ids = &call.ids;
@@ -331,14 +398,15 @@ async fn add_k8s(
     let args = &args;
     validate_and_ensure_profile(call, &wep, profile).await?;
 
-    let veth = |families| veth_request(args, call, &wep, mtu, extras.container_mac, families);
+    let host_veth = &wep.spec.interface_name;
+    let veth = |families| veth_request(args, call, host_veth, mtu, extras.container_mac, families);
     let driver = call.ipam();
     let tail = tail(call, &driver);
     let (result, link) = addresses_alongside(
         call,
         &tail,
         args,
-        dataplane,
+        pair,
         source,
         (&pod, early, &old_addresses),
         veth,
@@ -365,7 +433,7 @@ async fn addresses_alongside<I: IpamDriver>(
     call: &Call,
     tail: &Tail<'_, Backend, I>,
     args: &CmdArgs,
-    dataplane: Selected,
+    pair: &mut PairSlot,
     source: AddressSource,
     (pod, early, old_addresses): (&PodInfo, EarlyIpam, &[String]),
     veth: impl Fn(Option<Families>) -> VethRequest,
@@ -393,7 +461,7 @@ async fn addresses_alongside<I: IpamDriver>(
                 prepared,
                 "IPAM plugin returned missing IP config",
             );
-            alongside(tail, args, dataplane, veth(families), ipam).await
+            alongside(tail, args, pair.take()?, veth(families), ipam).await
         }
         AddressSource::IpAddrs(ips) => {
             // Each address is assigned by its own calico-ipam call, which takes the lock.
@@ -404,7 +472,7 @@ async fn addresses_alongside<I: IpamDriver>(
                 assign_each(call, args, &ips, labels).await
             };
             let families = Some(families_of(&ips));
-            alongside(tail, args, dataplane, veth(families), ipam).await
+            alongside(tail, args, pair.take()?, veth(families), ipam).await
         }
         AddressSource::NoIpam(ips) => {
             drop(early);
@@ -420,7 +488,10 @@ async fn addresses_alongside<I: IpamDriver>(
                 ..Default::default()
             };
             let families = Some(families_of(&ips));
-            alongside(tail, args, dataplane, veth(families), async { Ok(result) }).await
+            alongside(tail, args, pair.take()?, veth(families), async {
+                Ok(result)
+            })
+            .await
         }
     }
 }
@@ -573,7 +644,7 @@ async fn ipam_add(
 fn veth_request(
     args: &CmdArgs,
     call: &Call,
-    wep: &WorkloadEndpoint,
+    host_veth: &str,
     mtu: u32,
     container_mac: Option<[u8; 6]>,
     families: Option<Families>,
@@ -581,7 +652,7 @@ fn veth_request(
     VethRequest {
         netns_path: args.netns.clone(),
         ifname: args.ifname.clone(),
-        host_veth: wep.spec.interface_name.clone(),
+        host_veth: host_veth.to_string(),
         mtu,
         num_queues: call.conf.num_queues(),
         container_mac,
