@@ -413,6 +413,9 @@ fn kdd_pod_annotations() {
     r.assert_ok();
     assert_eq!(ip_of(&r.json()), "10.66.0.7");
     assert_eq!(r.json()["interfaces"][1]["mac"], "c2:b0:57:49:47:f1");
+    // The pair was built before the pod was read; the annotated MAC is on the link itself.
+    let link = p1.sh("ip -o link show eth0");
+    assert!(link.contains("link/ether c2:b0:57:49:47:f1"), "{link}");
     let p2 = common::netns::Netns::new("pod");
     let pooled = Invocation::new("ADD", "pooled000001", p2.path()).k8s("default", "pooled");
     let r = w.calico(&pooled, &conf);
@@ -425,6 +428,10 @@ fn kdd_pod_annotations() {
         e["msg"],
         "can't have both annotations: 'ipAddrs' and 'ipAddrsNoIpam' in use at the same time"
     );
+    // Refused after the reads: the pair built with them is gone, on both sides.
+    assert_eq!(p3.sh("ip -o link show | grep -c eth0 || true").trim(), "0");
+    let links = w.host_sh("ip -o link show | grep -c cali || true");
+    assert_eq!(links.trim(), "2", "only the two networked pods' veths");
     w.calico(&fixed.as_del(), &conf).assert_ok();
     w.calico(&pooled.as_del(), &conf).assert_ok();
     w.calico(&both.as_del(), &conf).assert_ok();
