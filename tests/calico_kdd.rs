@@ -9,8 +9,10 @@
 //! call, the HTTP version and the patch's content type are seen only by the test server),
 //! `kdd_a_stalled_answer_fails_cleanly` (a request read and never answered; a frozen real
 //! server stalls the handshake instead, see `kdd_bad_credentials_and_a_frozen_api_server_
-//! fail_cleanly`) and `kdd_round_trips_of_an_add_into_an_affine_block` (a latency added to
-//! every answer, to count sequential round trips, and the handshake count).
+//! fail_cleanly`), `kdd_round_trips_of_an_add_into_an_affine_block` (a latency added to
+//! every answer, to count sequential round trips, and the handshake count) and
+//! `etcd_with_policy_k8s_assigns_while_the_pod_is_read` (the same latency, to see what is in
+//! etcd while the pod's answer is held back).
 
 mod common;
 
@@ -18,6 +20,7 @@ use std::time::Duration;
 
 use common::cni::{report_skip, Invocation};
 use common::kdd::{KddWorld, RealKddWorld, CRD, NODE};
+use common::kube_api::KubeApi;
 use common::netns::require_root;
 use common::real_k8s::{Audited, RealK8s};
 use serde_json::{json, Value};
@@ -1384,4 +1387,137 @@ fn kdd_api_group_discovery() {
     assert_eq!(w.api.list(&format!("{V3}/ipamconfigurations")).len(), 1);
     w.calico(&inv.as_del(), &conf).assert_ok();
     assert!(w.api.list(&format!("{V3}/ipamhandles")).is_empty());
+}
+
+/// FAKE SERVER: etcd with policy type k8s. Calico IPAM assigns while the pod is read from
+/// the API server (`plugin::early`), so the address is in etcd before the pod's answer
+/// comes; the pod then decides. Asking for nothing else, it keeps that address; a pool
+/// annotation, `ipAddrs` or a refusal gives it back. With a pool that has a
+/// namespaceSelector, nothing is assigned before the namespace's labels are known. The test
+/// server holds every answer back (a latency a real server cannot be made to add), so what
+/// is in etcd meanwhile can be seen.
+#[test]
+fn etcd_with_policy_k8s_assigns_while_the_pod_is_read() {
+    require_root();
+    let w = common::world::World::new();
+    w.seed_pool("other", "10.66.0.0/16", 26);
+    let api = KubeApi::start_in_netns(&format!("/run/netns/{}", w.host.name()));
+    api.put(
+        "/api/v1/namespaces/default",
+        json!({"apiVersion":"v1","kind":"Namespace","metadata":{"name":"default"}}),
+    );
+    let pod = |name: &str, annotations: Value| {
+        api.put(
+            &format!("/api/v1/namespaces/default/pods/{name}"),
+            json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":name,"namespace":"default","annotations":annotations},
+                "spec":{"nodeName":"node1","containers":[{"name":"c","image":"busybox"}]}}),
+        );
+    };
+    pod("plain", json!({}));
+    pod(
+        "pooled",
+        json!({"cni.projectcalico.org/ipv4pools":"[\"other\"]"}),
+    );
+    pod(
+        "fixed",
+        json!({"cni.projectcalico.org/ipAddrs":"[\"10.66.0.7\"]"}),
+    );
+    pod(
+        "bad",
+        json!({"cni.projectcalico.org/allowedSourcePrefixes":"[\"nope\"]"}),
+    );
+    pod("later", json!({}));
+    let kc = api.kubeconfig().display().to_string();
+    let conf = w.conf(json!({"policy":{"type":"k8s"},"kubernetes":{"kubeconfig":kc}}));
+    let handle = |cid: &str| format!("/calico/ipam/v2/handle/net1.{cid}");
+    // Addresses allocated in the default pool's blocks.
+    let in_default_pool = || -> usize {
+        w.keys("/calico/ipam/v2/assignment/ipv4/block/10.65.")
+            .iter()
+            .map(|k| {
+                w.get(k)["allocations"]
+                    .as_array()
+                    .map_or(0, |a| a.iter().filter(|x| !x.is_null()).count())
+            })
+            .sum()
+    };
+    // ADDs `inv` while the API server holds its answers back for 1.5 s; whether `cid`'s
+    // handle was in etcd within the first second, while the ADD waited for the pod.
+    let add_held_back = |inv: &Invocation, cid: &str| {
+        api.set_latency(Duration::from_millis(1500));
+        let (out, early) = std::thread::scope(|s| {
+            let add = s.spawn(|| w.calico(inv, &conf));
+            let started = std::time::Instant::now();
+            let mut early = false;
+            while started.elapsed() < Duration::from_secs(1) && !add.is_finished() {
+                if !w.keys(&handle(cid)).is_empty() {
+                    early = true;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert!(!add.is_finished(), "the ADD did not wait for the pod");
+            (add.join().expect("the ADD's thread"), early)
+        });
+        api.set_latency(Duration::ZERO);
+        (out, early)
+    };
+
+    // Nothing else asked for: the address assigned meanwhile is the pod's.
+    let p1 = w.pod();
+    let plain = Invocation::new("ADD", "plain0000001", p1.path()).k8s("default", "plain");
+    let (out, early) = add_held_back(&plain, "plain0000001");
+    out.assert_ok();
+    assert!(early, "no address was assigned while the pod was read");
+    assert!(ip_of(&out.json()).starts_with("10.65."), "{}", out.json());
+    assert_eq!(in_default_pool(), 1);
+
+    // A pool annotation: the early address goes back; the pod's comes from its pool.
+    let p2 = w.pod();
+    let pooled = Invocation::new("ADD", "pooled000001", p2.path()).k8s("default", "pooled");
+    let (out, early) = add_held_back(&pooled, "pooled000001");
+    out.assert_ok();
+    assert!(early);
+    assert!(ip_of(&out.json()).starts_with("10.66."), "{}", out.json());
+    assert_eq!(in_default_pool(), 1, "the early address was not given back");
+
+    // ipAddrs: the same.
+    let p3 = w.pod();
+    let fixed = Invocation::new("ADD", "fixed0000001", p3.path()).k8s("default", "fixed");
+    let (out, _) = add_held_back(&fixed, "fixed0000001");
+    out.assert_ok();
+    assert_eq!(ip_of(&out.json()), "10.66.0.7");
+    assert_eq!(in_default_pool(), 1);
+
+    // Refused once the pod is read: the early address and the early pair are undone.
+    let p4 = w.pod();
+    let bad = Invocation::new("ADD", "bad000000001", p4.path()).k8s("default", "bad");
+    let (out, early) = add_held_back(&bad, "bad000000001");
+    let e = out.assert_err();
+    assert_eq!(
+        e["msg"],
+        "failed to parse 'nope' as a CIDR: invalid CIDR address: nope"
+    );
+    assert!(early);
+    assert_eq!(in_default_pool(), 1);
+    assert!(w.keys(&handle("bad000000001")).is_empty());
+    assert_eq!(p4.sh("ip -o link show | grep -c eth0 || true").trim(), "0");
+
+    // A pool with a namespaceSelector: IPAM waits for the namespace's labels.
+    w.seed_pool_spec(
+        "selective",
+        json!({"cidr":"10.67.0.0/16","blockSize":26,"nodeSelector":"all()","namespaceSelector":"has(no-such-label)"}),
+    );
+    let p5 = w.pod();
+    let later = Invocation::new("ADD", "later0000001", p5.path()).k8s("default", "later");
+    let (out, early) = add_held_back(&later, "later0000001");
+    out.assert_ok();
+    assert!(!early, "assigned before the namespace's labels were known");
+    assert!(ip_of(&out.json()).starts_with("10.6"), "{}", out.json());
+    assert!(!ip_of(&out.json()).starts_with("10.67."), "{}", out.json());
+
+    for inv in [&plain, &pooled, &fixed, &bad, &later] {
+        w.calico(&inv.as_del(), &conf).assert_ok();
+    }
+    w.assert_clean();
 }

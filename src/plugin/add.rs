@@ -38,10 +38,10 @@ use crate::error::{Context, Error, Result};
 use crate::ipam::allocator::{Ipam, ViewReads};
 use crate::ipam::lock::IpamLock;
 use crate::ipam_driver::exec::{host_local_add_stdin, uses_pod_cidr};
-use crate::ipam_driver::{calico, IpamDriver, IpamKind, Prepared};
+use crate::ipam_driver::{calico, kubevirt, IpamDriver, IpamKind, Prepared};
 use crate::net::IpNet;
 use crate::plugin::add_tail::{alongside, network_and_write, undo, Extras, Tail};
-use crate::plugin::early_pair::PairSlot;
+use crate::plugin::early::{self, Early};
 use crate::plugin::endpoint;
 use crate::plugin::endpoint_status;
 use crate::plugin::k8s_pod::{self, AddressSource, PodInfo};
@@ -88,7 +88,7 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     // A Kubernetes pod's veth pair is built with these reads (`early_pair`): not where a
     // readiness gate may wait (the pair would stand meanwhile), nor for a dataplane
     // configuration that is refused below.
-    let mut pair = PairSlot::new(dataplane);
+    let mut work = Early::new(dataplane);
     let early_veth = (plan.k8s
         && conf.readiness_gates.is_empty()
         && conf.check_dataplane().is_ok())
@@ -102,8 +102,19 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
             plan.families,
         )
     });
-    let (ready, existing, profile_exists, pod, early, ()) = tokio::join!(
-        check_datastore_ready(&call.ds),
+    let speculate = assigns_before_pod(&call);
+    let (first, existing, profile_exists, pod, ()) = tokio::join!(
+        async {
+            let (ready, early) = tokio::join!(
+                check_datastore_ready(&call.ds),
+                early_ipam_reads(&call, early_ipam)
+            );
+            let (early, assigned) = match speculate && ready.is_ok() {
+                true => assign_before_pod(&call, args, early).await,
+                false => (early, None),
+            };
+            (ready, early, assigned)
+        },
         async {
             if endpoint_from_pod {
                 Ok(None)
@@ -133,62 +144,110 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
             .map(Some)
         },
         async {
-            if !early_ipam {
-                return EarlyIpam::default();
-            }
-            // On the Kubernetes datastore the connection (its TLS handshake) is opened before
-            // the host's IPAM lock is taken, not while it is held: other pods' ADDs on this
-            // node wait for the lock.
-            if let Some(client) = call.ds.kube_client().filter(|_| call.ds.is_kubernetes()) {
-                client.open().await;
-            }
-            let ipam = Ipam::new(&call.ds, &call.ids.node);
-            // Where the holders keep the blocks they write (the Kubernetes datastore), the
-            // lock is taken only once the reads are answered, and held for the writes: the
-            // node's other ADDs and DELs wait for it, and these reads are the slower half of
-            // what it guards when many pods start at once. The hinted blocks are then taken
-            // from the copies, under the lock (no request), and a listing of this host's
-            // affinities that does not cover them is asked again (`Ipam::complete_view`).
-            // On etcd, whose reads are fast and whose holders keep no copies, the reads are
-            // made under the lock, where they cannot be behind another holder's writes.
-            if call.ds.keeps_block_copies() {
-                let reads = ipam.read_view_unlocked().await;
-                let lock = IpamLock::acquire(conf.ipam_lock_file()).await;
-                let reads = ipam
-                    .complete_view(reads, lock.block_hint(), &lock.hinted_copies())
-                    .await;
-                return EarlyIpam {
-                    lock: Some(lock),
-                    reads: Some(reads),
-                };
-            }
-            let lock = IpamLock::acquire(conf.ipam_lock_file()).await;
-            let reads = ipam
-                .read_view(lock.block_hint(), &lock.hinted_copies())
-                .await;
-            EarlyIpam {
-                lock: Some(lock),
-                reads: Some(reads),
-            }
-        },
-        async {
             if let Some(req) = early_veth {
-                pair.build_now(req).await;
+                work.build_pair(req).await;
             }
         }
     );
+    let (ready, early, assigned) = first;
+    work.set_addresses(assigned);
     let outcome = after_reads(
         args,
         &call,
         mtu,
         (ready, existing, profile_exists, pod, early),
-        &mut pair,
+        &mut work,
     )
     .await;
     if outcome.is_err() {
-        pair.discard().await;
+        work.discard(&call, args).await;
     }
     outcome
+}
+
+/// With calico-ipam in-process, AutoAssign's reads join the first round trip and the host's
+/// IPAM lock is taken then (`on`).
+async fn early_ipam_reads(call: &Call, on: bool) -> EarlyIpam {
+    if !on {
+        return EarlyIpam::default();
+    }
+    let conf = &call.conf;
+    // On the Kubernetes datastore the connection (its TLS handshake) is opened before
+    // the host's IPAM lock is taken, not while it is held: other pods' ADDs on this
+    // node wait for the lock.
+    if let Some(client) = call.ds.kube_client().filter(|_| call.ds.is_kubernetes()) {
+        client.open().await;
+    }
+    let ipam = Ipam::new(&call.ds, &call.ids.node);
+    // Where the holders keep the blocks they write (the Kubernetes datastore), the
+    // lock is taken only once the reads are answered, and held for the writes: the
+    // node's other ADDs and DELs wait for it, and these reads are the slower half of
+    // what it guards when many pods start at once. The hinted blocks are then taken
+    // from the copies, under the lock (no request), and a listing of this host's
+    // affinities that does not cover them is asked again (`Ipam::complete_view`).
+    // On etcd, whose reads are fast and whose holders keep no copies, the reads are
+    // made under the lock, where they cannot be behind another holder's writes.
+    if call.ds.keeps_block_copies() {
+        let reads = ipam.read_view_unlocked().await;
+        let lock = IpamLock::acquire(conf.ipam_lock_file()).await;
+        let reads = ipam
+            .complete_view(reads, lock.block_hint(), &lock.hinted_copies())
+            .await;
+        return EarlyIpam {
+            lock: Some(lock),
+            reads: Some(reads),
+        };
+    }
+    let lock = IpamLock::acquire(conf.ipam_lock_file()).await;
+    let reads = ipam
+        .read_view(lock.block_hint(), &lock.hinted_copies())
+        .await;
+    EarlyIpam {
+        lock: Some(lock),
+        reads: Some(reads),
+    }
+}
+
+/// Whether Calico IPAM assigns before the pod is read (`early`): on etcd with policy type
+/// k8s, where the pod comes from the API server, slower than etcd's reads and write. Not
+/// where the pod may change how IPAM runs in ways only the pod tells: a KubeVirt VM's pod
+/// (its handle is the VM's). Not without the early reads (readiness gates; IPAM run as a
+/// plugin). The pool and family annotations, `ipAddrs` and `ipAddrsNoIpam` are seen once
+/// the pod is read: the addresses are then given back (`addresses_alongside`).
+fn assigns_before_pod(call: &Call) -> bool {
+    let plan = &call.plan;
+    plan.policy_k8s
+        && !plan.endpoint_from_pod
+        && plan.ipam == IpamKind::Calico
+        && plan.ipam_in_process
+        && call.conf.readiness_gates.is_empty()
+        && !kubevirt::may_be_vm_pod(&call.ids)
+}
+
+/// Calico IPAM's assignment before the pod is read, once the ready gate has passed, with
+/// the early reads and lock. Only if no pool has a `namespaceSelector` (the namespace's
+/// labels come with the pod): else the early reads are kept for the assignment after it.
+async fn assign_before_pod(
+    call: &Call,
+    args: &CmdArgs,
+    early: EarlyIpam,
+) -> (EarlyIpam, Option<Result<CniResult>>) {
+    let selectorless = early
+        .reads
+        .as_ref()
+        .and_then(ViewReads::pools)
+        .is_some_and(|pools| pools.iter().all(|p| p.spec.namespace_selector.is_empty()));
+    if !selectorless {
+        return (early, None);
+    }
+    let prepared = Prepared {
+        pod_vmi: None,
+        namespace_labels: BTreeMap::new(),
+        reads: early.reads,
+        lock: early.lock,
+    };
+    let assigned = ipam_add(call, args, prepared, MISSING_IP_CONFIG).await;
+    (EarlyIpam::default(), Some(assigned))
 }
 
 /// What the first round trip answered, in `cmd_add`'s join order.
@@ -201,14 +260,14 @@ type FirstReads = (
 );
 
 /// ADD once its first reads are answered: the checks, then IPAM with the veth pair, the
-/// addresses and routes, and the endpoint. A failure leaves the pair in `pair` if it was
-/// built with the reads and not yet taken: `cmd_add` removes it.
+/// addresses and routes, and the endpoint. A failure leaves in `work` what was started
+/// with the reads and not yet used: `cmd_add` undoes it.
 async fn after_reads(
     args: &CmdArgs,
     call: &Call,
     mtu: u32,
     (ready, existing, profile_exists, pod, early): FirstReads,
-    pair: &mut PairSlot,
+    work: &mut Early,
 ) -> Result<CniResult> {
     let conf = &call.conf;
     let plan = &call.plan;
@@ -233,9 +292,9 @@ async fn after_reads(
     };
 
     let mut result = if plan.k8s {
-        add_k8s(args, call, existing, profile, mtu, pod, early, pair).await?
+        add_k8s(args, call, existing, profile, mtu, pod, early, work).await?
     } else {
-        add_cni(args, call, existing, profile, mtu, pair).await?
+        add_cni(args, call, existing, profile, mtu, work).await?
     };
     // Calico IPAM sets no gateway; host-local's is meaningless for a /32 interface.
     for ip in &mut result.ips {
@@ -287,7 +346,7 @@ async fn add_cni(
     existing: Option<WorkloadEndpoint>,
     profile: Option<Profile>,
     mtu: u32,
-    pair: &mut PairSlot,
+    work: &mut Early,
 ) -> Result<CniResult> {
     let conf = &call.conf;
     if conf.feature_control.ip_addrs_no_ipam {
@@ -337,7 +396,7 @@ async fn add_cni(
     );
     let driver = call.ipam();
     let tail = tail(call, &driver);
-    let (result, link) = alongside(&tail, args, pair.take()?, veth, ipam).await?;
+    let (result, link) = alongside(&tail, args, work.take_pair()?, veth, ipam).await?;
     let routes = default_routes();
     network_and_write(
         &tail,
@@ -361,7 +420,7 @@ async fn add_k8s(
     mtu: u32,
     pod: Option<PodInfo>,
     early: EarlyIpam,
-    pair: &mut PairSlot,
+    work: &mut Early,
 ) -> Result<CniResult> {
     let conf = &call.conf;
     let ids = &call.ids;
@@ -406,7 +465,7 @@ async fn add_k8s(
         call,
         &tail,
         args,
-        pair,
+        work,
         source,
         (&pod, early, &old_addresses),
         veth,
@@ -433,21 +492,34 @@ async fn addresses_alongside<I: IpamDriver>(
     call: &Call,
     tail: &Tail<'_, Backend, I>,
     args: &CmdArgs,
-    pair: &mut PairSlot,
+    work: &mut Early,
     source: AddressSource,
     (pod, early, old_addresses): (&PodInfo, EarlyIpam, &[String]),
     veth: impl Fn(Option<Families>) -> VethRequest,
 ) -> Result<(CniResult, AnyInterface)> {
+    // Addresses assigned before the pod was read, for the configuration's pools and
+    // families: kept only if the pod and its namespace ask for nothing else.
+    let before_pod = work.take_addresses();
     match source {
         AddressSource::Ipam => {
             let mut ipam_args = args.clone();
             // With the pool and family annotations, the families are IPAM's to tell.
             let mut families = call.plan.families;
+            let mut annotated = false;
             if call.plan.ipam == IpamKind::Calico {
                 if let Some(stdin) = pod.ipam_stdin(&args.stdin_data)? {
                     ipam_args.stdin_data = stdin;
                     families = None;
+                    annotated = true;
                 }
+            }
+            match before_pod {
+                Some(answer) if !annotated => {
+                    let pair = work.take_pair()?;
+                    return alongside(tail, args, pair, veth(families), async { answer }).await;
+                }
+                Some(answer) => give_back_before_pod(call, args, answer).await,
+                None => {}
             }
             let prepared = Prepared {
                 pod_vmi: pod.kubevirt.clone(),
@@ -455,27 +527,28 @@ async fn addresses_alongside<I: IpamDriver>(
                 reads: early.reads,
                 lock: early.lock,
             };
-            let ipam = ipam_add(
-                call,
-                &ipam_args,
-                prepared,
-                "IPAM plugin returned missing IP config",
-            );
-            alongside(tail, args, pair.take()?, veth(families), ipam).await
+            let ipam = ipam_add(call, &ipam_args, prepared, MISSING_IP_CONFIG);
+            alongside(tail, args, work.take_pair()?, veth(families), ipam).await
         }
         AddressSource::IpAddrs(ips) => {
             // Each address is assigned by its own calico-ipam call, which takes the lock.
             drop(early);
+            if let Some(answer) = before_pod {
+                give_back_before_pod(call, args, answer).await;
+            }
             let labels = namespace_labels(call, pod).await?;
             let ipam = async {
                 release_old_addresses(call, args, old_addresses).await?;
                 assign_each(call, args, &ips, labels).await
             };
             let families = Some(families_of(&ips));
-            alongside(tail, args, pair.take()?, veth(families), ipam).await
+            alongside(tail, args, work.take_pair()?, veth(families), ipam).await
         }
         AddressSource::NoIpam(ips) => {
             drop(early);
+            if let Some(answer) = before_pod {
+                give_back_before_pod(call, args, answer).await;
+            }
             let result = CniResult {
                 ips: ips
                     .iter()
@@ -488,10 +561,31 @@ async fn addresses_alongside<I: IpamDriver>(
                 ..Default::default()
             };
             let families = Some(families_of(&ips));
-            alongside(tail, args, pair.take()?, veth(families), async {
+            alongside(tail, args, work.take_pair()?, veth(families), async {
                 Ok(result)
             })
             .await
+        }
+    }
+}
+
+/// The pod asks for other addresses than those assigned before it was read: they are given
+/// back first. An assignment that failed is only logged: the pod's own may succeed (what
+/// an unanswered write may have assigned is under the handle, which the pod's DEL releases).
+async fn give_back_before_pod(call: &Call, args: &CmdArgs, answer: Result<CniResult>) {
+    match answer {
+        Ok(assigned) => {
+            info!(
+                "the pod asks for other addresses: giving back those assigned before it was read"
+            );
+            undo(
+                "giving back the addresses assigned before the pod was read",
+                early::give_back(call, args, &assigned),
+            )
+            .await;
+        }
+        Err(e) => {
+            info!(error = %e, "the assignment before the pod was read failed; the pod asks for other addresses")
         }
     }
 }
@@ -546,7 +640,7 @@ async fn assign_each(
         };
         let got = call.ipam().add(&one, prepared).await.and_then(|r| {
             if r.ips.is_empty() {
-                Err(Error::msg("IPAM plugin returned missing IP config"))
+                Err(Error::msg(MISSING_IP_CONFIG))
             } else {
                 Ok(r)
             }
@@ -616,6 +710,9 @@ fn k8s_endpoint(call: &Call, existing: Option<WorkloadEndpoint>, name: &str) -> 
     s.mac.clear();
     w
 }
+
+/// Upstream's refusal of a Kubernetes pod's IPAM result without addresses.
+const MISSING_IP_CONFIG: &str = "IPAM plugin returned missing IP config";
 
 /// Runs the IPAM plugin; a result without addresses is given back and refused with `empty`.
 async fn ipam_add(

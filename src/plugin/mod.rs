@@ -6,7 +6,7 @@ pub mod add;
 pub mod add_tail;
 pub mod check;
 pub mod del;
-pub mod early_pair;
+pub mod early;
 pub mod endpoint;
 pub mod endpoint_status;
 pub mod gc;
