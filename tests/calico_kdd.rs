@@ -1427,6 +1427,10 @@ fn etcd_with_policy_k8s_assigns_while_the_pod_is_read() {
         json!({"cni.projectcalico.org/allowedSourcePrefixes":"[\"nope\"]"}),
     );
     pod("later", json!({}));
+    pod(
+        "badpools",
+        json!({"cni.projectcalico.org/ipv4pools":"[not json"}),
+    );
     let kc = api.kubeconfig().display().to_string();
     let conf = w.conf(json!({"policy":{"type":"k8s"},"kubernetes":{"kubeconfig":kc}}));
     let handle = |cid: &str| format!("/calico/ipam/v2/handle/net1.{cid}");
@@ -1502,6 +1506,14 @@ fn etcd_with_policy_k8s_assigns_while_the_pod_is_read() {
     assert_eq!(in_default_pool(), 1);
     assert!(w.keys(&handle("bad000000001")).is_empty());
     assert_eq!(p4.sh("ip -o link show | grep -c eth0 || true").trim(), "0");
+    // A pool annotation that cannot be read: the same.
+    let p6 = w.pod();
+    let badpools = Invocation::new("ADD", "badpools0001", p6.path()).k8s("default", "badpools");
+    let (out, early) = add_held_back(&badpools, "badpools0001");
+    out.assert_err();
+    assert!(early);
+    assert_eq!(in_default_pool(), 1);
+    assert!(w.keys(&handle("badpools0001")).is_empty());
 
     // A pool with a namespaceSelector: IPAM waits for the namespace's labels.
     w.seed_pool_spec(
@@ -1516,7 +1528,7 @@ fn etcd_with_policy_k8s_assigns_while_the_pod_is_read() {
     assert!(ip_of(&out.json()).starts_with("10.6"), "{}", out.json());
     assert!(!ip_of(&out.json()).starts_with("10.67."), "{}", out.json());
 
-    for inv in [&plain, &pooled, &fixed, &bad, &later] {
+    for inv in [&plain, &pooled, &fixed, &bad, &badpools, &later] {
         w.calico(&inv.as_del(), &conf).assert_ok();
     }
     w.assert_clean();

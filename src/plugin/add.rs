@@ -11,10 +11,11 @@
 //! same handle.
 //!
 //! The veth pair is built while IPAM allocates (`alongside`), or, for a Kubernetes pod,
-//! already while the first reads are answered (`early_pair`; an ADD refused before IPAM
-//! removes it). The addresses, routes and endpoint follow once both are done. A failure of
-//! either undoes the other's work (IPAM failed: the pair is removed; the pair failed: the
-//! addresses are given back).
+//! already while the first reads are answered; on etcd with policy type k8s, Calico IPAM
+//! assigns then too (`early`: an ADD refused before using them undoes them). The
+//! addresses, routes and endpoint follow once both are done. A failure of either undoes
+//! the other's work (IPAM failed: the pair is removed; the pair failed: the addresses are
+//! given back).
 //!
 //! The undo runs within the call's grace (`deadline::cleanup_bound`): after a failure at the
 //! deadline it may go on for `deadline::GRACE` more, so an ADD returns within its budget plus
@@ -85,7 +86,7 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     // IPAM lock is taken now (they are the same reads, as after the gate, and the lock is
     // the same). Not with readiness gates, which may wait: the lock would be held meanwhile.
     let early_ipam = plan.k8s && conf.readiness_gates.is_empty() && plan.ipam_in_process;
-    // A Kubernetes pod's veth pair is built with these reads (`early_pair`): not where a
+    // A Kubernetes pod's veth pair is built with these reads (`early`): not where a
     // readiness gate may wait (the pair would stand meanwhile), nor for a dataplane
     // configuration that is refused below.
     let mut work = Early::new(dataplane);
@@ -498,8 +499,8 @@ async fn addresses_alongside<I: IpamDriver>(
     veth: impl Fn(Option<Families>) -> VethRequest,
 ) -> Result<(CniResult, AnyInterface)> {
     // Addresses assigned before the pod was read, for the configuration's pools and
-    // families: kept only if the pod and its namespace ask for nothing else.
-    let before_pod = work.take_addresses();
+    // families, are kept only if the pod and its namespace ask for nothing else. They stay
+    // in `work` until then, so that a failure before gives them back.
     match source {
         AddressSource::Ipam => {
             let mut ipam_args = args.clone();
@@ -513,7 +514,7 @@ async fn addresses_alongside<I: IpamDriver>(
                     annotated = true;
                 }
             }
-            match before_pod {
+            match work.take_addresses() {
                 Some(answer) if !annotated => {
                     let pair = work.take_pair()?;
                     return alongside(tail, args, pair, veth(families), async { answer }).await;
@@ -533,7 +534,7 @@ async fn addresses_alongside<I: IpamDriver>(
         AddressSource::IpAddrs(ips) => {
             // Each address is assigned by its own calico-ipam call, which takes the lock.
             drop(early);
-            if let Some(answer) = before_pod {
+            if let Some(answer) = work.take_addresses() {
                 give_back_before_pod(call, args, answer).await;
             }
             let labels = namespace_labels(call, pod).await?;
@@ -546,7 +547,7 @@ async fn addresses_alongside<I: IpamDriver>(
         }
         AddressSource::NoIpam(ips) => {
             drop(early);
-            if let Some(answer) = before_pod {
+            if let Some(answer) = work.take_addresses() {
                 give_back_before_pod(call, args, answer).await;
             }
             let result = CniResult {
