@@ -1528,7 +1528,37 @@ fn etcd_with_policy_k8s_assigns_while_the_pod_is_read() {
     assert!(ip_of(&out.json()).starts_with("10.6"), "{}", out.json());
     assert!(!ip_of(&out.json()).starts_with("10.67."), "{}", out.json());
 
-    for inv in [&plain, &pooled, &fixed, &bad, &badpools, &later] {
+    // Killed after the early assignment, while the pod's answer is held back: the runtime's
+    // DEL leaves nothing (checked below, with the others').
+    w.seed_pool_spec(
+        "selective",
+        json!({"cidr":"10.67.0.0/16","blockSize":26,"nodeSelector":"all()","disabled":true}),
+    );
+    pod("killed", json!({}));
+    let p7 = w.pod();
+    let killed = Invocation::new("ADD", "killed000001", p7.path()).k8s("default", "killed");
+    api.set_latency(Duration::from_secs(3));
+    let mut child = w.bin.spawn("calico", w.host.name(), &killed, &conf);
+    let started = std::time::Instant::now();
+    while w.keys(&handle("killed000001")).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "no early assignment"
+        );
+        assert!(child.try_wait().expect("wait").is_none(), "the ADD ended");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // SAFETY: kill(2) on the PID this test spawned, not yet reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().expect("reap the killed ADD");
+    api.set_latency(Duration::ZERO);
+    assert_eq!(
+        w.keys(&handle("killed000001")).len(),
+        1,
+        "for DEL to release"
+    );
+
+    for inv in [&plain, &pooled, &fixed, &bad, &badpools, &later, &killed] {
         w.calico(&inv.as_del(), &conf).assert_ok();
     }
     w.assert_clean();
