@@ -1010,16 +1010,11 @@ fn etcd_with_policy_k8s_annotation_features() {
     // each refused with upstream's text when its feature flag is off or its value is bad.
     let w = common::world::World::new();
     let api = RealK8s::start(&w.host);
-    api.put(
-        "/api/v1/namespaces/default",
-        json!({"apiVersion":"v1","kind":"Namespace","metadata":{"name":"default"}}),
-    );
+    let (path, namespace) = default_namespace();
+    api.put(path, namespace);
     let pod = |name: &str, annotations: Value| {
-        api.put(
-            &format!("/api/v1/namespaces/default/pods/{name}"),
-            json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":name,"namespace":"default","annotations":annotations},
-                "spec":{"nodeName":"node1","containers":[{"name":"c","image":"busybox"}]}}),
-        );
+        let (path, pod) = annotated_pod(name, annotations);
+        api.put(&path, pod);
     };
     pod(
         "float",
@@ -1402,16 +1397,11 @@ fn etcd_with_policy_k8s_assigns_while_the_pod_is_read() {
     let w = common::world::World::new();
     w.seed_pool("other", "10.66.0.0/16", 26);
     let api = KubeApi::start_in_netns(&format!("/run/netns/{}", w.host.name()));
-    api.put(
-        "/api/v1/namespaces/default",
-        json!({"apiVersion":"v1","kind":"Namespace","metadata":{"name":"default"}}),
-    );
+    let (path, namespace) = default_namespace();
+    api.put(path, namespace);
     let pod = |name: &str, annotations: Value| {
-        api.put(
-            &format!("/api/v1/namespaces/default/pods/{name}"),
-            json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":name,"namespace":"default","annotations":annotations},
-                "spec":{"nodeName":"node1","containers":[{"name":"c","image":"busybox"}]}}),
-        );
+        let (path, pod) = annotated_pod(name, annotations);
+        api.put(&path, pod);
     };
     pod("plain", json!({}));
     pod(
@@ -1562,4 +1552,22 @@ fn etcd_with_policy_k8s_assigns_while_the_pod_is_read() {
         w.calico(&inv.as_del(), &conf).assert_ok();
     }
     w.assert_clean();
+}
+
+/// The `default` namespace, as put on an API server: its path and object.
+fn default_namespace() -> (&'static str, Value) {
+    (
+        "/api/v1/namespaces/default",
+        json!({"apiVersion":"v1","kind":"Namespace","metadata":{"name":"default"}}),
+    )
+}
+
+/// A pod of `default` on node1 with these annotations, as put on an API server: its path and
+/// object.
+fn annotated_pod(name: &str, annotations: Value) -> (String, Value) {
+    (
+        format!("/api/v1/namespaces/default/pods/{name}"),
+        json!({"apiVersion":"v1","kind":"Pod","metadata":{"name":name,"namespace":"default","annotations":annotations},
+            "spec":{"nodeName":"node1","containers":[{"name":"c","image":"busybox"}]}}),
+    )
 }
