@@ -94,10 +94,9 @@ impl<'a, D: Datastore> Ipam<'a, D> {
     /// host's IPAM lock, so that the lock is held for the writes only while the host's other
     /// calls wait: every read but the hinted blocks' (`read_view_unlocked`), then, under the
     /// lock, the hinted blocks from `copies` (`complete_view`; one without a copy is read
-    /// there, a round trip more). A listing of this host's
-    /// affinities made before the lock may be behind a claim the holders made since: it is
-    /// asked of the store again when it does not cover the hinted blocks, however it was
-    /// made.
+    /// there, a round trip more). A listing of this host's affinities made before the lock
+    /// may be behind a claim the holders made since: it is asked of the store again when it
+    /// does not cover the hinted blocks, however it was made.
     pub async fn read_view_unlocked(&self) -> ViewReads {
         self.unhinted_reads().await.0
     }
