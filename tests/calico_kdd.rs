@@ -441,6 +441,79 @@ fn kdd_pod_annotations() {
     w.assert_clean();
 }
 
+/// A new pod's endpoint (its address annotations) is written while its interface is
+/// finished. When the interface then fails (here: a host route to the pod's address on
+/// another interface), the annotations are patched out again, as DEL does, before the
+/// address is given back: the pod names no address, the block holds none for it, and no
+/// veth is left.
+#[test]
+fn kdd_a_failed_interface_takes_back_the_endpoint_written_beside_it() {
+    require_root();
+    let w = real_world!("kdd_a_failed_interface_takes_back_the_endpoint_written_beside_it");
+    w.seed_pod("default", "first", json!({}));
+    w.seed_pod("default", "second", json!({}));
+    let conf = w.conf(json!({}));
+    let p1 = common::netns::Netns::new("pod");
+    let first = Invocation::new("ADD", "first0000001", p1.path()).k8s("default", "first");
+    let r = w.calico(&first, &conf);
+    r.assert_ok();
+    // The next address of the affine block is the second pod's; route it elsewhere.
+    let ip: std::net::Ipv4Addr = ip_of(&r.json()).parse().unwrap();
+    let next = std::net::Ipv4Addr::from(u32::from(ip) + 1);
+    w.host_sh("ip link add beside0 type veth peer name beside1 && ip link set beside0 up");
+    w.host_sh(&format!("ip route add {next}/32 dev beside0 scope link"));
+    let route = w.host_sh(&format!("ip route show {next}"));
+    assert!(route.contains("beside0"), "{route}");
+
+    let p2 = common::netns::Netns::new("pod");
+    let second = Invocation::new("ADD", "second000001", p2.path()).k8s("default", "second");
+    let mark = w.api.audit_mark();
+    let e = w.calico(&second, &conf).assert_err();
+    let msg = e["msg"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains(&format!("Dst: {next}/32"))
+            && msg.contains("already exists for an interface other than"),
+        "{e}"
+    );
+    // The annotations went out with the interface, then were patched out.
+    let reqs = w.api.plugin_requests_since(mark);
+    let patches: Vec<&Value> = reqs
+        .iter()
+        .filter(|q| q.verb == "patch")
+        .map(|q| &q.request_object["metadata"]["annotations"]["cni.projectcalico.org/podIP"])
+        .collect();
+    assert_eq!(
+        patches,
+        [&json!(format!("{next}/32")), &json!("")],
+        "{}",
+        listing(&reqs)
+    );
+    let pod = w.pod_object("default", "second");
+    assert_eq!(
+        pod["metadata"]["annotations"]["cni.projectcalico.org/podIP"],
+        ""
+    );
+    let handles: Vec<String> = w
+        .crs("ipamhandles")
+        .iter()
+        .map(|h| {
+            h["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(handles, ["k8s-pod-network.first0000001"]);
+    assert_eq!(p2.sh("ip -o link show | grep -c eth0 || true").trim(), "0");
+    let links = w.host_sh("ip -o link show | grep -c cali || true");
+    assert_eq!(links.trim(), "1", "only the first pod's veth");
+
+    w.host_sh("ip link del beside0");
+    w.calico(&second.as_del(), &conf).assert_ok();
+    w.calico(&first.as_del(), &conf).assert_ok();
+    w.assert_clean();
+}
+
 #[test]
 fn kdd_bad_credentials_and_a_frozen_api_server_fail_cleanly() {
     require_root();

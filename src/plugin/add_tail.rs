@@ -83,6 +83,14 @@ pub async fn alongside<D, I: IpamDriver, P: Dataplane>(
 
 /// The common tail of both modes: finish the interface, write the endpoint, shape the
 /// result. A failure gives back this call's addresses and removes the veth pair it created.
+///
+/// Where the stored endpoint does not name the interface (the Kubernetes datastore: the
+/// pod's address and container ID annotations), the endpoint of a pod that no ADD has
+/// networked yet (`networked_before` false) is written while the interface is finished:
+/// all it holds is known once IPAM has answered. A failure of either then undoes the other
+/// as well: the endpoint is removed again (as DEL removes it) before the addresses are
+/// given back. A re-networked endpoint keeps upstream's order, so that a failed interface
+/// leaves it as it was.
 #[allow(clippy::too_many_arguments)]
 pub async fn network_and_write<D: Datastore, I: IpamDriver, L: PodInterface>(
     tail: &Tail<'_, D, I>,
@@ -90,6 +98,7 @@ pub async fn network_and_write<D: Datastore, I: IpamDriver, L: PodInterface>(
     mut result: CniResult,
     mut link: L,
     mut wep: WorkloadEndpoint,
+    networked_before: bool,
     routes: Vec<IpNet>,
     extras: Extras,
     mtu: u32,
@@ -108,12 +117,29 @@ pub async fn network_and_write<D: Datastore, I: IpamDriver, L: PodInterface>(
         endpoint: &wep,
         annotations: &extras.annotations,
     };
-    let net = match link.finish(&addrs, &pod).await {
+    let beside = !networked_before && !tail.ds.endpoint_names_interface();
+    let mut written_beside = wep.clone();
+    let (finished, write_beside) = if beside {
+        let write = endpoint::write(tail.ds, &mut written_beside);
+        let (finished, written) = tokio::join!(link.finish(&addrs, &pod), write);
+        (finished, Some(written))
+    } else {
+        (link.finish(&addrs, &pod).await, None)
+    };
+    let net = match finished {
         Ok(n) => n,
         Err(e) => {
             undo(
                 "releasing the addresses after a failed dataplane setup",
-                tail.ipam.give_back(args, &assigned),
+                async {
+                    // `finish` removed what it made; the endpoint goes before the addresses.
+                    if let Some(written) = &write_beside {
+                        if written.as_ref().map_or_else(outcome_unknown, |()| true) {
+                            remove_own_endpoint(tail.ds, &written_beside).await;
+                        }
+                    }
+                    tail.ipam.give_back(args, &assigned).await;
+                },
             )
             .await;
             return Err(e.into());
@@ -123,15 +149,19 @@ pub async fn network_and_write<D: Datastore, I: IpamDriver, L: PodInterface>(
     wep.spec.mac = net.container_mac.to_lowercase();
     wep.spec.interface_name = net.host_veth.clone();
     let new_endpoint = wep.metadata.resource_version.is_empty();
-    if let Err(e) = endpoint::write(tail.ds, &mut wep).await {
+    let written = match write_beside {
+        Some(written) => written,
+        None => endpoint::write(tail.ds, &mut wep).await,
+    };
+    if let Err(e) = written {
         undo("undoing a failed ADD", async {
             // The interface first: it is local and always possible (and its host route must
             // be gone before the address can go to another pod).
             if let Err(undo) = link.remove().await {
                 warn!(error = %undo, "failed to remove the pod interface after a failed ADD");
             }
-            if new_endpoint && outcome_unknown(&e) {
-                remove_unanswered_endpoint(tail.ds, &wep).await;
+            if (new_endpoint || beside) && outcome_unknown(&e) {
+                remove_own_endpoint(tail.ds, &wep).await;
             }
             tail.ipam.give_back(args, &assigned).await;
         })
@@ -166,10 +196,10 @@ fn outcome_unknown(e: &Error) -> bool {
     )
 }
 
-/// After the create of a new endpoint went unanswered: delete the endpoint if it was written
-/// all the same (it is this call's: same container and addresses), so that no endpoint is
+/// After a failed ADD whose endpoint write landed, or went unanswered and may have: delete
+/// the endpoint if it is this call's (same container and addresses), so that no endpoint is
 /// left naming addresses that are being given back.
-async fn remove_unanswered_endpoint<D: Datastore>(ds: &D, wep: &WorkloadEndpoint) {
+async fn remove_own_endpoint<D: Datastore>(ds: &D, wep: &WorkloadEndpoint) {
     let (ns, name) = (&wep.metadata.namespace, &wep.metadata.name);
     let read =
         get_resource::<_, WorkloadEndpointSpec>(ds, Kind::WorkloadEndpoint, Some(ns), name).await;
@@ -397,6 +427,7 @@ mod tests {
                     result,
                     link,
                     self.endpoint(),
+                    false,
                     vec!["0.0.0.0/0".parse().unwrap()],
                     Extras::default(),
                     1450,
@@ -552,6 +583,83 @@ mod tests {
         assert!(endpoint, "the other container's endpoint is kept");
     }
 
+    /// Where the endpoint does not name the interface (the Kubernetes datastore), a pod's
+    /// first endpoint is written while the interface is finished: on success, as before.
+    #[test]
+    fn an_endpoint_without_its_interface_is_written_beside_it() {
+        let f = Fixture::new("beside-ok");
+        let (ds, dp) = (
+            store().endpoints_without_interface(),
+            FakeDataplane::default(),
+        );
+        let result = f.run(&ds, dp.clone(), false).unwrap();
+        assert_eq!(result.ips[0].address.to_string(), "10.80.0.0/32");
+        assert_eq!(result.interfaces[0].name, "cali0123456789a");
+        assert_eq!(*dp.log.borrow(), ["prepare", "finish"]);
+        assert_eq!(held(&ds), (true, 1, true));
+    }
+
+    /// The interface failing while the endpoint was written beside it: the endpoint is
+    /// removed again, whether its write was answered or its answer was lost, then the
+    /// addresses are given back. A write that was refused or not applied leaves nothing
+    /// to remove. `finish`'s error is the call's.
+    #[test]
+    fn the_interface_failing_removes_the_endpoint_written_beside_it() {
+        let wep = KeyClass::Resource(Kind::WorkloadEndpoint);
+        for (name, fault) in [
+            ("answered", None),
+            ("lost", Some(Fault::LoseAnswerOfWrite(1))),
+            ("unavailable", Some(Fault::UnavailableOnWrite(1))),
+            ("refused", Some(Fault::ConflictOnWrite(1))),
+        ] {
+            let f = Fixture::new(&format!("beside-finish-{name}"));
+            let ds = store().endpoints_without_interface();
+            let dp = FakeDataplane {
+                fail_finish: true,
+                ..Default::default()
+            };
+            if let Some(fault) = fault {
+                ds.inject(Fault::on(wep, fault));
+            }
+            let e = f.run(&ds, dp.clone(), false).unwrap_err();
+            assert!(
+                matches!(e, Error::Dataplane(DataplaneError::GatewayRoute(_))),
+                "{name}: {e:?}"
+            );
+            assert_eq!(*dp.log.borrow(), ["prepare", "finish"], "{name}");
+            assert_eq!(held(&ds), (false, 0, false), "{name}");
+            assert!(ds.pending_faults().is_empty(), "{name}");
+            // The create, and the delete where it landed.
+            let landed = matches!(name, "answered" | "lost");
+            assert_eq!(ds.writes_to(wep), if landed { 2 } else { 1 }, "{name}");
+        }
+    }
+
+    /// The endpoint written beside the interface failing: as after the write in order, the
+    /// interface is removed, an endpoint that landed unanswered is deleted, the addresses
+    /// are given back.
+    #[test]
+    fn an_endpoint_written_beside_the_interface_failing_undoes_everything() {
+        let wep = KeyClass::Resource(Kind::WorkloadEndpoint);
+        for (name, fault) in [
+            ("refused", Fault::ConflictOnWrite(1)),
+            ("unavailable", Fault::UnavailableOnWrite(1)),
+            ("lost", Fault::LoseAnswerOfWrite(1)),
+        ] {
+            let f = Fixture::new(&format!("beside-write-{name}"));
+            let (ds, dp) = (
+                store().endpoints_without_interface(),
+                FakeDataplane::default(),
+            );
+            ds.inject(Fault::on(wep, fault));
+            let e = f.run(&ds, dp.clone(), false).unwrap_err();
+            assert!(matches!(e, Error::Datastore(_)), "{name}: {e:?}");
+            assert_eq!(*dp.log.borrow(), ["prepare", "finish", "remove"], "{name}");
+            assert_eq!(held(&ds), (false, 0, false), "{name}");
+            assert!(ds.pending_faults().is_empty(), "{name}");
+        }
+    }
+
     /// Runs the tail with `FakeIpam` giving `ips`; the log and what was given back.
     fn run_with_fake_ipam(
         f: &Fixture,
@@ -579,6 +687,7 @@ mod tests {
                 result,
                 link,
                 f.endpoint(),
+                false,
                 routes,
                 Extras::default(),
                 1450,
