@@ -90,6 +90,60 @@ fn k8s_add_writes_upstreams_etcd_objects() {
     );
 }
 
+/// A new endpoint is written while the interface gets its addresses and routes, once the
+/// pair is up with its MAC. When the interface then fails (a host route to the pod's
+/// address on another interface), the endpoint is deleted again before the address is
+/// given back: no endpoint, handle, allocation or veth of the pod is left.
+#[test]
+fn a_failed_interface_takes_back_the_endpoint_written_beside_it() {
+    let w = World::new();
+    let conf = w.conf(json!({}));
+    let p1 = w.pod();
+    let first = Invocation::new("ADD", "first0000001", p1.path()).k8s("default", "first");
+    let ip: std::net::Ipv4Addr = ip_of(&w.calico(&first, &conf).assert_ok().json())
+        .parse()
+        .unwrap();
+    // The next address of the affine block is the second pod's; route it elsewhere.
+    let next = std::net::Ipv4Addr::from(u32::from(ip) + 1);
+    w.host_sh("ip link add beside0 type veth peer name beside1 && ip link set beside0 up");
+    w.host_sh(&format!("ip route add {next}/32 dev beside0 scope link"));
+    let route = w.host_sh(&format!("ip route show {next}"));
+    assert!(route.contains("beside0"), "{route}");
+
+    let p2 = w.pod();
+    let second = Invocation::new("ADD", "second000001", p2.path()).k8s("default", "second");
+    let e = w.calico(&second, &conf).assert_err();
+    let msg = e["msg"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains(&format!("Dst: {next}/32"))
+            && msg.contains("already exists for an interface other than"),
+        "{e}"
+    );
+    // It was written, then deleted.
+    let log = std::fs::read_to_string(w.scratch.path().join("cni.log")).unwrap_or_default();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("deleted the endpoint of a failed ADD")
+                && l.contains("node1-k8s-second-eth0")),
+        "{log}"
+    );
+    assert_eq!(
+        w.keys(WEP_PREFIX),
+        [format!("{WEP_PREFIX}default/node1-k8s-first-eth0")]
+    );
+    assert_eq!(
+        w.keys("/calico/ipam/v2/handle/"),
+        ["/calico/ipam/v2/handle/net1.first0000001"]
+    );
+    let links = w.host_sh("ip -o link show | grep -c cali || true");
+    assert_eq!(links.trim(), "1", "only the first pod's veth");
+
+    w.host_sh("ip link del beside0");
+    w.calico(&second.as_del(), &conf).assert_ok();
+    w.calico(&first.as_del(), &conf).assert_ok();
+    w.assert_clean();
+}
+
 #[test]
 fn cni_mode_add_del_profile_and_second_add() {
     let w = World::new();

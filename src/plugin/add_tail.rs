@@ -84,13 +84,13 @@ pub async fn alongside<D, I: IpamDriver, P: Dataplane>(
 /// The common tail of both modes: finish the interface, write the endpoint, shape the
 /// result. A failure gives back this call's addresses and removes the veth pair it created.
 ///
-/// Where the stored endpoint does not name the interface (the Kubernetes datastore: the
-/// pod's address and container ID annotations), the endpoint of a pod that no ADD has
-/// networked yet (`networked_before` false) is written while the interface is finished:
-/// all it holds is known once IPAM has answered. A failure of either then undoes the other
-/// as well: the endpoint is removed again (as DEL removes it) before the addresses are
-/// given back. A re-networked endpoint keeps upstream's order, so that a failed interface
-/// leaves it as it was.
+/// A new endpoint (`networked_before` false) is written while the interface is finished,
+/// where all it holds is known once IPAM has answered: on the Kubernetes datastore, whose
+/// endpoint is the pod's address and container ID annotations, and elsewhere once the pair
+/// is up with its MAC (`PodInterface::container_mac`). A failure of either then undoes the
+/// other as well: the endpoint is removed again (on the Kubernetes datastore, patched out
+/// as DEL does) before the addresses are given back. A re-networked endpoint keeps
+/// upstream's order, so that a failed interface leaves it as it was.
 #[allow(clippy::too_many_arguments)]
 pub async fn network_and_write<D: Datastore, I: IpamDriver, L: PodInterface>(
     tail: &Tail<'_, D, I>,
@@ -117,8 +117,15 @@ pub async fn network_and_write<D: Datastore, I: IpamDriver, L: PodInterface>(
         endpoint: &wep,
         annotations: &extras.annotations,
     };
-    let beside = !networked_before && !tail.ds.endpoint_names_interface();
     let mut written_beside = wep.clone();
+    let beside = !networked_before
+        && match tail.ds.endpoint_names_interface() {
+            false => true,
+            true => link
+                .container_mac()
+                .map(|mac| written_beside.spec.mac = mac)
+                .is_some(),
+        };
     let (finished, write_beside) = if beside {
         let write = endpoint::write(tail.ds, &mut written_beside);
         let (finished, written) = tokio::join!(link.finish(&addrs, &pod), write);
@@ -150,6 +157,14 @@ pub async fn network_and_write<D: Datastore, I: IpamDriver, L: PodInterface>(
     wep.spec.interface_name = net.host_veth.clone();
     let new_endpoint = wep.metadata.resource_version.is_empty();
     let written = match write_beside {
+        // IPAM gave other families than the pair was built for: it was built again, with
+        // another MAC, which the endpoint names.
+        Some(Ok(()))
+            if tail.ds.endpoint_names_interface() && written_beside.spec.mac != wep.spec.mac =>
+        {
+            written_beside.spec.mac = wep.spec.mac.clone();
+            endpoint::write(tail.ds, &mut written_beside).await
+        }
         Some(written) => written,
         None => endpoint::write(tail.ds, &mut wep).await,
     };
@@ -218,7 +233,7 @@ async fn remove_own_endpoint<D: Datastore>(ds: &D, wep: &WorkloadEndpoint) {
     }
     let rev = Some(stored.metadata.resource_version.as_str());
     match delete_resource(ds, Kind::WorkloadEndpoint, Some(ns), name, rev).await {
-        Ok(()) => info!(name, "deleted the endpoint whose write went unanswered"),
+        Ok(()) => info!(name, "deleted the endpoint of a failed ADD"),
         Err(e) => warn!(error = %e, name, "failed to delete the endpoint of a failed ADD"),
     }
 }
@@ -283,6 +298,8 @@ mod tests {
     struct FakeDataplane {
         fail_prepare: bool,
         fail_finish: bool,
+        /// The container MAC known before `finish` (a pair built up front).
+        mac_before_finish: Option<&'static str>,
         log: Rc<RefCell<Vec<&'static str>>>,
     }
 
@@ -316,6 +333,10 @@ mod tests {
                     container_index: 2,
                 }),
             }
+        }
+
+        fn container_mac(&self) -> Option<String> {
+            self.0.mac_before_finish.map(str::to_string)
         }
 
         async fn remove(self) -> Result<(), DataplaneError> {
@@ -612,26 +633,65 @@ mod tests {
             ("unavailable", Some(Fault::UnavailableOnWrite(1))),
             ("refused", Some(Fault::ConflictOnWrite(1))),
         ] {
-            let f = Fixture::new(&format!("beside-finish-{name}"));
-            let ds = store().endpoints_without_interface();
+            for (kind, ds, mac) in [
+                ("pods", store().endpoints_without_interface(), None),
+                ("mac", store(), Some("0a:58:0a:50:00:01")),
+            ] {
+                let name = format!("{name}-{kind}");
+                let f = Fixture::new(&format!("beside-finish-{name}"));
+                let dp = FakeDataplane {
+                    fail_finish: true,
+                    mac_before_finish: mac,
+                    ..Default::default()
+                };
+                if let Some(fault) = fault {
+                    ds.inject(Fault::on(wep, fault));
+                }
+                let e = f.run(&ds, dp.clone(), false).unwrap_err();
+                assert!(
+                    matches!(e, Error::Dataplane(DataplaneError::GatewayRoute(_))),
+                    "{name}: {e:?}"
+                );
+                assert_eq!(*dp.log.borrow(), ["prepare", "finish"], "{name}");
+                assert_eq!(held(&ds), (false, 0, false), "{name}");
+                assert!(ds.pending_faults().is_empty(), "{name}");
+                // The create, and the delete where it landed.
+                let landed = name.starts_with("answered") || name.starts_with("lost");
+                assert_eq!(ds.writes_to(wep), if landed { 2 } else { 1 }, "{name}");
+            }
+        }
+    }
+
+    /// The MAC of the endpoint in the store.
+    fn stored_mac(ds: &MemoryDatastore) -> serde_json::Value {
+        ds.dump()
+            .into_iter()
+            .find(|kv| KeyClass::of(&kv.key) == KeyClass::Resource(Kind::WorkloadEndpoint))
+            .map(|kv| kv.value["spec"]["mac"].clone())
+            .unwrap_or_default()
+    }
+
+    /// Where the endpoint names the interface (etcd), it is written beside `finish` once
+    /// the pair's MAC is known; a pair built again by `finish` (other families than
+    /// expected) has another MAC, and the endpoint is written again with it.
+    #[test]
+    fn an_endpoint_naming_its_interface_is_written_beside_it_once_the_mac_is_known() {
+        let wep = KeyClass::Resource(Kind::WorkloadEndpoint);
+        for (name, mac, writes) in [
+            ("same", "0a:58:0a:50:00:01", 1),
+            ("rebuilt", "0a:58:0a:50:00:99", 2),
+        ] {
+            let f = Fixture::new(&format!("beside-mac-{name}"));
+            let ds = store();
             let dp = FakeDataplane {
-                fail_finish: true,
+                mac_before_finish: Some(mac),
                 ..Default::default()
             };
-            if let Some(fault) = fault {
-                ds.inject(Fault::on(wep, fault));
-            }
-            let e = f.run(&ds, dp.clone(), false).unwrap_err();
-            assert!(
-                matches!(e, Error::Dataplane(DataplaneError::GatewayRoute(_))),
-                "{name}: {e:?}"
-            );
-            assert_eq!(*dp.log.borrow(), ["prepare", "finish"], "{name}");
-            assert_eq!(held(&ds), (false, 0, false), "{name}");
-            assert!(ds.pending_faults().is_empty(), "{name}");
-            // The create, and the delete where it landed.
-            let landed = matches!(name, "answered" | "lost");
-            assert_eq!(ds.writes_to(wep), if landed { 2 } else { 1 }, "{name}");
+            let result = f.run(&ds, dp.clone(), false).unwrap();
+            assert_eq!(result.interfaces[1].mac, "0A:58:0A:50:00:01");
+            assert_eq!(held(&ds), (true, 1, true), "{name}");
+            assert_eq!(ds.writes_to(wep), writes, "{name}");
+            assert_eq!(stored_mac(&ds), "0a:58:0a:50:00:01", "{name}");
         }
     }
 
