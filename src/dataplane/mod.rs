@@ -265,11 +265,6 @@ pub trait PodInterface {
     ) -> Result<NetworkingResult>;
     /// Undoes this call's interface (the ADD failed after all): only what it made.
     async fn remove(self) -> Result<()>;
-    /// The container end's MAC (lower case), where it is known before `finish`: the pair
-    /// is up for the expected families. `finish` keeps it unless IPAM gave other families.
-    fn container_mac(&self) -> Option<String> {
-        None
-    }
 }
 
 /// What the gRPC dataplane is told about the pod besides the interface's names and
@@ -450,10 +445,6 @@ impl PodInterface for VethPair {
         };
         veth::remove_pair(&cx, made.cont_idx).await
     }
-
-    fn container_mac(&self) -> Option<String> {
-        self.made.as_ref()?.container_mac().map(str::to_string)
-    }
 }
 
 /// The dataplane of one call, picked once (upstream's `GetDataplane`).
@@ -510,13 +501,6 @@ impl PodInterface for AnyInterface {
         match self {
             AnyInterface::Linux(l) => l.remove().await,
             AnyInterface::Grpc(g) => g.remove().await,
-        }
-    }
-
-    fn container_mac(&self) -> Option<String> {
-        match self {
-            AnyInterface::Linux(l) => l.container_mac(),
-            AnyInterface::Grpc(g) => g.container_mac(),
         }
     }
 }

@@ -54,13 +54,6 @@ pub(super) struct Made {
     linked: Option<Linked>,
 }
 
-impl Made {
-    /// The container end's MAC, once `link_up` has run.
-    pub(super) fn container_mac(&self) -> Option<&str> {
-        self.linked.as_ref().map(|l| l.container_mac.as_str())
-    }
-}
-
 /// What `link_up` did, for the families it was given.
 #[derive(Debug, Clone)]
 struct Linked {

@@ -117,9 +117,6 @@ impl Datastore for Backend {
     fn keeps_block_copies(&self) -> bool {
         self.is_kubernetes()
     }
-    fn endpoint_names_interface(&self) -> bool {
-        !self.is_kubernetes()
-    }
 
     fn as_backend(&self) -> Option<&Backend> {
         Some(self)

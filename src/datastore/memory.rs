@@ -272,9 +272,6 @@ pub struct MemoryDatastore {
     state: Mutex<State>,
     /// Whether `create_and_update` is answered (etcd) or refused with `None` (Kubernetes).
     transactions: bool,
-    /// Whether endpoints are kept as the Kubernetes datastore keeps them, without their
-    /// interface (`endpoint_names_interface`).
-    endpoints_without_interface: bool,
 }
 
 fn to_pair(key: Key, entry: &Entry) -> Result<KvPair, DatastoreError> {
@@ -352,14 +349,6 @@ impl MemoryDatastore {
         MemoryDatastore {
             transactions: true,
             ..MemoryDatastore::default()
-        }
-    }
-
-    /// A store whose endpoints do not name their interface, as the Kubernetes datastore's.
-    pub fn endpoints_without_interface(self) -> MemoryDatastore {
-        MemoryDatastore {
-            endpoints_without_interface: true,
-            ..self
         }
     }
 
@@ -539,10 +528,6 @@ impl Datastore for MemoryDatastore {
     /// As the Kubernetes datastore: the allocator's tests exercise the copies.
     fn keeps_block_copies(&self) -> bool {
         true
-    }
-
-    fn endpoint_names_interface(&self) -> bool {
-        !self.endpoints_without_interface
     }
 
     async fn list_cached(&self, what: &ListKind) -> Option<Result<Vec<KvPair>, DatastoreError>> {

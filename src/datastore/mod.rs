@@ -303,13 +303,6 @@ pub trait Datastore {
         false
     }
 
-    /// Whether a stored WorkloadEndpoint names the pod's interface (its host veth and MAC).
-    /// The Kubernetes datastore's is the pod's address and container ID annotations: ADD
-    /// may write it before the interface is finished.
-    fn endpoint_names_interface(&self) -> bool {
-        true
-    }
-
     /// The production backend this is, for the reads beyond Calico's own objects that only
     /// it can make (a pod's KubeVirt VM); `None` for the test stores.
     fn as_backend(&self) -> Option<&backend::Backend> {

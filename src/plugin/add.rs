@@ -405,7 +405,6 @@ async fn add_cni(
         result,
         link,
         wep,
-        false,
         routes,
         Extras::default(),
         mtu,
@@ -475,19 +474,7 @@ async fn add_k8s(
     .await?;
     // A calico-ipam result without routes is a KubeVirt migration target: no host routes.
     extras.skip_host_routes = call.plan.ipam == IpamKind::Calico && result.routes.is_empty();
-    let networked_before = !old_addresses.is_empty();
-    let result = network_and_write(
-        &tail,
-        args,
-        result,
-        link,
-        wep,
-        networked_before,
-        routes,
-        extras,
-        mtu,
-    )
-    .await?;
+    let result = network_and_write(&tail, args, result, link, wep, routes, extras, mtu).await?;
     endpoint_status::wait_for_policy(
         &conf.endpoint_status_dir,
         &ids.namespace,

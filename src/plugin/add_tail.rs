@@ -83,14 +83,6 @@ pub async fn alongside<D, I: IpamDriver, P: Dataplane>(
 
 /// The common tail of both modes: finish the interface, write the endpoint, shape the
 /// result. A failure gives back this call's addresses and removes the veth pair it created.
-///
-/// A new endpoint (`networked_before` false) is written while the interface is finished,
-/// where all it holds is known once IPAM has answered: on the Kubernetes datastore, whose
-/// endpoint is the pod's address and container ID annotations, and elsewhere once the pair
-/// is up with its MAC (`PodInterface::container_mac`). A failure of either then undoes the
-/// other as well: the endpoint is removed again (on the Kubernetes datastore, patched out
-/// as DEL does) before the addresses are given back. A re-networked endpoint keeps
-/// upstream's order, so that a failed interface leaves it as it was.
 #[allow(clippy::too_many_arguments)]
 pub async fn network_and_write<D: Datastore, I: IpamDriver, L: PodInterface>(
     tail: &Tail<'_, D, I>,
@@ -98,7 +90,6 @@ pub async fn network_and_write<D: Datastore, I: IpamDriver, L: PodInterface>(
     mut result: CniResult,
     mut link: L,
     mut wep: WorkloadEndpoint,
-    networked_before: bool,
     routes: Vec<IpNet>,
     extras: Extras,
     mtu: u32,
@@ -117,36 +108,12 @@ pub async fn network_and_write<D: Datastore, I: IpamDriver, L: PodInterface>(
         endpoint: &wep,
         annotations: &extras.annotations,
     };
-    let mut written_beside = wep.clone();
-    let beside = !networked_before
-        && match tail.ds.endpoint_names_interface() {
-            false => true,
-            true => link
-                .container_mac()
-                .map(|mac| written_beside.spec.mac = mac)
-                .is_some(),
-        };
-    let (finished, write_beside) = if beside {
-        let write = endpoint::write(tail.ds, &mut written_beside);
-        let (finished, written) = tokio::join!(link.finish(&addrs, &pod), write);
-        (finished, Some(written))
-    } else {
-        (link.finish(&addrs, &pod).await, None)
-    };
-    let net = match finished {
+    let net = match link.finish(&addrs, &pod).await {
         Ok(n) => n,
         Err(e) => {
             undo(
                 "releasing the addresses after a failed dataplane setup",
-                async {
-                    // `finish` removed what it made; the endpoint goes before the addresses.
-                    if let Some(written) = &write_beside {
-                        if written.as_ref().map_or_else(outcome_unknown, |()| true) {
-                            remove_own_endpoint(tail.ds, &written_beside).await;
-                        }
-                    }
-                    tail.ipam.give_back(args, &assigned).await;
-                },
+                tail.ipam.give_back(args, &assigned),
             )
             .await;
             return Err(e.into());
@@ -156,27 +123,15 @@ pub async fn network_and_write<D: Datastore, I: IpamDriver, L: PodInterface>(
     wep.spec.mac = net.container_mac.to_lowercase();
     wep.spec.interface_name = net.host_veth.clone();
     let new_endpoint = wep.metadata.resource_version.is_empty();
-    let written = match write_beside {
-        // IPAM gave other families than the pair was built for: it was built again, with
-        // another MAC, which the endpoint names.
-        Some(Ok(()))
-            if tail.ds.endpoint_names_interface() && written_beside.spec.mac != wep.spec.mac =>
-        {
-            written_beside.spec.mac = wep.spec.mac.clone();
-            endpoint::write(tail.ds, &mut written_beside).await
-        }
-        Some(written) => written,
-        None => endpoint::write(tail.ds, &mut wep).await,
-    };
-    if let Err(e) = written {
+    if let Err(e) = endpoint::write(tail.ds, &mut wep).await {
         undo("undoing a failed ADD", async {
             // The interface first: it is local and always possible (and its host route must
             // be gone before the address can go to another pod).
             if let Err(undo) = link.remove().await {
                 warn!(error = %undo, "failed to remove the pod interface after a failed ADD");
             }
-            if (new_endpoint || beside) && outcome_unknown(&e) {
-                remove_own_endpoint(tail.ds, &wep).await;
+            if new_endpoint && outcome_unknown(&e) {
+                remove_unanswered_endpoint(tail.ds, &wep).await;
             }
             tail.ipam.give_back(args, &assigned).await;
         })
@@ -211,10 +166,10 @@ fn outcome_unknown(e: &Error) -> bool {
     )
 }
 
-/// After a failed ADD whose endpoint write landed, or went unanswered and may have: delete
-/// the endpoint if it is this call's (same container and addresses), so that no endpoint is
+/// After the create of a new endpoint went unanswered: delete the endpoint if it was written
+/// all the same (it is this call's: same container and addresses), so that no endpoint is
 /// left naming addresses that are being given back.
-async fn remove_own_endpoint<D: Datastore>(ds: &D, wep: &WorkloadEndpoint) {
+async fn remove_unanswered_endpoint<D: Datastore>(ds: &D, wep: &WorkloadEndpoint) {
     let (ns, name) = (&wep.metadata.namespace, &wep.metadata.name);
     let read =
         get_resource::<_, WorkloadEndpointSpec>(ds, Kind::WorkloadEndpoint, Some(ns), name).await;
@@ -233,7 +188,7 @@ async fn remove_own_endpoint<D: Datastore>(ds: &D, wep: &WorkloadEndpoint) {
     }
     let rev = Some(stored.metadata.resource_version.as_str());
     match delete_resource(ds, Kind::WorkloadEndpoint, Some(ns), name, rev).await {
-        Ok(()) => info!(name, "deleted the endpoint of a failed ADD"),
+        Ok(()) => info!(name, "deleted the endpoint whose write went unanswered"),
         Err(e) => warn!(error = %e, name, "failed to delete the endpoint of a failed ADD"),
     }
 }
@@ -298,8 +253,6 @@ mod tests {
     struct FakeDataplane {
         fail_prepare: bool,
         fail_finish: bool,
-        /// The container MAC known before `finish` (a pair built up front).
-        mac_before_finish: Option<&'static str>,
         log: Rc<RefCell<Vec<&'static str>>>,
     }
 
@@ -333,10 +286,6 @@ mod tests {
                     container_index: 2,
                 }),
             }
-        }
-
-        fn container_mac(&self) -> Option<String> {
-            self.0.mac_before_finish.map(str::to_string)
         }
 
         async fn remove(self) -> Result<(), DataplaneError> {
@@ -448,7 +397,6 @@ mod tests {
                     result,
                     link,
                     self.endpoint(),
-                    false,
                     vec!["0.0.0.0/0".parse().unwrap()],
                     Extras::default(),
                     1450,
@@ -604,122 +552,6 @@ mod tests {
         assert!(endpoint, "the other container's endpoint is kept");
     }
 
-    /// Where the endpoint does not name the interface (the Kubernetes datastore), a pod's
-    /// first endpoint is written while the interface is finished: on success, as before.
-    #[test]
-    fn an_endpoint_without_its_interface_is_written_beside_it() {
-        let f = Fixture::new("beside-ok");
-        let (ds, dp) = (
-            store().endpoints_without_interface(),
-            FakeDataplane::default(),
-        );
-        let result = f.run(&ds, dp.clone(), false).unwrap();
-        assert_eq!(result.ips[0].address.to_string(), "10.80.0.0/32");
-        assert_eq!(result.interfaces[0].name, "cali0123456789a");
-        assert_eq!(*dp.log.borrow(), ["prepare", "finish"]);
-        assert_eq!(held(&ds), (true, 1, true));
-    }
-
-    /// The interface failing while the endpoint was written beside it: the endpoint is
-    /// removed again, whether its write was answered or its answer was lost, then the
-    /// addresses are given back. A write that was refused or not applied leaves nothing
-    /// to remove. `finish`'s error is the call's.
-    #[test]
-    fn the_interface_failing_removes_the_endpoint_written_beside_it() {
-        let wep = KeyClass::Resource(Kind::WorkloadEndpoint);
-        for (name, fault) in [
-            ("answered", None),
-            ("lost", Some(Fault::LoseAnswerOfWrite(1))),
-            ("unavailable", Some(Fault::UnavailableOnWrite(1))),
-            ("refused", Some(Fault::ConflictOnWrite(1))),
-        ] {
-            for (kind, ds, mac) in [
-                ("pods", store().endpoints_without_interface(), None),
-                ("mac", store(), Some("0a:58:0a:50:00:01")),
-            ] {
-                let name = format!("{name}-{kind}");
-                let f = Fixture::new(&format!("beside-finish-{name}"));
-                let dp = FakeDataplane {
-                    fail_finish: true,
-                    mac_before_finish: mac,
-                    ..Default::default()
-                };
-                if let Some(fault) = fault {
-                    ds.inject(Fault::on(wep, fault));
-                }
-                let e = f.run(&ds, dp.clone(), false).unwrap_err();
-                assert!(
-                    matches!(e, Error::Dataplane(DataplaneError::GatewayRoute(_))),
-                    "{name}: {e:?}"
-                );
-                assert_eq!(*dp.log.borrow(), ["prepare", "finish"], "{name}");
-                assert_eq!(held(&ds), (false, 0, false), "{name}");
-                assert!(ds.pending_faults().is_empty(), "{name}");
-                // The create, and the delete where it landed.
-                let landed = name.starts_with("answered") || name.starts_with("lost");
-                assert_eq!(ds.writes_to(wep), if landed { 2 } else { 1 }, "{name}");
-            }
-        }
-    }
-
-    /// The MAC of the endpoint in the store.
-    fn stored_mac(ds: &MemoryDatastore) -> serde_json::Value {
-        ds.dump()
-            .into_iter()
-            .find(|kv| KeyClass::of(&kv.key) == KeyClass::Resource(Kind::WorkloadEndpoint))
-            .map(|kv| kv.value["spec"]["mac"].clone())
-            .unwrap_or_default()
-    }
-
-    /// Where the endpoint names the interface (etcd), it is written beside `finish` once
-    /// the pair's MAC is known; a pair built again by `finish` (other families than
-    /// expected) has another MAC, and the endpoint is written again with it.
-    #[test]
-    fn an_endpoint_naming_its_interface_is_written_beside_it_once_the_mac_is_known() {
-        let wep = KeyClass::Resource(Kind::WorkloadEndpoint);
-        for (name, mac, writes) in [
-            ("same", "0a:58:0a:50:00:01", 1),
-            ("rebuilt", "0a:58:0a:50:00:99", 2),
-        ] {
-            let f = Fixture::new(&format!("beside-mac-{name}"));
-            let ds = store();
-            let dp = FakeDataplane {
-                mac_before_finish: Some(mac),
-                ..Default::default()
-            };
-            let result = f.run(&ds, dp.clone(), false).unwrap();
-            assert_eq!(result.interfaces[1].mac, "0A:58:0A:50:00:01");
-            assert_eq!(held(&ds), (true, 1, true), "{name}");
-            assert_eq!(ds.writes_to(wep), writes, "{name}");
-            assert_eq!(stored_mac(&ds), "0a:58:0a:50:00:01", "{name}");
-        }
-    }
-
-    /// The endpoint written beside the interface failing: as after the write in order, the
-    /// interface is removed, an endpoint that landed unanswered is deleted, the addresses
-    /// are given back.
-    #[test]
-    fn an_endpoint_written_beside_the_interface_failing_undoes_everything() {
-        let wep = KeyClass::Resource(Kind::WorkloadEndpoint);
-        for (name, fault) in [
-            ("refused", Fault::ConflictOnWrite(1)),
-            ("unavailable", Fault::UnavailableOnWrite(1)),
-            ("lost", Fault::LoseAnswerOfWrite(1)),
-        ] {
-            let f = Fixture::new(&format!("beside-write-{name}"));
-            let (ds, dp) = (
-                store().endpoints_without_interface(),
-                FakeDataplane::default(),
-            );
-            ds.inject(Fault::on(wep, fault));
-            let e = f.run(&ds, dp.clone(), false).unwrap_err();
-            assert!(matches!(e, Error::Datastore(_)), "{name}: {e:?}");
-            assert_eq!(*dp.log.borrow(), ["prepare", "finish", "remove"], "{name}");
-            assert_eq!(held(&ds), (false, 0, false), "{name}");
-            assert!(ds.pending_faults().is_empty(), "{name}");
-        }
-    }
-
     /// Runs the tail with `FakeIpam` giving `ips`; the log and what was given back.
     fn run_with_fake_ipam(
         f: &Fixture,
@@ -747,7 +579,6 @@ mod tests {
                 result,
                 link,
                 f.endpoint(),
-                false,
                 routes,
                 Extras::default(),
                 1450,

@@ -999,10 +999,6 @@ impl Datastore for KubeDatastore {
         true
     }
 
-    fn endpoint_names_interface(&self) -> bool {
-        false
-    }
-
     async fn get(&self, key: &Key) -> Result<KvPair, DatastoreError> {
         match is_cr(key) {
             true => self.in_group(|| self.get_now(key)).await,
