@@ -364,8 +364,19 @@ rules:
         }
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
-            let established = self
-                .list("/apis/apiextensions.k8s.io/v1/customresourcedefinitions")
+            // A server error while the server settles after the creates (etcd answering
+            // "unexpected EOF", seen once under load) is polled again, as "not yet".
+            let crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+            let listed = self.request("GET", crds, None, "");
+            assert!(
+                listed.status == 200 || listed.status >= 500,
+                "GET {crds}: {listed:?}"
+            );
+            let items = match listed.status {
+                200 => listed.body["items"].as_array().cloned().unwrap_or_default(),
+                _ => Vec::new(),
+            };
+            let established = items
                 .iter()
                 .filter(|c| {
                     c["status"]["conditions"].as_array().is_some_and(|cs| {
