@@ -16,10 +16,22 @@ use calico_cni::plugin::CalicoPlugin;
 use calico_cni::skel::error::CODE_TRY_AGAIN_LATER;
 use calico_cni::skel::{self, CniError};
 
+/// The static (musl) build's allocator: see Cargo.toml.
+#[cfg(target_env = "musl")]
+#[global_allocator]
+static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+
 fn main() -> ExitCode {
     // A CNI call's deadline counts from process start (armed below, for CNI calls only).
     let started = Instant::now();
     one_malloc_arena();
+    #[cfg(target_env = "musl")]
+    // SAFETY: runs before any other thread exists; it registers fork handlers that take and
+    // release the allocator's lock, so a child forked while another thread allocates can
+    // still allocate.
+    unsafe {
+        dlmalloc::enable_alloc_after_fork();
+    }
     let args: Vec<String> = std::env::args().collect();
     let argv0 = args.first().map(String::as_str).unwrap_or_default();
     let name = Path::new(argv0)
