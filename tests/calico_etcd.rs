@@ -10,6 +10,7 @@ mod common;
 use std::time::Duration;
 
 use common::cni::{run_plugin_within, Invocation};
+use common::route_conflict;
 use common::world::{World, NODE, WEP_PREFIX};
 use serde_json::{json, Value};
 
@@ -102,21 +103,12 @@ fn a_failed_interface_leaves_no_endpoint() {
         .parse()
         .unwrap();
     // The next address of the affine block is the second pod's; route it elsewhere.
-    let next = std::net::Ipv4Addr::from(u32::from(ip) + 1);
-    w.host_sh("ip link add beside0 type veth peer name beside1 && ip link set beside0 up");
-    w.host_sh(&format!("ip route add {next}/32 dev beside0 scope link"));
-    let route = w.host_sh(&format!("ip route show {next}"));
-    assert!(route.contains("beside0"), "{route}");
+    let next = route_conflict::route_next_elsewhere(|c| w.host_sh(c), ip);
 
     let p2 = w.pod();
     let second = Invocation::new("ADD", "second000001", p2.path()).k8s("default", "second");
     let e = w.calico(&second, &conf).assert_err();
-    let msg = e["msg"].as_str().unwrap_or_default();
-    assert!(
-        msg.contains(&format!("Dst: {next}/32"))
-            && msg.contains("already exists for an interface other than"),
-        "{e}"
-    );
+    route_conflict::assert_route_refused(&e, next);
     assert_eq!(
         w.keys(WEP_PREFIX),
         [format!("{WEP_PREFIX}default/node1-k8s-first-eth0")]
@@ -128,7 +120,7 @@ fn a_failed_interface_leaves_no_endpoint() {
     let links = w.host_sh("ip -o link show | grep -c cali || true");
     assert_eq!(links.trim(), "1", "only the first pod's veth");
 
-    w.host_sh("ip link del beside0");
+    route_conflict::unroute(|c| w.host_sh(c));
     w.calico(&second.as_del(), &conf).assert_ok();
     w.calico(&first.as_del(), &conf).assert_ok();
     w.assert_clean();

@@ -23,6 +23,7 @@ use common::kdd::{KddWorld, RealKddWorld, CRD, NODE};
 use common::kube_api::KubeApi;
 use common::netns::require_root;
 use common::real_k8s::{Audited, RealK8s};
+use common::route_conflict;
 use serde_json::{json, Value};
 
 /// The real-server world, or return (after `SKIPPED <why>`) when there is none.
@@ -457,22 +458,13 @@ fn kdd_a_failed_interface_leaves_the_pod_unannotated() {
     r.assert_ok();
     // The next address of the affine block is the second pod's; route it elsewhere.
     let ip: std::net::Ipv4Addr = ip_of(&r.json()).parse().unwrap();
-    let next = std::net::Ipv4Addr::from(u32::from(ip) + 1);
-    w.host_sh("ip link add beside0 type veth peer name beside1 && ip link set beside0 up");
-    w.host_sh(&format!("ip route add {next}/32 dev beside0 scope link"));
-    let route = w.host_sh(&format!("ip route show {next}"));
-    assert!(route.contains("beside0"), "{route}");
+    let next = route_conflict::route_next_elsewhere(|c| w.host_sh(c), ip);
 
     let p2 = common::netns::Netns::new("pod");
     let second = Invocation::new("ADD", "second000001", p2.path()).k8s("default", "second");
     let mark = w.api.audit_mark();
     let e = w.calico(&second, &conf).assert_err();
-    let msg = e["msg"].as_str().unwrap_or_default();
-    assert!(
-        msg.contains(&format!("Dst: {next}/32"))
-            && msg.contains("already exists for an interface other than"),
-        "{e}"
-    );
+    route_conflict::assert_route_refused(&e, next);
     let reqs = w.api.plugin_requests_since(mark);
     assert!(
         !reqs.iter().any(|q| q.verb == "patch"),
@@ -499,7 +491,7 @@ fn kdd_a_failed_interface_leaves_the_pod_unannotated() {
     let links = w.host_sh("ip -o link show | grep -c cali || true");
     assert_eq!(links.trim(), "1", "only the first pod's veth");
 
-    w.host_sh("ip link del beside0");
+    route_conflict::unroute(|c| w.host_sh(c));
     w.calico(&second.as_del(), &conf).assert_ok();
     w.calico(&first.as_del(), &conf).assert_ok();
     w.assert_clean();

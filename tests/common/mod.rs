@@ -15,4 +15,5 @@ pub mod libcni;
 pub mod netns;
 pub mod real_k8s;
 pub mod real_node;
+pub mod route_conflict;
 pub mod world;
