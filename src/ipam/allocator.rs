@@ -19,6 +19,7 @@
 //!   counterpart in the CNI; kube-controllers' IPAM GC does the cluster-wide part).
 
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::net::IpAddr;
 
 use crate::datastore::model::{AllocationBlock, IpPool, IpamConfig};
@@ -172,6 +173,18 @@ pub struct Ipam<'a, D: Datastore> {
     /// and its block are written together where the datastore cannot write both at once
     /// (`assign::write_handle_beside_block`).
     journal: std::sync::Mutex<Option<Journal>>,
+    /// A write of the caller's that goes out with the block write giving the call all its
+    /// addresses (`assign::write_handle_beside_block`): one round trip instead of two.
+    beside: Option<&'a dyn WriteBeside>,
+}
+
+/// A write that depends only on the addresses a call is given (the Kubernetes datastore's
+/// endpoint: the pod's address annotations), sent with the block write that gives them.
+/// It may run more than once (the block write lost its compare-and-swap and another address
+/// is tried) or for addresses the call does not get in the end (the block write failed): the
+/// caller tells from what it recorded whether it must write again or take the write back.
+pub trait WriteBeside {
+    fn write<'w>(&'w self, ips: &'w [IpNet]) -> std::pin::Pin<Box<dyn Future<Output = ()> + 'w>>;
 }
 
 impl<'a, D: Datastore> Ipam<'a, D> {
@@ -183,7 +196,14 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             prefetched_blocks: Default::default(),
             assigned_blocks: Default::default(),
             journal: Default::default(),
+            beside: None,
         }
+    }
+
+    /// Sends `beside` with the block write that gives this call all its addresses.
+    pub fn write_beside(mut self, beside: Option<&'a dyn WriteBeside>) -> Self {
+        self.beside = beside;
+        self
     }
 
     /// Keeps the lock file's journal (`IpamLock::journal`) for this call's writes.

@@ -20,7 +20,7 @@ use crate::datastore::{Datastore, Key};
 use crate::error::{Context, Error, Result};
 use crate::identifiers::WepIdentifiers;
 use crate::ipam::allocator::gc::{GcOutcome, NodeHandles};
-use crate::ipam::allocator::{AutoAssignArgs, Ipam, IpamError, ViewReads};
+use crate::ipam::allocator::{AutoAssignArgs, Ipam, IpamError, ViewReads, WriteBeside};
 use crate::ipam::lock::{peek_pending, IpamLock};
 use crate::ipam::owner::{Change, Owner, OwnerUpdate};
 use crate::ipam_driver::kubevirt::{self, Detected, PodVmi, Vmi};
@@ -71,7 +71,7 @@ impl<D: Datastore> InProcess<'_, D> {
         (args.stdin_data == self.stdin).then_some(self.known)
     }
 
-    pub async fn add(&self, args: &CmdArgs, prepared: Prepared) -> Result<CniResult> {
+    pub async fn add(&self, args: &CmdArgs, prepared: Prepared<'_>) -> Result<CniResult> {
         debug!("running calico-ipam ADD in-process");
         let args = ipam_args(args);
         let call = prepare(&args, self.known_for(&args), true)?;
@@ -177,7 +177,7 @@ pub async fn namespace_labels(
 
 /// What the `calico` plugin hands the calico-ipam it runs in-process.
 #[derive(Default)]
-pub struct Prepared {
+pub struct Prepared<'a> {
     /// The pod's KubeVirt VMI as the call read the pod (`Some(None)`: read, no VMI);
     /// `None` when the pod was not read (calico-ipam reads it if it may run a VM).
     pub pod_vmi: Option<Option<PodVmi>>,
@@ -188,6 +188,9 @@ pub struct Prepared {
     pub reads: Option<ViewReads>,
     /// The host's IPAM lock, already held.
     pub lock: Option<IpamLock>,
+    /// The caller's write that goes out with the block write giving all the addresses
+    /// (`Ipam::write_beside`).
+    pub beside: Option<&'a dyn WriteBeside>,
 }
 
 /// Gives back exactly these addresses, and only where they still belong to this call's
@@ -241,16 +244,17 @@ pub async fn assign<D: Datastore>(
     ds: &D,
     call: &Call<'_>,
     ip: Option<IpAddr>,
-    prepared: Prepared,
+    prepared: Prepared<'_>,
 ) -> Result<CniResult> {
     let Prepared {
         pod_vmi,
         namespace_labels,
         reads,
         lock,
+        beside,
     } = prepared;
     let lock_file = call.conf.ipam_lock_file();
-    let ipam = Ipam::new(ds, &call.ids.node);
+    let ipam = Ipam::new(ds, &call.ids.node).write_beside(beside);
     let vm = persistent_vm(&ipam, detect_vm(ds, call, pod_vmi, false).await?).await?;
     let handle = match &vm {
         Some(vmi) => vmi.handle_id(&call.conf.name),

@@ -21,7 +21,7 @@ pub struct FakeIpam {
 }
 
 impl IpamDriver for FakeIpam {
-    async fn add(&self, _args: &CmdArgs, _prepared: Prepared) -> Result<CniResult> {
+    async fn add(&self, _args: &CmdArgs, _prepared: Prepared<'_>) -> Result<CniResult> {
         self.log.borrow_mut().push("ipam add");
         let mut result = CniResult::default();
         for ip in &self.ips {

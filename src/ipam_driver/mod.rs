@@ -63,7 +63,7 @@ pub struct GcScope<'a> {
 pub trait IpamDriver {
     /// ADD: the addresses, in the 1.0 result model. `prepared` is what the call has already
     /// read and locked for an in-process Calico IPAM (dropped by any other).
-    async fn add(&self, args: &CmdArgs, prepared: Prepared) -> Result<CniResult>;
+    async fn add(&self, args: &CmdArgs, prepared: Prepared<'_>) -> Result<CniResult>;
     /// DEL: everything the IPAM holds for this container.
     async fn del(&self, args: &CmdArgs) -> Result<()>;
     /// The rollback of a failed ADD: gives back exactly `ips`. With Calico IPAM (wherever it
@@ -116,7 +116,7 @@ pub fn pick<'a, D: Datastore>(
 }
 
 impl<D: Datastore> IpamDriver for Driver<'_, D> {
-    async fn add(&self, args: &CmdArgs, prepared: Prepared) -> Result<CniResult> {
+    async fn add(&self, args: &CmdArgs, prepared: Prepared<'_>) -> Result<CniResult> {
         match self {
             // Boxed: the IPAM's state machine is large, and the poll functions of every
             // future holding it inline reserve (and probe, page by page) stack for it.

@@ -36,12 +36,12 @@ use crate::datastore::model::{Profile, WorkloadEndpoint};
 use crate::datastore::validate;
 use crate::datastore::Datastore;
 use crate::error::{Context, Error, Result};
-use crate::ipam::allocator::{Ipam, ViewReads};
+use crate::ipam::allocator::{Ipam, ViewReads, WriteBeside};
 use crate::ipam::lock::IpamLock;
 use crate::ipam_driver::exec::{host_local_add_stdin, uses_pod_cidr};
 use crate::ipam_driver::{calico, kubevirt, IpamDriver, IpamKind, Prepared};
 use crate::net::IpNet;
-use crate::plugin::add_tail::{alongside, network_and_write, undo, Extras, Tail};
+use crate::plugin::add_tail::{alongside, network_and_write, undo, EndpointBeside, Extras, Tail};
 use crate::plugin::early::{self, Early};
 use crate::plugin::endpoint;
 use crate::plugin::endpoint_status;
@@ -246,6 +246,7 @@ async fn assign_before_pod(
         namespace_labels: BTreeMap::new(),
         reads: early.reads,
         lock: early.lock,
+        beside: None,
     };
     let assigned = ipam_add(call, args, prepared, MISSING_IP_CONFIG).await;
     (EarlyIpam::default(), Some(assigned))
@@ -461,7 +462,17 @@ async fn add_k8s(
     let host_veth = &wep.spec.interface_name;
     let veth = |families| veth_request(args, call, host_veth, mtu, extras.container_mac, families);
     let driver = call.ipam();
-    let tail = tail(call, &driver);
+    let mut tail = tail(call, &driver);
+    // On the Kubernetes datastore, a pod no ADD has networked yet gets its endpoint (the
+    // address annotations) with Calico IPAM's block write: one round trip less.
+    let beside = EndpointBeside::new(&call.ds, &wep);
+    if call.ds.is_kubernetes()
+        && call.plan.ipam == IpamKind::Calico
+        && call.plan.ipam_in_process
+        && old_addresses.is_empty()
+    {
+        tail.beside = Some(&beside);
+    }
     let (result, link) = addresses_alongside(
         call,
         &tail,
@@ -527,6 +538,7 @@ async fn addresses_alongside<I: IpamDriver>(
                 namespace_labels: namespace_labels(call, pod).await?,
                 reads: early.reads,
                 lock: early.lock,
+                beside: tail.beside.map(|b| b as &dyn WriteBeside),
             };
             let ipam = ipam_add(call, &ipam_args, prepared, MISSING_IP_CONFIG);
             alongside(tail, args, work.take_pair()?, veth(families), ipam).await
@@ -678,6 +690,7 @@ fn tail<'a, I>(call: &'a Call, ipam: &'a I) -> Tail<'a, Backend, I> {
         ds: &call.ds,
         ipam,
         allow_ip_forwarding: call.conf.container_settings.allow_ip_forwarding,
+        beside: None,
     }
 }
 
@@ -719,7 +732,7 @@ const MISSING_IP_CONFIG: &str = "IPAM plugin returned missing IP config";
 async fn ipam_add(
     call: &Call,
     args: &CmdArgs,
-    prepared: Prepared,
+    prepared: Prepared<'_>,
     empty: &str,
 ) -> Result<CniResult> {
     let ipam = call.ipam();

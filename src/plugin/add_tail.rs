@@ -5,6 +5,12 @@
 //! unanswered, never a pre-existing interface, never an address another ADD of the same
 //! sandbox holds under the same handle.
 //!
+//! On the Kubernetes datastore the endpoint of a pod no ADD has networked yet is the pod's
+//! address and container ID annotations, all known once IPAM has chosen the addresses: it
+//! is written with IPAM's block write (`EndpointBeside`), one round trip less. Until the
+//! call succeeds, a failure takes it back (as DEL would) before the addresses are given
+//! back; after a SIGKILL, the runtime's DEL removes it as any endpoint of its container.
+//!
 //! Generic over the datastore, the IPAM and the dataplane, so that every failure interleaving
 //! is unit-tested with the memory store and fakes (`tests` below), without root. The undo
 //! runs within the call's grace (`deadline::cleanup_bound`).
@@ -12,8 +18,10 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Mutex;
 
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::dataplane::{AddressRequest, Dataplane, PodFacts, PodInterface, VethRequest};
 use crate::datastore::model::{IpNat, WorkloadEndpoint, WorkloadEndpointSpec};
@@ -21,6 +29,7 @@ use crate::datastore::resources::{delete_resource, get_resource};
 use crate::datastore::{Datastore, DatastoreError, Kind};
 use crate::deadline;
 use crate::error::{Error, Result};
+use crate::ipam::allocator::WriteBeside;
 use crate::ipam_driver::IpamDriver;
 use crate::net::IpNet;
 use crate::plugin::endpoint;
@@ -32,6 +41,90 @@ pub struct Tail<'a, D, I> {
     pub ipam: &'a I,
     /// `container_settings.allow_ip_forwarding`.
     pub allow_ip_forwarding: bool,
+    /// The endpoint IPAM writes with the addresses, if any.
+    pub beside: Option<&'a EndpointBeside<'a, D>>,
+}
+
+/// The endpoint written with IPAM's block write (`WriteBeside`), where all it holds is
+/// known once the addresses are: the Kubernetes datastore's, for a pod no ADD has networked
+/// yet. What each write did is kept, for the tail to tell whether the endpoint is written
+/// (`holds`) or must be taken back (`take_back`).
+pub struct EndpointBeside<'a, D> {
+    ds: &'a D,
+    wep: WorkloadEndpoint,
+    /// The last write's addresses and outcome.
+    last: Mutex<Option<(Vec<String>, Written)>>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Written {
+    Landed,
+    /// No answer: it may have landed.
+    Unknown,
+    Refused,
+}
+
+impl<'a, D: Datastore> EndpointBeside<'a, D> {
+    /// `wep` as it will be written, but for its addresses.
+    pub fn new(ds: &'a D, wep: &WorkloadEndpoint) -> Self {
+        EndpointBeside {
+            ds,
+            wep: wep.clone(),
+            last: Mutex::new(None),
+        }
+    }
+
+    fn last(&self) -> Option<(Vec<String>, Written)> {
+        self.last.lock().ok().and_then(|l| l.clone())
+    }
+
+    /// Whether the endpoint is stored with exactly these addresses.
+    fn holds(&self, ip_networks: &[String]) -> bool {
+        matches!(self.last(), Some((ips, Written::Landed)) if ips == ip_networks)
+    }
+
+    /// Removes the endpoint a write may have stored, if it is still this call's (same
+    /// container and addresses).
+    async fn take_back(&self) {
+        if let Some((ips, Written::Landed | Written::Unknown)) = self.last() {
+            let mut wep = self.wep.clone();
+            wep.spec.ip_networks = ips;
+            remove_own_endpoint(self.ds, &wep).await;
+        }
+    }
+}
+
+impl<D: Datastore> WriteBeside for EndpointBeside<'_, D> {
+    fn write<'w>(&'w self, ips: &'w [IpNet]) -> Pin<Box<dyn Future<Output = ()> + 'w>> {
+        Box::pin(async move {
+            // Another try, after a block write that lost: the endpoint that went with it
+            // (other addresses) goes first.
+            self.take_back().await;
+            let mut wep = self.wep.clone();
+            wep.spec.ip_networks = ips
+                .iter()
+                .map(|n| IpNet::host(n.addr).to_string())
+                .collect();
+            let outcome = match endpoint::write(self.ds, &mut wep).await {
+                Ok(()) => Written::Landed,
+                Err(e) if outcome_unknown(&e) => Written::Unknown,
+                Err(e) => {
+                    debug!(error = %e, "the endpoint written with the addresses was refused");
+                    Written::Refused
+                }
+            };
+            if let Ok(mut last) = self.last.lock() {
+                *last = Some((wep.spec.ip_networks, outcome));
+            }
+        })
+    }
+}
+
+/// Takes back the endpoint written with the addresses, if any.
+async fn take_back_beside<D: Datastore>(beside: Option<&EndpointBeside<'_, D>>) {
+    if let Some(b) = beside {
+        b.take_back().await;
+    }
 }
 
 /// What the annotations add to the interface and the endpoint.
@@ -47,7 +140,7 @@ pub struct Extras {
 /// Runs IPAM (`ipam`) and builds the veth pair at the same time. A failure of either undoes
 /// the other: addresses without a pair are given back, a pair without addresses is removed.
 /// When both fail, IPAM's error is the call's (it is what the sequential order reported).
-pub async fn alongside<D, I: IpamDriver, P: Dataplane>(
+pub async fn alongside<D: Datastore, I: IpamDriver, P: Dataplane>(
     tail: &Tail<'_, D, I>,
     args: &CmdArgs,
     dataplane: P,
@@ -61,19 +154,28 @@ pub async fn alongside<D, I: IpamDriver, P: Dataplane>(
                 if let Err(undo) = link.remove().await {
                     warn!(error = %undo, "failed to remove the pod interface after IPAM failed");
                 }
+                take_back_beside(tail.beside).await;
             })
             .await;
             Err(e)
         }
         (Err(e), Err(net)) => {
             warn!(error = %net, "the veth pair failed too (and was removed)");
+            undo(
+                "taking back the endpoint after IPAM failed",
+                take_back_beside(tail.beside),
+            )
+            .await;
             Err(e)
         }
         (Ok(result), Err(e)) => {
             let assigned: Vec<IpAddr> = result.ips.iter().map(|ip| ip.address.addr).collect();
             undo(
                 "releasing the addresses after a failed dataplane setup",
-                tail.ipam.give_back(args, &assigned),
+                async {
+                    take_back_beside(tail.beside).await;
+                    tail.ipam.give_back(args, &assigned).await;
+                },
             )
             .await;
             Err(e.into())
@@ -113,7 +215,11 @@ pub async fn network_and_write<D: Datastore, I: IpamDriver, L: PodInterface>(
         Err(e) => {
             undo(
                 "releasing the addresses after a failed dataplane setup",
-                tail.ipam.give_back(args, &assigned),
+                async {
+                    // The endpoint written with the addresses goes before them.
+                    take_back_beside(tail.beside).await;
+                    tail.ipam.give_back(args, &assigned).await;
+                },
             )
             .await;
             return Err(e.into());
@@ -122,23 +228,29 @@ pub async fn network_and_write<D: Datastore, I: IpamDriver, L: PodInterface>(
     info!(host_veth = %net.host_veth, mac = %net.container_mac, "Networked namespace");
     wep.spec.mac = net.container_mac.to_lowercase();
     wep.spec.interface_name = net.host_veth.clone();
-    let new_endpoint = wep.metadata.resource_version.is_empty();
-    if let Err(e) = endpoint::write(tail.ds, &mut wep).await {
-        undo("undoing a failed ADD", async {
-            // The interface first: it is local and always possible (and its host route must
-            // be gone before the address can go to another pod).
-            if let Err(undo) = link.remove().await {
-                warn!(error = %undo, "failed to remove the pod interface after a failed ADD");
-            }
-            if new_endpoint && outcome_unknown(&e) {
-                remove_unanswered_endpoint(tail.ds, &wep).await;
-            }
-            tail.ipam.give_back(args, &assigned).await;
-        })
-        .await;
-        return Err(e);
+    if tail.beside.is_some_and(|b| b.holds(&wep.spec.ip_networks)) {
+        info!(name = %wep.metadata.name, "Wrote endpoint to datastore (with the addresses)");
+    } else {
+        // One written with other addresses (its block write lost) or unanswered goes first.
+        take_back_beside(tail.beside).await;
+        let new_endpoint = wep.metadata.resource_version.is_empty();
+        if let Err(e) = endpoint::write(tail.ds, &mut wep).await {
+            undo("undoing a failed ADD", async {
+                // The interface first: it is local and always possible (and its host route
+                // must be gone before the address can go to another pod).
+                if let Err(undo) = link.remove().await {
+                    warn!(error = %undo, "failed to remove the pod interface after a failed ADD");
+                }
+                if new_endpoint && outcome_unknown(&e) {
+                    remove_own_endpoint(tail.ds, &wep).await;
+                }
+                tail.ipam.give_back(args, &assigned).await;
+            })
+            .await;
+            return Err(e);
+        }
+        info!(name = %wep.metadata.name, "Wrote endpoint to datastore");
     }
-    info!(name = %wep.metadata.name, "Wrote endpoint to datastore");
     finish_result(
         &mut result,
         &net.host_veth,
@@ -166,10 +278,10 @@ fn outcome_unknown(e: &Error) -> bool {
     )
 }
 
-/// After the create of a new endpoint went unanswered: delete the endpoint if it was written
-/// all the same (it is this call's: same container and addresses), so that no endpoint is
+/// After a failed ADD whose endpoint write landed, or went unanswered and may have: delete
+/// the endpoint if it is this call's (same container and addresses), so that no endpoint is
 /// left naming addresses that are being given back.
-async fn remove_unanswered_endpoint<D: Datastore>(ds: &D, wep: &WorkloadEndpoint) {
+async fn remove_own_endpoint<D: Datastore>(ds: &D, wep: &WorkloadEndpoint) {
     let (ns, name) = (&wep.metadata.namespace, &wep.metadata.name);
     let read =
         get_resource::<_, WorkloadEndpointSpec>(ds, Kind::WorkloadEndpoint, Some(ns), name).await;
@@ -188,7 +300,7 @@ async fn remove_unanswered_endpoint<D: Datastore>(ds: &D, wep: &WorkloadEndpoint
     }
     let rev = Some(stored.metadata.resource_version.as_str());
     match delete_resource(ds, Kind::WorkloadEndpoint, Some(ns), name, rev).await {
-        Ok(()) => info!(name, "deleted the endpoint whose write went unanswered"),
+        Ok(()) => info!(name, "deleted the endpoint of a failed ADD"),
         Err(e) => warn!(error = %e, name, "failed to delete the endpoint of a failed ADD"),
     }
 }
@@ -373,21 +485,38 @@ mod tests {
             dp: FakeDataplane,
             ipam_fails: bool,
         ) -> Result<CniResult> {
+            self.run_with(ds, dp, ipam_fails, false)
+        }
+
+        /// `run`; with `beside`, the endpoint is written with IPAM's block write.
+        fn run_with(
+            &self,
+            ds: &MemoryDatastore,
+            dp: FakeDataplane,
+            ipam_fails: bool,
+            beside: bool,
+        ) -> Result<CniResult> {
             let known = Known {
                 conf: &self.conf,
                 ids: &self.ids,
             };
             let driver = pick(true, ds, known, &self.args.stdin_data);
+            let written_beside = EndpointBeside::new(ds, &self.endpoint());
             let tail = Tail {
                 ds,
                 ipam: &driver,
                 allow_ip_forwarding: false,
+                beside: beside.then_some(&written_beside),
             };
             crate::client::block_on(async {
+                let prepared = Prepared {
+                    beside: tail.beside.map(|b| b as &dyn WriteBeside),
+                    ..Default::default()
+                };
                 let ipam = async {
                     match ipam_fails {
                         true => Err(Error::msg("failed to request IPv4 addresses: no pool")),
-                        false => driver.add(&self.args, Prepared::default()).await,
+                        false => driver.add(&self.args, prepared).await,
                     }
                 };
                 let (result, link) = alongside(&tail, &self.args, dp, self.veth(), ipam).await?;
@@ -552,6 +681,132 @@ mod tests {
         assert!(endpoint, "the other container's endpoint is kept");
     }
 
+    /// The endpoint written with IPAM's block write (the Kubernetes datastore's): on
+    /// success, it is not written again.
+    #[test]
+    fn the_endpoint_written_with_the_addresses_is_not_written_again() {
+        let (f, ds, dp) = (Fixture::new("beside-ok"), store(), FakeDataplane::default());
+        let result = f.run_with(&ds, dp.clone(), false, true).unwrap();
+        assert_eq!(result.ips[0].address.to_string(), "10.80.0.0/32");
+        assert_eq!(*dp.log.borrow(), ["prepare", "finish"]);
+        assert_eq!(held(&ds), (true, 1, true));
+        assert_eq!(ds.writes_to(KeyClass::Resource(Kind::WorkloadEndpoint)), 1);
+        let stored = ds
+            .dump()
+            .into_iter()
+            .find(|kv| KeyClass::of(&kv.key) == KeyClass::Resource(Kind::WorkloadEndpoint));
+        assert_eq!(
+            stored.unwrap().value["spec"]["ipNetworks"],
+            json!(["10.80.0.0/32"])
+        );
+    }
+
+    /// The interface failing after the endpoint went with the addresses: the endpoint is
+    /// taken back, whether its write was answered or its answer was lost, then the
+    /// addresses are given back. A write refused or not applied leaves nothing to take back.
+    #[test]
+    fn the_interface_failing_takes_back_the_endpoint_written_with_the_addresses() {
+        let wep = KeyClass::Resource(Kind::WorkloadEndpoint);
+        for (name, fault) in [
+            ("answered", None),
+            ("lost", Some(Fault::LoseAnswerOfWrite(1))),
+            ("unavailable", Some(Fault::UnavailableOnWrite(1))),
+            ("refused", Some(Fault::ConflictOnWrite(1))),
+        ] {
+            let f = Fixture::new(&format!("beside-finish-{name}"));
+            let ds = store();
+            let dp = FakeDataplane {
+                fail_finish: true,
+                ..Default::default()
+            };
+            if let Some(fault) = fault {
+                ds.inject(Fault::on(wep, fault));
+            }
+            let e = f.run_with(&ds, dp.clone(), false, true).unwrap_err();
+            assert!(
+                matches!(e, Error::Dataplane(DataplaneError::GatewayRoute(_))),
+                "{name}: {e:?}"
+            );
+            assert_eq!(*dp.log.borrow(), ["prepare", "finish"], "{name}");
+            assert_eq!(held(&ds), (false, 0, false), "{name}");
+            assert!(ds.pending_faults().is_empty(), "{name}");
+            // The write, and the delete where it landed.
+            let landed = matches!(name, "answered" | "lost");
+            assert_eq!(ds.writes_to(wep), if landed { 2 } else { 1 }, "{name}");
+        }
+    }
+
+    /// The endpoint's write with the addresses refused or unanswered: it is written again
+    /// after the interface, as without it.
+    #[test]
+    fn an_endpoint_not_written_with_the_addresses_is_written_after_the_interface() {
+        let wep = KeyClass::Resource(Kind::WorkloadEndpoint);
+        for (name, fault) in [
+            ("refused", Fault::ConflictOnWrite(1)),
+            ("unavailable", Fault::UnavailableOnWrite(1)),
+        ] {
+            let f = Fixture::new(&format!("beside-again-{name}"));
+            let (ds, dp) = (store(), FakeDataplane::default());
+            ds.inject(Fault::on(wep, fault));
+            f.run_with(&ds, dp.clone(), false, true).unwrap();
+            assert_eq!(held(&ds), (true, 1, true), "{name}");
+            assert_eq!(ds.writes_to(wep), 2, "{name}");
+            assert!(ds.pending_faults().is_empty(), "{name}");
+        }
+    }
+
+    /// A block write that failed (not applied) and is tried again: the endpoint that went
+    /// with it is taken back first, and the one stored names the addresses given in the end.
+    #[test]
+    fn a_block_write_tried_again_takes_the_endpoint_with_it() {
+        let (f, ds, dp) = (
+            Fixture::new("beside-retry"),
+            store(),
+            FakeDataplane::default(),
+        );
+        ds.inject(Fault::on(KeyClass::Block, Fault::UnavailableOnWrite(2)));
+        let result = f.run_with(&ds, dp.clone(), false, true).unwrap();
+        assert!(ds.pending_faults().is_empty());
+        assert_eq!(*dp.log.borrow(), ["prepare", "finish"]);
+        assert_eq!(held(&ds), (true, 1, true));
+        let wep = KeyClass::Resource(Kind::WorkloadEndpoint);
+        assert_eq!(ds.writes_to(wep), 3, "written, taken back, written");
+        let stored = ds
+            .dump()
+            .into_iter()
+            .find(|kv| KeyClass::of(&kv.key) == wep)
+            .unwrap();
+        assert_eq!(
+            stored.value["spec"]["ipNetworks"],
+            json!([result.ips[0].address.to_string()])
+        );
+    }
+
+    /// IPAM failing after the endpoint went with its block writes (each lost its
+    /// compare-and-swap until IPAM gave up): the endpoint is taken back and the interface
+    /// removed; nothing is left.
+    #[test]
+    fn ipam_failing_takes_back_the_endpoint_written_with_the_addresses() {
+        let (f, ds, dp) = (
+            Fixture::new("beside-ipam"),
+            store(),
+            FakeDataplane::default(),
+        );
+        let tries = crate::ipam::allocator::DATASTORE_RETRIES as u64;
+        // The block's claim is its first write; every assignment after it loses.
+        for n in 2..=tries + 1 {
+            ds.inject(Fault::on(KeyClass::Block, Fault::ConflictOnWrite(n)));
+        }
+        let e = f.run_with(&ds, dp.clone(), false, true).unwrap_err();
+        assert!(e.to_string().contains("Max retries"), "{e}");
+        assert_eq!(*dp.log.borrow(), ["prepare", "remove"]);
+        assert!(ds.pending_faults().is_empty());
+        assert_eq!(held(&ds), (false, 0, false));
+        // Each try's endpoint was written, then taken back before the next.
+        let writes = ds.writes_to(KeyClass::Resource(Kind::WorkloadEndpoint));
+        assert_eq!(writes, 2 * tries, "{writes}");
+    }
+
     /// Runs the tail with `FakeIpam` giving `ips`; the log and what was given back.
     fn run_with_fake_ipam(
         f: &Fixture,
@@ -568,6 +823,7 @@ mod tests {
             ds,
             ipam: &ipam,
             allow_ip_forwarding: false,
+            beside: None,
         };
         let out = crate::client::block_on(async {
             let add = ipam.add(&f.args, Prepared::default());

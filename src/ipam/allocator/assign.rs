@@ -561,6 +561,11 @@ impl<'a, D: Datastore> Ipam<'a, D> {
     /// counts the addresses, or no block holds them. Whatever point a SIGKILL hits, the DEL
     /// that follows finds the addresses; GC and Calico's IPAM garbage collection find them by
     /// the block's attributes, as always.
+    ///
+    /// The caller's write beside them (`Ipam::write_beside`: the pod's address annotations)
+    /// may land with, without or before either. A pod naming an address its block does not
+    /// hold for it is what DEL takes back first (it removes the annotations of its own
+    /// container); the caller takes it back itself when this call fails.
     async fn write_handle_beside_block(
         &self,
         mut block: AllocationBlock,
@@ -575,9 +580,20 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         let mut fresh = IpamHandle::default();
         fresh.block.insert(cidr.to_string(), ips.len() as i64);
         let value = to_value(&fresh).map_err(|e| AssignError::Failed(e.into()))?;
-        let (created, updated) = tokio::join!(
+        // The caller's write that depends only on these addresses goes with them when they
+        // are all the call asked for (one family, one block): it cannot tell otherwise.
+        let beside = self
+            .beside
+            .filter(|_| ips.len() == args.num4 + args.num6)
+            .map(|b| b.write(ips));
+        let (created, updated, ()) = tokio::join!(
             self.ds.create(&key, &value),
-            self.update_block(&mut block, rev)
+            self.update_block(&mut block, rev),
+            async {
+                if let Some(write) = beside {
+                    write.await;
+                }
+            }
         );
         let assigned: Vec<IpAddr> = ips.iter().map(|n| n.addr).collect();
         let block_now = match &updated {
