@@ -84,9 +84,10 @@ impl<'a, D: Datastore> EndpointBeside<'a, D> {
     }
 
     /// Removes the endpoint a write may have stored, if it is still this call's (same
-    /// container and addresses).
+    /// container and addresses). Once: what it could not remove, DEL will.
     async fn take_back(&self) {
-        if let Some((ips, Written::Landed | Written::Unknown)) = self.last() {
+        let last = self.last.lock().ok().and_then(|mut l| l.take());
+        if let Some((ips, Written::Landed | Written::Unknown)) = last {
             let mut wep = self.wep.clone();
             wep.spec.ip_networks = ips;
             remove_own_endpoint(self.ds, &wep).await;
