@@ -92,7 +92,8 @@ fn k8s_add_writes_upstreams_etcd_objects() {
 }
 
 /// The interface failing after IPAM (a host route to the pod's address on another
-/// interface): no endpoint is written, the address is given back, no veth is left.
+/// interface): the endpoint, written while the interface was finished, is taken back, the
+/// address is given back, no veth is left.
 #[test]
 fn a_failed_interface_leaves_no_endpoint() {
     let w = World::new();
@@ -107,8 +108,22 @@ fn a_failed_interface_leaves_no_endpoint() {
 
     let p2 = w.pod();
     let second = Invocation::new("ADD", "second000001", p2.path()).k8s("default", "second");
+    let since = w.etcd.revision();
     let e = w.calico(&second, &conf).assert_err();
     route_conflict::assert_route_refused(&e, next);
+    // Its MAC known once the pair was up, the endpoint went out while the routes were
+    // added, and was taken back.
+    let written = w
+        .etcd
+        .values_since(&format!("{WEP_PREFIX}default/node1-k8s-second-eth0"), since);
+    assert_eq!(written.len(), 1, "{written:?}");
+    assert_eq!(
+        written[0]["spec"]["ipNetworks"],
+        json!([format!("{next}/32")])
+    );
+    assert_eq!(written[0]["spec"]["containerID"], "second000001");
+    let mac = written[0]["spec"]["mac"].as_str().unwrap_or_default();
+    assert_eq!(mac.len(), 17, "{mac}");
     assert_eq!(
         w.keys(WEP_PREFIX),
         [format!("{WEP_PREFIX}default/node1-k8s-first-eth0")]
@@ -123,6 +138,44 @@ fn a_failed_interface_leaves_no_endpoint() {
     route_conflict::unroute(|c| w.host_sh(c));
     w.calico(&second.as_del(), &conf).assert_ok();
     w.calico(&first.as_del(), &conf).assert_ok();
+    w.assert_clean();
+}
+
+/// An ADD killed (SIGKILL) once its endpoint has landed and before it answered (held in
+/// the wait for Felix's status file): the runtime's DEL removes the endpoint, the address
+/// and the veth. (The endpoint goes out while the interface is finished; that step is
+/// local and cannot be held from outside, so the kill comes after it: DEL meets the same
+/// endpoint, handle and veth either way.)
+#[test]
+fn an_add_killed_with_its_endpoint_landed_leaves_nothing_after_del() {
+    let w = World::new();
+    let dir = w.scratch.path().join("endpoint-status");
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = w.conf(json!({"policy_setup_timeout_seconds": 60,
+        "endpoint_status_dir": dir.display().to_string()}));
+    let pod = w.pod();
+    let inv = Invocation::new("ADD", "killed000001", pod.path()).k8s("default", "killed");
+    let key = format!("{WEP_PREFIX}default/node1-k8s-killed-eth0");
+    let mut child = w.bin.spawn("calico", w.host.name(), &inv, &conf);
+    let started = std::time::Instant::now();
+    while w.keys(&key).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the endpoint never landed"
+        );
+        assert!(child.try_wait().unwrap().is_none(), "the ADD ended first");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // SAFETY: kill(2) on the PID this test spawned, not yet reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    let wep = w.get(&key);
+    assert_eq!(wep["spec"]["containerID"], "killed000001");
+    assert_eq!(w.keys("/calico/ipam/v2/handle/").len(), 1);
+    let links = w.host_sh("ip -o link show | grep -c cali || true");
+    assert_eq!(links.trim(), "1", "the pod's veth");
+
+    w.calico(&inv.as_del(), &conf).assert_ok();
     w.assert_clean();
 }
 

@@ -265,6 +265,12 @@ pub trait PodInterface {
     ) -> Result<NetworkingResult>;
     /// Undoes this call's interface (the ADD failed after all): only what it made.
     async fn remove(self) -> Result<()>;
+    /// The container end's MAC that `finish` will report for `addrs`, when it is known
+    /// before (lower-case): the endpoint can then be written while `finish` runs. `None`
+    /// when only `finish` can tell.
+    fn known_mac(&self, _addrs: &AddressRequest) -> Option<String> {
+        None
+    }
 }
 
 /// What the gRPC dataplane is told about the pod besides the interface's names and
@@ -445,6 +451,13 @@ impl PodInterface for VethPair {
         };
         veth::remove_pair(&cx, made.cont_idx).await
     }
+
+    /// Known once the pair is up for the addresses' families (`prepare` with the families
+    /// the configuration tells): `finish` then adds addresses and routes only.
+    fn known_mac(&self, addrs: &AddressRequest) -> Option<String> {
+        let made = self.made.as_ref()?;
+        veth::known_mac(made, Families::of(&addrs.ips))
+    }
 }
 
 /// The dataplane of one call, picked once (upstream's `GetDataplane`).
@@ -501,6 +514,13 @@ impl PodInterface for AnyInterface {
         match self {
             AnyInterface::Linux(l) => l.remove().await,
             AnyInterface::Grpc(g) => g.remove().await,
+        }
+    }
+
+    fn known_mac(&self, addrs: &AddressRequest) -> Option<String> {
+        match self {
+            AnyInterface::Linux(l) => l.known_mac(addrs),
+            AnyInterface::Grpc(g) => g.known_mac(addrs),
         }
     }
 }

@@ -135,6 +135,13 @@ pub(super) async fn finish(
     undo_on_error(cx, made.cont_idx, done).await
 }
 
+/// The container MAC `finish` will report for addresses of `families`: `link_up`'s, if it
+/// ran for those families (for others, `finish` builds the pair again).
+pub(super) fn known_mac(made: &Made, families: Families) -> Option<String> {
+    let linked = made.linked.as_ref()?;
+    (linked.families == families).then(|| linked.container_mac.to_lowercase())
+}
+
 /// Removes the pair after `result` failed, and passes `result` on.
 async fn undo_on_error<T>(cx: &Ctx<'_>, cont_idx: u32, result: Result<T>) -> Result<T> {
     if let Err(e) = &result {

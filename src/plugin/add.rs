@@ -465,14 +465,12 @@ async fn add_k8s(
     let mut tail = tail(call, &driver);
     // On the Kubernetes datastore, a pod no ADD has networked yet gets its endpoint (the
     // address annotations) with Calico IPAM's block write: one round trip less.
-    let beside = EndpointBeside::new(&call.ds, &wep);
-    if call.ds.is_kubernetes()
+    let beside = (call.ds.is_kubernetes()
         && call.plan.ipam == IpamKind::Calico
         && call.plan.ipam_in_process
-        && old_addresses.is_empty()
-    {
-        tail.beside = Some(&beside);
-    }
+        && old_addresses.is_empty())
+    .then(|| EndpointBeside::new(&call.ds, &wep));
+    tail.beside = beside.as_ref();
     let (result, link) = addresses_alongside(
         call,
         &tail,

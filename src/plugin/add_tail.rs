@@ -10,6 +10,9 @@
 //! is written with IPAM's block write (`EndpointBeside`), one round trip less. Until the
 //! call succeeds, a failure takes it back (as DEL would) before the addresses are given
 //! back; after a SIGKILL, the runtime's DEL removes it as any endpoint of its container.
+//! Any other new endpoint whose MAC is known before the interface is finished (the Linux
+//! pair, built in `prepare` for the addresses' families: etcd's endpoint stores the MAC)
+//! is written while it is finished, under the same rules.
 //!
 //! Generic over the datastore, the IPAM and the dataplane, so that every failure interleaving
 //! is unit-tested with the memory store and fakes (`tests` below), without root. The undo
@@ -45,10 +48,11 @@ pub struct Tail<'a, D, I> {
     pub beside: Option<&'a EndpointBeside<'a, D>>,
 }
 
-/// The endpoint written with IPAM's block write (`WriteBeside`), where all it holds is
-/// known once the addresses are: the Kubernetes datastore's, for a pod no ADD has networked
-/// yet. What each write did is kept, for the tail to tell whether the endpoint is written
-/// (`holds`) or must be taken back (`take_back`).
+/// The endpoint written ahead of the interface: with IPAM's block write (`WriteBeside`),
+/// where all it holds is known once the addresses are (the Kubernetes datastore's, for a
+/// pod no ADD has networked yet), or while the interface is finished, its MAC known. What
+/// each write did is kept, for the tail to tell whether the endpoint is written (`holds`)
+/// or must be taken back (`take_back`).
 pub struct EndpointBeside<'a, D> {
     ds: &'a D,
     wep: WorkloadEndpoint,
@@ -81,6 +85,13 @@ impl<'a, D: Datastore> EndpointBeside<'a, D> {
     /// Whether the endpoint is stored with exactly these addresses.
     fn holds(&self, ip_networks: &[String]) -> bool {
         matches!(self.last(), Some((ips, Written::Landed)) if ips == ip_networks)
+    }
+
+    /// Whether `wep` is stored: its addresses, and its MAC if this write had one (the
+    /// Kubernetes datastore's endpoint has none).
+    fn holds_endpoint(&self, wep: &WorkloadEndpoint) -> bool {
+        self.holds(&wep.spec.ip_networks)
+            && (self.wep.spec.mac.is_empty() || self.wep.spec.mac == wep.spec.mac)
     }
 
     /// Removes the endpoint a write may have stored, if it is still this call's (same
@@ -209,19 +220,39 @@ pub async fn network_and_write<D: Datastore, I: IpamDriver, L: PodInterface>(
         allow_ip_forwarding: tail.allow_ip_forwarding,
         skip_host_routes: extras.skip_host_routes,
     };
+    let new_endpoint = wep.metadata.resource_version.is_empty();
+    // A new endpoint not written with the addresses, whose MAC is known before the
+    // interface is finished, is written while it is: one write less on the call's path.
+    let early_mac = match tail.beside {
+        None if new_endpoint => link.known_mac(&addrs),
+        _ => None,
+    };
+    let written_early = early_mac.map(|mac| {
+        let mut early = wep.clone();
+        early.spec.mac = mac;
+        EndpointBeside::new(tail.ds, &early)
+    });
+    let beside = tail.beside.or(written_early.as_ref());
     let pod = PodFacts {
         ips: &result.ips,
         endpoint: &wep,
         annotations: &extras.annotations,
     };
-    let net = match link.finish(&addrs, &pod).await {
+    let finished = match &written_early {
+        Some(early) => {
+            let (finished, ()) = tokio::join!(link.finish(&addrs, &pod), early.write(&addrs.ips));
+            finished
+        }
+        None => link.finish(&addrs, &pod).await,
+    };
+    let net = match finished {
         Ok(n) => n,
         Err(e) => {
             undo(
                 "releasing the addresses after a failed dataplane setup",
                 async {
-                    // The endpoint written with the addresses goes before them.
-                    take_back_beside(tail.beside).await;
+                    // The endpoint written with (or beside) the addresses goes before them.
+                    take_back_beside(beside).await;
                     tail.ipam.give_back(args, &assigned).await;
                 },
             )
@@ -232,12 +263,12 @@ pub async fn network_and_write<D: Datastore, I: IpamDriver, L: PodInterface>(
     info!(host_veth = %net.host_veth, mac = %net.container_mac, "Networked namespace");
     wep.spec.mac = net.container_mac.to_lowercase();
     wep.spec.interface_name = net.host_veth.clone();
-    if tail.beside.is_some_and(|b| b.holds(&wep.spec.ip_networks)) {
-        info!(name = %wep.metadata.name, "Wrote endpoint to datastore (with the addresses)");
+    if beside.is_some_and(|b| b.holds_endpoint(&wep)) {
+        info!(name = %wep.metadata.name, "Wrote endpoint to datastore (ahead of the interface)");
     } else {
-        // One written with other addresses (its block write lost) or unanswered goes first.
-        take_back_beside(tail.beside).await;
-        let new_endpoint = wep.metadata.resource_version.is_empty();
+        // One written with other addresses (its block write lost), another MAC, or
+        // unanswered goes first.
+        take_back_beside(beside).await;
         if let Err(e) = endpoint::write(tail.ds, &mut wep).await {
             undo("undoing a failed ADD", async {
                 // The interface first: it is local and always possible (and its host route
@@ -369,8 +400,14 @@ mod tests {
     struct FakeDataplane {
         fail_prepare: bool,
         fail_finish: bool,
+        /// The MAC the interface knows before `finish` (the Linux pair's, built for the
+        /// addresses' families).
+        known_mac: Option<&'static str>,
         log: Rc<RefCell<Vec<&'static str>>>,
     }
+
+    /// The MAC the fake's `finish` reports, as `known_mac` gives it.
+    const FINISHED_MAC: &str = "0a:58:0a:50:00:01";
 
     struct FakeInterface(FakeDataplane);
 
@@ -398,7 +435,7 @@ mod tests {
                 )),
                 false => Ok(NetworkingResult {
                     host_veth: "cali0123456789a".into(),
-                    container_mac: "0A:58:0A:50:00:01".into(),
+                    container_mac: FINISHED_MAC.to_uppercase(),
                     container_index: 2,
                 }),
             }
@@ -407,6 +444,10 @@ mod tests {
         async fn remove(self) -> Result<(), DataplaneError> {
             self.0.log.borrow_mut().push("remove");
             Ok(())
+        }
+
+        fn known_mac(&self, _addrs: &AddressRequest) -> Option<String> {
+            self.0.known_mac.map(str::to_string)
         }
     }
 
@@ -540,6 +581,38 @@ mod tests {
         }
     }
 
+    /// How the endpoint goes out before its write after the interface.
+    #[derive(Clone, Copy, Debug)]
+    enum Ahead {
+        /// With IPAM's block write (`Tail::beside`, the Kubernetes datastore's).
+        WithAddresses,
+        /// While the interface is finished, its MAC known (`PodInterface::known_mac`).
+        BesideInterface,
+    }
+
+    impl Ahead {
+        const BOTH: [Ahead; 2] = [Ahead::WithAddresses, Ahead::BesideInterface];
+    }
+
+    impl Fixture {
+        /// `run`, the endpoint written `ahead`.
+        fn run_ahead(
+            &self,
+            ds: &MemoryDatastore,
+            mut dp: FakeDataplane,
+            ipam_fails: bool,
+            ahead: Ahead,
+        ) -> Result<CniResult> {
+            match ahead {
+                Ahead::WithAddresses => self.run_with(ds, dp, ipam_fails, true),
+                Ahead::BesideInterface => {
+                    dp.known_mac = Some(FINISHED_MAC);
+                    self.run_with(ds, dp, ipam_fails, false)
+                }
+            }
+        }
+    }
+
     impl Drop for Fixture {
         fn drop(&mut self) {
             let _ = std::fs::remove_dir_all(&self.lock_dir);
@@ -670,93 +743,137 @@ mod tests {
     /// call's to delete, even when this call's write went unanswered.
     #[test]
     fn an_unanswered_write_never_deletes_someone_elses_endpoint() {
-        let (f, ds, dp) = (Fixture::new("other"), store(), FakeDataplane::default());
-        let mut other = f.endpoint();
-        other.spec.container_id = "c2".into();
-        ds.put_raw(
-            &Key::resource(Kind::WorkloadEndpoint, Some("ns1"), &other.metadata.name),
-            &crate::datastore::to_value(&other).unwrap(),
-        );
-        // The create fails as "already exists", not as a lost answer: nothing is deleted.
-        let e = f.run(&ds, dp, false).unwrap_err();
-        assert!(matches!(e, Error::Datastore(_)), "{e:?}");
-        let (handle, allocated, endpoint) = held(&ds);
-        assert_eq!((handle, allocated), (false, 0));
-        assert!(endpoint, "the other container's endpoint is kept");
-    }
-
-    /// The endpoint written with IPAM's block write (the Kubernetes datastore's): on
-    /// success, it is not written again.
-    #[test]
-    fn the_endpoint_written_with_the_addresses_is_not_written_again() {
-        let (f, ds, dp) = (Fixture::new("beside-ok"), store(), FakeDataplane::default());
-        let result = f.run_with(&ds, dp.clone(), false, true).unwrap();
-        assert_eq!(result.ips[0].address.to_string(), "10.80.0.0/32");
-        assert_eq!(*dp.log.borrow(), ["prepare", "finish"]);
-        assert_eq!(held(&ds), (true, 1, true));
-        assert_eq!(ds.writes_to(KeyClass::Resource(Kind::WorkloadEndpoint)), 1);
-        let stored = ds
-            .dump()
-            .into_iter()
-            .find(|kv| KeyClass::of(&kv.key) == KeyClass::Resource(Kind::WorkloadEndpoint));
-        assert_eq!(
-            stored.unwrap().value["spec"]["ipNetworks"],
-            json!(["10.80.0.0/32"])
-        );
-    }
-
-    /// The interface failing after the endpoint went with the addresses: the endpoint is
-    /// taken back, whether its write was answered or its answer was lost, then the
-    /// addresses are given back. A write refused or not applied leaves nothing to take back.
-    #[test]
-    fn the_interface_failing_takes_back_the_endpoint_written_with_the_addresses() {
-        let wep = KeyClass::Resource(Kind::WorkloadEndpoint);
-        for (name, fault) in [
-            ("answered", None),
-            ("lost", Some(Fault::LoseAnswerOfWrite(1))),
-            ("unavailable", Some(Fault::UnavailableOnWrite(1))),
-            ("refused", Some(Fault::ConflictOnWrite(1))),
-        ] {
-            let f = Fixture::new(&format!("beside-finish-{name}"));
-            let ds = store();
+        for known_mac in [None, Some(FINISHED_MAC)] {
+            let (f, ds) = (Fixture::new("other"), store());
             let dp = FakeDataplane {
-                fail_finish: true,
+                known_mac,
                 ..Default::default()
             };
-            if let Some(fault) = fault {
-                ds.inject(Fault::on(wep, fault));
-            }
-            let e = f.run_with(&ds, dp.clone(), false, true).unwrap_err();
-            assert!(
-                matches!(e, Error::Dataplane(DataplaneError::GatewayRoute(_))),
-                "{name}: {e:?}"
+            let mut other = f.endpoint();
+            other.spec.container_id = "c2".into();
+            ds.put_raw(
+                &Key::resource(Kind::WorkloadEndpoint, Some("ns1"), &other.metadata.name),
+                &crate::datastore::to_value(&other).unwrap(),
             );
-            assert_eq!(*dp.log.borrow(), ["prepare", "finish"], "{name}");
-            assert_eq!(held(&ds), (false, 0, false), "{name}");
-            assert!(ds.pending_faults().is_empty(), "{name}");
-            // The write, and the delete where it landed.
-            let landed = matches!(name, "answered" | "lost");
-            assert_eq!(ds.writes_to(wep), if landed { 2 } else { 1 }, "{name}");
+            // The create fails as "already exists", not as a lost answer: nothing is deleted.
+            let e = f.run(&ds, dp, false).unwrap_err();
+            assert!(matches!(e, Error::Datastore(_)), "{known_mac:?}: {e:?}");
+            let (handle, allocated, endpoint) = held(&ds);
+            assert_eq!((handle, allocated), (false, 0), "{known_mac:?}");
+            assert!(endpoint, "the other container's endpoint is kept");
+            let stored = stored_endpoint(&ds).unwrap();
+            assert_eq!(stored["spec"]["containerID"], json!("c2"));
         }
     }
 
-    /// The endpoint's write with the addresses refused or unanswered: it is written again
-    /// after the interface, as without it.
+    /// The endpoint as stored, if it is.
+    fn stored_endpoint(ds: &MemoryDatastore) -> Option<serde_json::Value> {
+        ds.dump()
+            .into_iter()
+            .find(|kv| KeyClass::of(&kv.key) == KeyClass::Resource(Kind::WorkloadEndpoint))
+            .map(|kv| kv.value)
+    }
+
+    /// The endpoint written ahead, with IPAM's block write (the Kubernetes datastore's) or
+    /// while the interface is finished: on success, it is not written again.
     #[test]
-    fn an_endpoint_not_written_with_the_addresses_is_written_after_the_interface() {
-        let wep = KeyClass::Resource(Kind::WorkloadEndpoint);
-        for (name, fault) in [
-            ("refused", Fault::ConflictOnWrite(1)),
-            ("unavailable", Fault::UnavailableOnWrite(1)),
-        ] {
-            let f = Fixture::new(&format!("beside-again-{name}"));
+    fn the_endpoint_written_ahead_is_not_written_again() {
+        for ahead in Ahead::BOTH {
+            let f = Fixture::new(&format!("ahead-ok-{ahead:?}"));
             let (ds, dp) = (store(), FakeDataplane::default());
-            ds.inject(Fault::on(wep, fault));
-            f.run_with(&ds, dp.clone(), false, true).unwrap();
-            assert_eq!(held(&ds), (true, 1, true), "{name}");
-            assert_eq!(ds.writes_to(wep), 2, "{name}");
-            assert!(ds.pending_faults().is_empty(), "{name}");
+            let result = f.run_ahead(&ds, dp.clone(), false, ahead).unwrap();
+            assert_eq!(result.ips[0].address.to_string(), "10.80.0.0/32");
+            assert_eq!(*dp.log.borrow(), ["prepare", "finish"], "{ahead:?}");
+            assert_eq!(held(&ds), (true, 1, true), "{ahead:?}");
+            let wep = KeyClass::Resource(Kind::WorkloadEndpoint);
+            assert_eq!(ds.writes_to(wep), 1, "{ahead:?}");
+            let stored = stored_endpoint(&ds).unwrap();
+            assert_eq!(stored["spec"]["ipNetworks"], json!(["10.80.0.0/32"]));
+            if let Ahead::BesideInterface = ahead {
+                assert_eq!(stored["spec"]["mac"], json!(FINISHED_MAC));
+            }
         }
+    }
+
+    /// The interface failing after the endpoint went ahead of it: the endpoint is taken
+    /// back, whether its write was answered or its answer was lost, then the addresses are
+    /// given back. A write refused or not applied leaves nothing to take back. (An endpoint
+    /// written only after the interface would not have been written at all.)
+    #[test]
+    fn the_interface_failing_takes_back_the_endpoint_written_ahead_of_it() {
+        let wep = KeyClass::Resource(Kind::WorkloadEndpoint);
+        for ahead in Ahead::BOTH {
+            for (name, fault) in [
+                ("answered", None),
+                ("lost", Some(Fault::LoseAnswerOfWrite(1))),
+                ("unavailable", Some(Fault::UnavailableOnWrite(1))),
+                ("refused", Some(Fault::ConflictOnWrite(1))),
+            ] {
+                let f = Fixture::new(&format!("ahead-finish-{name}-{ahead:?}"));
+                let ds = store();
+                let dp = FakeDataplane {
+                    fail_finish: true,
+                    ..Default::default()
+                };
+                if let Some(fault) = fault {
+                    ds.inject(Fault::on(wep, fault));
+                }
+                let e = f.run_ahead(&ds, dp.clone(), false, ahead).unwrap_err();
+                let case = format!("{name}, {ahead:?}");
+                assert!(
+                    matches!(e, Error::Dataplane(DataplaneError::GatewayRoute(_))),
+                    "{case}: {e:?}"
+                );
+                assert_eq!(*dp.log.borrow(), ["prepare", "finish"], "{case}");
+                assert_eq!(held(&ds), (false, 0, false), "{case}");
+                assert!(ds.pending_faults().is_empty(), "{case}");
+                // The write, and the delete where it landed.
+                let landed = matches!(name, "answered" | "lost");
+                assert_eq!(ds.writes_to(wep), if landed { 2 } else { 1 }, "{case}");
+            }
+        }
+    }
+
+    /// The endpoint's write ahead refused or unanswered: it is written again after the
+    /// interface, as without it.
+    #[test]
+    fn an_endpoint_not_written_ahead_is_written_after_the_interface() {
+        let wep = KeyClass::Resource(Kind::WorkloadEndpoint);
+        for ahead in Ahead::BOTH {
+            for (name, fault) in [
+                ("refused", Fault::ConflictOnWrite(1)),
+                ("unavailable", Fault::UnavailableOnWrite(1)),
+            ] {
+                let f = Fixture::new(&format!("ahead-again-{name}-{ahead:?}"));
+                let (ds, dp) = (store(), FakeDataplane::default());
+                ds.inject(Fault::on(wep, fault));
+                f.run_ahead(&ds, dp.clone(), false, ahead).unwrap();
+                let case = format!("{name}, {ahead:?}");
+                assert_eq!(held(&ds), (true, 1, true), "{case}");
+                assert_eq!(ds.writes_to(wep), 2, "{case}");
+                assert!(ds.pending_faults().is_empty(), "{case}");
+            }
+        }
+    }
+
+    /// The MAC known before `finish` is not the one it reports (it built the pair again for
+    /// other families): the endpoint written ahead is replaced by one with the right MAC.
+    #[test]
+    fn an_endpoint_written_ahead_with_another_mac_is_written_again() {
+        let f = Fixture::new("ahead-mac");
+        let ds = store();
+        let dp = FakeDataplane {
+            known_mac: Some("02:00:00:00:00:01"),
+            ..Default::default()
+        };
+        f.run_with(&ds, dp.clone(), false, false).unwrap();
+        assert_eq!(*dp.log.borrow(), ["prepare", "finish"]);
+        assert_eq!(held(&ds), (true, 1, true));
+        let stored = stored_endpoint(&ds).unwrap();
+        assert_eq!(stored["spec"]["mac"], json!(FINISHED_MAC));
+        // Written, taken back, written again.
+        let wep = KeyClass::Resource(Kind::WorkloadEndpoint);
+        assert_eq!(ds.writes_to(wep), 3);
     }
 
     /// A block write that failed (not applied) and is tried again for the same address: the

@@ -425,6 +425,36 @@ impl EtcdServer {
             .expect("numeric ModRevision")
     }
 
+    /// The store's current revision.
+    pub fn revision(&self) -> i64 {
+        let out = self.etcdctl(&["get", "-w", "json", "--", "/"]);
+        let v: serde_json::Value = serde_json::from_str(&out).expect("etcdctl's JSON");
+        v["header"]["revision"].as_i64().expect("numeric revision")
+    }
+
+    /// Every value `key` held at the revisions after `since`, oldest first, read back
+    /// from etcd's history (never compacted here): what was written there and then
+    /// removed is seen too.
+    pub fn values_since(&self, key: &str, since: i64) -> Vec<serde_json::Value> {
+        let mut seen: Vec<(i64, serde_json::Value)> = Vec::new();
+        for rev in since + 1..=self.revision() {
+            let at = format!("--rev={rev}");
+            let out = self.etcdctl(&["get", "-w", "json", &at, "--", key]);
+            let v: serde_json::Value = serde_json::from_str(&out).expect("etcdctl's JSON");
+            let Some(kv) = v["kvs"].as_array().and_then(|k| k.first()) else {
+                continue;
+            };
+            let modified = kv["mod_revision"].as_i64().expect("numeric mod_revision");
+            if seen.last().is_some_and(|(m, _)| *m == modified) || modified <= since {
+                continue;
+            }
+            let raw = self.etcdctl(&["get", "--print-value-only", &at, "--", key]);
+            let value = serde_json::from_str(raw.trim_end()).expect("a JSON value");
+            seen.push((modified, value));
+        }
+        seen.into_iter().map(|(_, v)| v).collect()
+    }
+
     /// Writes `value` (verbatim; may be empty) at `key`.
     pub fn put(&self, key: &str, value: &str) {
         // After `--` neither an empty value nor a leading dash is taken for a flag.
