@@ -1288,6 +1288,19 @@ fn bench_pod_start() {
         configs.push(calico_cfg("before-etcd", b, true, BENCH_ETCD_BEFORE_POOL));
         configs.push(calico_cfg("before-kdd", b, false, BENCH_KDD_BEFORE_POOL));
     }
+    // `BENCH_POD_CONFIGS=ptp,calico-etcd,before-etcd`: only these rows (ptp, the baseline,
+    // always), for a longer look at fewer.
+    if let Some(only) = std::env::var("BENCH_POD_CONFIGS")
+        .ok()
+        .filter(|v| !v.is_empty())
+    {
+        let names: Vec<&str> = only.split(',').map(str::trim).collect();
+        configs.retain(|c| c.name == "ptp" || names.contains(&c.name));
+        assert!(
+            configs.len() > 1,
+            "BENCH_POD_CONFIGS={only} names no config"
+        );
+    }
     let neighbour_ms = env_usize("BENCH_POD_NEIGHBOUR_MS", BENCH_NEIGHBOUR_MS);
     // `BENCH_POD_NEIGHBOUR_AB=1`: every config again, measured with no neighbour (its row
     // named `<config>-quiet`), interleaved with the rest: what the neighbour changes.
