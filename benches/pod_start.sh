@@ -8,6 +8,7 @@
 # BENCH_POD_NEIGHBOUR_MS (100; 0: none: a neighbour's request period on the plugin's APF level),
 # BENCH_POD_NEIGHBOUR_AB=1 (every config also without the neighbour, as <config>-quiet),
 # BENCH_POD_CONFIGS (a comma list of rows, e.g. calico-etcd,before-etcd; ptp always). Runs as root; needs ../shared/k8s (or CALICO_K8S_BUNDLE).
+# Several runs' BENCH_POD_JSON files combine with benches/pod_start_pool.py.
 set -euo pipefail
 if [ $# -lt 1 ] || [ $# -gt 2 ]; then
   echo "usage: $0 path/to/calico [path/to/before-calico]" >&2
