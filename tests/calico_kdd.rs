@@ -1479,11 +1479,13 @@ fn kdd_api_group_discovery() {
 
 /// FAKE SERVER: etcd with policy type k8s. Calico IPAM assigns while the pod is read from
 /// the API server (`plugin::early`), so the address is in etcd before the pod's answer
-/// comes; the pod then decides. Asking for nothing else, it keeps that address; a pool
-/// annotation, `ipAddrs` or a refusal gives it back. With a pool that has a
-/// namespaceSelector, nothing is assigned before the namespace's labels are known. The test
-/// server holds every answer back (a latency a real server cannot be made to add), so what
-/// is in etcd meanwhile can be seen.
+/// comes, and the pod's interface has it, with its routes; the pod then decides. Asking for
+/// nothing else, it keeps that address and interface; a pool annotation, `ipAddrs` or a
+/// refusal takes the interface down and gives the address back; an `hwAddr` MAC has the
+/// pair built again with it. With a pool that has a namespaceSelector, nothing is assigned
+/// before the namespace's labels are known. The test server holds every answer back (a
+/// latency a real server cannot be made to add), so what is in etcd and on the links
+/// meanwhile can be seen.
 #[test]
 fn etcd_with_policy_k8s_assigns_while_the_pod_is_read() {
     require_root();
@@ -1510,6 +1512,11 @@ fn etcd_with_policy_k8s_assigns_while_the_pod_is_read() {
         json!({"cni.projectcalico.org/allowedSourcePrefixes":"[\"nope\"]"}),
     );
     pod("later", json!({}));
+    pod("clash", json!({}));
+    pod(
+        "mac",
+        json!({"cni.projectcalico.org/hwAddr":"c2:b0:57:49:47:f2"}),
+    );
     pod(
         "badpools",
         json!({"cni.projectcalico.org/ipv4pools":"[not json"}),
@@ -1528,74 +1535,132 @@ fn etcd_with_policy_k8s_assigns_while_the_pod_is_read() {
             })
             .sum()
     };
-    // ADDs `inv` while the API server holds its answers back for 1.5 s; whether `cid`'s
-    // handle was in etcd within the first second, while the ADD waited for the pod.
-    let add_held_back = |inv: &Invocation, cid: &str| {
+    // The IPv4 address on the pod's eth0, if the host also has its /32 route to the pod.
+    let networked = |pod: &common::netns::Netns| -> Option<String> {
+        let addr = pod.sh("ip -4 -o addr show dev eth0 2>/dev/null | awk '{print $4}'");
+        let ip = addr.trim().strip_suffix("/32")?.to_string();
+        let route = w.host_sh(&format!("ip route show {ip}"));
+        route.contains("dev cali").then_some(ip)
+    };
+    // The host's routes to `ip`.
+    let routes_to = |ip: &str| w.host_sh(&format!("ip route show {ip}")).trim().to_string();
+    // ADDs `inv` while the API server holds its answers back for 1.5 s: whether `cid`'s
+    // handle was in etcd within the first second, while the ADD waited for the pod, and
+    // the address the pod's interface had meanwhile (with the host's route to it).
+    let add_held_back = |inv: &Invocation, cid: &str, pod: &common::netns::Netns| {
         api.set_latency(Duration::from_millis(1500));
-        let (out, early) = std::thread::scope(|s| {
+        let (out, early, ahead) = std::thread::scope(|s| {
             let add = s.spawn(|| w.calico(inv, &conf));
             let started = std::time::Instant::now();
-            let mut early = false;
+            let (mut early, mut ahead) = (false, None);
             while started.elapsed() < Duration::from_secs(1) && !add.is_finished() {
-                if !w.keys(&handle(cid)).is_empty() {
-                    early = true;
-                    break;
+                early = early || !w.keys(&handle(cid)).is_empty();
+                if early {
+                    ahead = networked(pod);
+                    if ahead.is_some() {
+                        break;
+                    }
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
             assert!(!add.is_finished(), "the ADD did not wait for the pod");
-            (add.join().expect("the ADD's thread"), early)
+            (add.join().expect("the ADD's thread"), early, ahead)
         });
         api.set_latency(Duration::ZERO);
-        (out, early)
+        (out, early, ahead)
     };
 
-    // Nothing else asked for: the address assigned meanwhile is the pod's.
+    // Nothing else asked for: the address assigned meanwhile, and the interface finished
+    // for it, are the pod's.
     let p1 = w.pod();
     let plain = Invocation::new("ADD", "plain0000001", p1.path()).k8s("default", "plain");
-    let (out, early) = add_held_back(&plain, "plain0000001");
+    let (out, early, ahead) = add_held_back(&plain, "plain0000001", &p1);
     out.assert_ok();
     assert!(early, "no address was assigned while the pod was read");
-    assert!(ip_of(&out.json()).starts_with("10.65."), "{}", out.json());
+    let ip = ip_of(&out.json());
+    assert!(ip.starts_with("10.65."), "{}", out.json());
+    assert_eq!(
+        ahead.as_deref(),
+        Some(ip.as_str()),
+        "not networked while the pod was read"
+    );
+    assert_eq!(networked(&p1).as_deref(), Some(ip.as_str()));
     assert_eq!(in_default_pool(), 1);
 
-    // A pool annotation: the early address goes back; the pod's comes from its pool.
+    // The early interface fails (the next address is routed elsewhere on the host): it is
+    // built again once the pod is read, fails the same way, and nothing is left.
+    let next = route_conflict::route_next_elsewhere(|c| w.host_sh(c), ip.parse().unwrap());
+    let p9 = w.pod();
+    let clash = Invocation::new("ADD", "clash0000001", p9.path()).k8s("default", "clash");
+    let (out, early, ahead) = add_held_back(&clash, "clash0000001", &p9);
+    route_conflict::assert_route_refused(&out.assert_err(), next);
+    assert!(early);
+    assert_eq!(ahead, None);
+    assert!(w.keys(&handle("clash0000001")).is_empty());
+    assert_eq!(in_default_pool(), 1);
+    assert_eq!(p9.sh("ip -o link show | grep -c eth0 || true").trim(), "0");
+    route_conflict::unroute(|c| w.host_sh(c));
+
+    // A pool annotation: the early interface goes down and the early address back; the
+    // pod's comes from its pool.
     let p2 = w.pod();
     let pooled = Invocation::new("ADD", "pooled000001", p2.path()).k8s("default", "pooled");
-    let (out, early) = add_held_back(&pooled, "pooled000001");
+    let (out, early, ahead) = add_held_back(&pooled, "pooled000001", &p2);
     out.assert_ok();
     assert!(early);
-    assert!(ip_of(&out.json()).starts_with("10.66."), "{}", out.json());
+    let ip = ip_of(&out.json());
+    assert!(ip.starts_with("10.66."), "{}", out.json());
     assert_eq!(in_default_pool(), 1, "the early address was not given back");
+    let ahead = ahead.expect("not networked while the pod was read");
+    assert!(ahead.starts_with("10.65."), "{ahead}");
+    assert_eq!(routes_to(&ahead), "", "a route to the address given back");
+    assert_eq!(networked(&p2).as_deref(), Some(ip.as_str()));
 
     // ipAddrs: the same.
     let p3 = w.pod();
     let fixed = Invocation::new("ADD", "fixed0000001", p3.path()).k8s("default", "fixed");
-    let (out, _) = add_held_back(&fixed, "fixed0000001");
+    let (out, _, ahead) = add_held_back(&fixed, "fixed0000001", &p3);
     out.assert_ok();
     assert_eq!(ip_of(&out.json()), "10.66.0.7");
     assert_eq!(in_default_pool(), 1);
+    assert_eq!(routes_to(&ahead.expect("networked ahead")), "");
+    assert_eq!(networked(&p3).as_deref(), Some("10.66.0.7"));
 
-    // Refused once the pod is read: the early address and the early pair are undone.
+    // An hwAddr MAC: the early address is kept, on a pair built again with that MAC.
+    let p7 = w.pod();
+    let mac = Invocation::new("ADD", "mac000000001", p7.path()).k8s("default", "mac");
+    let (out, _, ahead) = add_held_back(&mac, "mac000000001", &p7);
+    out.assert_ok();
+    let ip = ip_of(&out.json());
+    assert_eq!(ahead.as_deref(), Some(ip.as_str()));
+    assert_eq!(networked(&p7).as_deref(), Some(ip.as_str()));
+    assert_eq!(
+        p7.sh("cat /sys/class/net/eth0/address").trim(),
+        "c2:b0:57:49:47:f2"
+    );
+    assert_eq!(in_default_pool(), 2);
+
+    // Refused once the pod is read: the early address and the early interface are undone.
     let p4 = w.pod();
     let bad = Invocation::new("ADD", "bad000000001", p4.path()).k8s("default", "bad");
-    let (out, early) = add_held_back(&bad, "bad000000001");
+    let (out, early, ahead) = add_held_back(&bad, "bad000000001", &p4);
     let e = out.assert_err();
     assert_eq!(
         e["msg"],
         "failed to parse 'nope' as a CIDR: invalid CIDR address: nope"
     );
     assert!(early);
-    assert_eq!(in_default_pool(), 1);
+    assert_eq!(in_default_pool(), 2);
     assert!(w.keys(&handle("bad000000001")).is_empty());
     assert_eq!(p4.sh("ip -o link show | grep -c eth0 || true").trim(), "0");
+    assert_eq!(routes_to(&ahead.expect("networked ahead")), "");
     // A pool annotation that cannot be read: the same.
     let p6 = w.pod();
     let badpools = Invocation::new("ADD", "badpools0001", p6.path()).k8s("default", "badpools");
-    let (out, early) = add_held_back(&badpools, "badpools0001");
+    let (out, early, _) = add_held_back(&badpools, "badpools0001", &p6);
     out.assert_err();
     assert!(early);
-    assert_eq!(in_default_pool(), 1);
+    assert_eq!(in_default_pool(), 2);
     assert!(w.keys(&handle("badpools0001")).is_empty());
 
     // A pool with a namespaceSelector: IPAM waits for the namespace's labels.
@@ -1605,9 +1670,10 @@ fn etcd_with_policy_k8s_assigns_while_the_pod_is_read() {
     );
     let p5 = w.pod();
     let later = Invocation::new("ADD", "later0000001", p5.path()).k8s("default", "later");
-    let (out, early) = add_held_back(&later, "later0000001");
+    let (out, early, ahead) = add_held_back(&later, "later0000001", &p5);
     out.assert_ok();
     assert!(!early, "assigned before the namespace's labels were known");
+    assert_eq!(ahead, None);
     assert!(ip_of(&out.json()).starts_with("10.6"), "{}", out.json());
     assert!(!ip_of(&out.json()).starts_with("10.67."), "{}", out.json());
 
@@ -1618,15 +1684,16 @@ fn etcd_with_policy_k8s_assigns_while_the_pod_is_read() {
         json!({"cidr":"10.67.0.0/16","blockSize":26,"nodeSelector":"all()","disabled":true}),
     );
     pod("killed", json!({}));
-    let p7 = w.pod();
-    let killed = Invocation::new("ADD", "killed000001", p7.path()).k8s("default", "killed");
+    let p8 = w.pod();
+    let killed = Invocation::new("ADD", "killed000001", p8.path()).k8s("default", "killed");
     api.set_latency(Duration::from_secs(3));
     let mut child = w.bin.spawn("calico", w.host.name(), &killed, &conf);
     let started = std::time::Instant::now();
-    while w.keys(&handle("killed000001")).is_empty() {
+    // Once the interface has the early address and the host its route.
+    while w.keys(&handle("killed000001")).is_empty() || networked(&p8).is_none() {
         assert!(
             started.elapsed() < Duration::from_secs(2),
-            "no early assignment"
+            "no early assignment and interface"
         );
         assert!(child.try_wait().expect("wait").is_none(), "the ADD ended");
         std::thread::sleep(Duration::from_millis(5));
@@ -1641,7 +1708,9 @@ fn etcd_with_policy_k8s_assigns_while_the_pod_is_read() {
         "for DEL to release"
     );
 
-    for inv in [&plain, &pooled, &fixed, &bad, &badpools, &later, &killed] {
+    for inv in [
+        &plain, &clash, &pooled, &fixed, &mac, &bad, &badpools, &later, &killed,
+    ] {
         w.calico(&inv.as_del(), &conf).assert_ok();
     }
     w.assert_clean();

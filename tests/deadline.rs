@@ -220,7 +220,7 @@ fn the_undo_of_an_add_runs_in_the_grace() {
         w.assert_clean();
         return;
     }
-    panic!("etcd froze too early in every round");
+    panic!("in every round etcd froze too early (before the assignment was answered) or too late (after the ADD was done)");
 }
 
 /// Six ADDs queued on the node's IPAM lock while the holder's claim hangs on a frozen etcd:

@@ -406,16 +406,26 @@ impl VethPair {
         }
         Ok(self)
     }
-}
 
-impl PodInterface for VethPair {
-    /// Never removes an interface that was there before (a pod's running `eth0`, another
-    /// call's veth).
-    async fn finish(
-        &mut self,
-        addrs: &AddressRequest,
-        _pod: &PodFacts<'_>,
-    ) -> Result<NetworkingResult> {
+    /// Removes the pair this call made, with its addresses and routes, and keeps the
+    /// handles: a later `finish` builds it again (as for a pair whose host-side name was
+    /// taken). Used when a pair finished before the pod was read is not the one the pod
+    /// asks for. On failure the pair is kept, for `remove` to try again.
+    pub async fn reset(&mut self) -> Result<()> {
+        if let Some(made) = &self.made {
+            let cx = veth::Ctx {
+                req: &self.req,
+                ns: &self.ns,
+            };
+            veth::remove_pair(&cx, made.cont_idx).await?;
+            self.made = None;
+        }
+        Ok(())
+    }
+
+    /// `PodInterface::finish`, which needs nothing of the pod on Linux. Never removes an
+    /// interface that was there before (a pod's running `eth0`, another call's veth).
+    pub async fn finish_addresses(&mut self, addrs: &AddressRequest) -> Result<NetworkingResult> {
         let cx = veth::Ctx {
             req: &self.req,
             ns: &self.ns,
@@ -430,6 +440,16 @@ impl PodInterface for VethPair {
         let net = veth::finish(&cx, &mut made, addrs).await?;
         self.made = Some(made);
         Ok(net)
+    }
+}
+
+impl PodInterface for VethPair {
+    async fn finish(
+        &mut self,
+        addrs: &AddressRequest,
+        _pod: &PodFacts<'_>,
+    ) -> Result<NetworkingResult> {
+        self.finish_addresses(addrs).await
     }
 
     /// Removes the pair if it is still there: deleting the container end by its ifindex

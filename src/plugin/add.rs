@@ -12,8 +12,9 @@
 //!
 //! The veth pair is built while IPAM allocates (`alongside`), or, for a Kubernetes pod,
 //! already while the first reads are answered; on etcd with policy type k8s, Calico IPAM
-//! assigns then too (`early`: an ADD refused before using them undoes them). The
-//! addresses, routes and endpoint follow once both are done. A failure of either undoes
+//! assigns then too, and the pair gets those addresses and routes (`early`: an ADD refused
+//! before using them undoes them). The addresses, routes and endpoint follow once both are
+//! done. A failure of either undoes
 //! the other's work (IPAM failed: the pair is removed; the pair failed: the addresses are
 //! given back).
 //!
@@ -29,7 +30,7 @@ use tracing::{info, warn};
 
 use crate::cluster_ready::check_datastore_ready;
 use crate::dataplane::grpc::GrpcDataplane;
-use crate::dataplane::{AnyInterface, Families, Selected, VethRequest};
+use crate::dataplane::{AddressRequest, Families, Selected, VethRequest};
 use crate::datastore::backend::Backend;
 use crate::datastore::kubernetes::core_objects;
 use crate::datastore::model::{Profile, WorkloadEndpoint};
@@ -41,8 +42,10 @@ use crate::ipam::lock::IpamLock;
 use crate::ipam_driver::exec::{host_local_add_stdin, uses_pod_cidr};
 use crate::ipam_driver::{calico, kubevirt, IpamDriver, IpamKind, Prepared};
 use crate::net::IpNet;
-use crate::plugin::add_tail::{alongside, network_and_write, undo, EndpointBeside, Extras, Tail};
-use crate::plugin::early::{self, Early};
+use crate::plugin::add_tail::{
+    address_request, alongside, network_and_write, undo, EndpointBeside, Extras, Tail,
+};
+use crate::plugin::early::{self, Early, PodLink};
 use crate::plugin::endpoint;
 use crate::plugin::endpoint_status;
 use crate::plugin::k8s_pod::{self, AddressSource, PodInfo};
@@ -104,17 +107,35 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
         )
     });
     let speculate = assigns_before_pod(&call);
-    let (first, existing, profile_exists, pod, ()) = tokio::join!(
+    let (first, existing, profile_exists, pod) = tokio::join!(
         async {
-            let (ready, early) = tokio::join!(
-                check_datastore_ready(&call.ds),
-                early_ipam_reads(&call, early_ipam)
+            let (gate, ()) = tokio::join!(
+                async {
+                    let (ready, early) = tokio::join!(
+                        check_datastore_ready(&call.ds),
+                        early_ipam_reads(&call, early_ipam)
+                    );
+                    let (early, assigned) = match speculate && ready.is_ok() {
+                        true => assign_before_pod(&call, args, early).await,
+                        false => (early, None),
+                    };
+                    (ready, early, assigned)
+                },
+                async {
+                    if let Some(req) = early_veth {
+                        work.build_pair(req).await;
+                    }
+                }
             );
-            let (early, assigned) = match speculate && ready.is_ok() {
-                true => assign_before_pod(&call, args, early).await,
-                false => (early, None),
-            };
-            (ready, early, assigned)
+            let (ready, early, assigned) = gate;
+            work.set_addresses(assigned);
+            // With the early addresses and pair, their addresses and routes too: after the
+            // pod's answer only the endpoint's write is left.
+            if let (Ok(()), Ok(routes)) = (&ready, k8s_routes(conf)) {
+                work.finish_ahead(|assigned| pod_addresses(&call, assigned, routes))
+                    .await;
+            }
+            (ready, early)
         },
         async {
             if endpoint_from_pod {
@@ -143,15 +164,9 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
             )
             .await
             .map(Some)
-        },
-        async {
-            if let Some(req) = early_veth {
-                work.build_pair(req).await;
-            }
         }
     );
-    let (ready, early, assigned) = first;
-    work.set_addresses(assigned);
+    let (ready, early) = first;
     let outcome = after_reads(
         args,
         &call,
@@ -481,8 +496,7 @@ async fn add_k8s(
         veth,
     )
     .await?;
-    // A calico-ipam result without routes is a KubeVirt migration target: no host routes.
-    extras.skip_host_routes = call.plan.ipam == IpamKind::Calico && result.routes.is_empty();
+    extras.skip_host_routes = skips_host_routes(call, &result);
     let result = network_and_write(&tail, args, result, link, wep, routes, extras, mtu).await?;
     endpoint_status::wait_for_policy(
         &conf.endpoint_status_dir,
@@ -492,6 +506,21 @@ async fn add_k8s(
     )
     .await;
     Ok(result)
+}
+
+/// A calico-ipam result without routes is a KubeVirt migration target: no host routes.
+fn skips_host_routes(call: &Call, result: &CniResult) -> bool {
+    call.plan.ipam == IpamKind::Calico && result.routes.is_empty()
+}
+
+/// What a Kubernetes pod's interface is given for IPAM's `result`, as `add_k8s` gives it.
+fn pod_addresses(call: &Call, result: &CniResult, routes: Vec<IpNet>) -> AddressRequest {
+    address_request(
+        result,
+        routes,
+        call.conf.container_settings.allow_ip_forwarding,
+        skips_host_routes(call, result),
+    )
 }
 
 /// Where a Kubernetes pod's addresses come from (`AddressSource`), obtained while the
@@ -506,10 +535,13 @@ async fn addresses_alongside<I: IpamDriver>(
     source: AddressSource,
     (pod, early, old_addresses): (&PodInfo, EarlyIpam, &[String]),
     veth: impl Fn(Option<Families>) -> VethRequest,
-) -> Result<(CniResult, AnyInterface)> {
+) -> Result<(CniResult, PodLink)> {
     // Addresses assigned before the pod was read, for the configuration's pools and
     // families, are kept only if the pod and its namespace ask for nothing else. They stay
-    // in `work` until then, so that a failure before gives them back.
+    // in `work` until then, so that a failure before gives them back. So does the pair
+    // finished for them, which is kept only if the pod asks for the same pair; else it is
+    // taken down before the addresses can be given back.
+    let later = |(result, link)| (result, PodLink::Later(link));
     match source {
         AddressSource::Ipam => {
             let mut ipam_args = args.clone();
@@ -523,10 +555,18 @@ async fn addresses_alongside<I: IpamDriver>(
                     annotated = true;
                 }
             }
+            if !annotated {
+                if let Some(finished) = work.take_finished(&veth(families)) {
+                    return Ok(finished);
+                }
+            }
+            work.unfinish().await?;
             match work.take_addresses() {
                 Some(answer) if !annotated => {
                     let pair = work.take_pair()?;
-                    return alongside(tail, args, pair, veth(families), async { answer }).await;
+                    return alongside(tail, args, pair, veth(families), async { answer })
+                        .await
+                        .map(later);
                 }
                 Some(answer) => give_back_before_pod(call, args, answer).await,
                 None => {}
@@ -539,11 +579,14 @@ async fn addresses_alongside<I: IpamDriver>(
                 beside: tail.beside.map(|b| b as &dyn WriteBeside),
             };
             let ipam = ipam_add(call, &ipam_args, prepared, MISSING_IP_CONFIG);
-            alongside(tail, args, work.take_pair()?, veth(families), ipam).await
+            alongside(tail, args, work.take_pair()?, veth(families), ipam)
+                .await
+                .map(later)
         }
         AddressSource::IpAddrs(ips) => {
             // Each address is assigned by its own calico-ipam call, which takes the lock.
             drop(early);
+            work.unfinish().await?;
             if let Some(answer) = work.take_addresses() {
                 give_back_before_pod(call, args, answer).await;
             }
@@ -553,10 +596,13 @@ async fn addresses_alongside<I: IpamDriver>(
                 assign_each(call, args, &ips, labels).await
             };
             let families = Some(families_of(&ips));
-            alongside(tail, args, work.take_pair()?, veth(families), ipam).await
+            alongside(tail, args, work.take_pair()?, veth(families), ipam)
+                .await
+                .map(later)
         }
         AddressSource::NoIpam(ips) => {
             drop(early);
+            work.unfinish().await?;
             if let Some(answer) = work.take_addresses() {
                 give_back_before_pod(call, args, answer).await;
             }
@@ -576,6 +622,7 @@ async fn addresses_alongside<I: IpamDriver>(
                 Ok(result)
             })
             .await
+            .map(later)
         }
     }
 }

@@ -214,12 +214,12 @@ pub async fn network_and_write<D: Datastore, I: IpamDriver, L: PodInterface>(
     wep.spec.ip_networks = endpoint::ip_networks(&result);
     wep.spec.ip_nats = floating_nats(&result, &extras.floating_ips);
     let assigned: Vec<IpAddr> = result.ips.iter().map(|ip| ip.address.addr).collect();
-    let addrs = AddressRequest {
-        ips: assigned.iter().map(|ip| IpNet::host(*ip)).collect(),
+    let addrs = address_request(
+        &result,
         routes,
-        allow_ip_forwarding: tail.allow_ip_forwarding,
-        skip_host_routes: extras.skip_host_routes,
-    };
+        tail.allow_ip_forwarding,
+        extras.skip_host_routes,
+    );
     let new_endpoint = wep.metadata.resource_version.is_empty();
     // A new endpoint not written with the addresses, whose MAC is known before the
     // interface is finished, is written while it is: one write less on the call's path.
@@ -295,6 +295,26 @@ pub async fn network_and_write<D: Datastore, I: IpamDriver, L: PodInterface>(
         &args.netns,
     );
     Ok(result)
+}
+
+/// What the pod interface is given for IPAM's `result`: its addresses as /32 and /128,
+/// and the pod's routes.
+pub fn address_request(
+    result: &CniResult,
+    routes: Vec<IpNet>,
+    allow_ip_forwarding: bool,
+    skip_host_routes: bool,
+) -> AddressRequest {
+    AddressRequest {
+        ips: result
+            .ips
+            .iter()
+            .map(|ip| IpNet::host(ip.address.addr))
+            .collect(),
+        routes,
+        allow_ip_forwarding,
+        skip_host_routes,
+    }
 }
 
 /// Runs one step of undoing a failed ADD within the call's grace; a step cut short is

@@ -9,19 +9,26 @@
 //!   (`add::assign_before_pod` says when it may run): the etcd reads and write take less
 //!   time than the API server's answer. Kept if the pod and its namespace ask for nothing
 //!   else; else given back before the addresses they ask for are assigned.
+//! * then, with both, the pair's addresses and routes (`Early::finish_ahead`): what is left
+//!   after the pod's answer is the endpoint's write. Kept if the pod asks for the same
+//!   pair and addresses (`Early::take_finished`); else the pair is removed with them
+//!   (`Early::unfinish`) before any early address is given back, so that no host route
+//!   ever points at an address another pod may get.
 //!
 //! Only what passed before the reads is known then: the ready gate, the endpoint's name and
 //! the pod's annotations are checked after. An ADD that fails before using them undoes
 //! them (`Early::discard`), so a refused ADD still leaves nothing. A kill in between is
-//! cleaned up by the runtime's DEL, as a kill while IPAM runs: DEL removes the pod's
-//! interface and releases the handle `<network>.<containerID>` the addresses are under.
+//! cleaned up by the runtime's DEL, as a kill while IPAM runs or after the interface was
+//! finished: DEL removes the pod's interface by name (its routes go with it) and releases
+//! the handle `<network>.<containerID>` the addresses are under.
 
 use std::net::IpAddr;
 
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::dataplane::{
-    AnyInterface, Dataplane, DataplaneError, PodInterface, Selected, VethPair, VethRequest,
+    AddressRequest, AnyInterface, Dataplane, DataplaneError, NetworkingResult, PodFacts,
+    PodInterface, Selected, VethPair, VethRequest,
 };
 use crate::error::{Error, Result};
 use crate::ipam_driver::IpamDriver;
@@ -51,15 +58,28 @@ impl Dataplane for PairSource {
 /// The ADD's early work until the step that would have done it takes it.
 pub struct Early {
     pair: Option<PairSource>,
+    /// What the early pair was built for.
+    built_for: Option<VethRequest>,
     /// Calico IPAM's answer from before the pod was read.
     addresses: Option<Result<CniResult>>,
+    /// The early pair with the early addresses and routes (taken out of `pair`).
+    finished: Option<FinishedAhead>,
+}
+
+/// A pair finished before the pod was read: what it was given and what `finish` answered.
+struct FinishedAhead {
+    pair: VethPair,
+    addrs: AddressRequest,
+    net: NetworkingResult,
 }
 
 impl Early {
     pub fn new(dataplane: Selected) -> Early {
         Early {
             pair: Some(PairSource::Later(dataplane)),
+            built_for: None,
             addresses: None,
+            finished: None,
         }
     }
 
@@ -68,10 +88,77 @@ impl Early {
     pub async fn build_pair(&mut self, req: VethRequest) {
         self.pair = match self.pair.take() {
             Some(PairSource::Later(Selected::Linux(linux))) => {
+                self.built_for = Some(req.clone());
                 Some(PairSource::Early(Box::new(linux.prepare(req).await)))
             }
             other => other,
         };
+    }
+
+    /// Gives the early pair the early addresses and routes (`addrs` tells them for IPAM's
+    /// answer), when both are there. A failure is only logged: the pair is gone with it
+    /// (`finish` removes what it made), and the step after the pod's answer builds it again
+    /// for the addresses the pod gets, and reports its own failure.
+    pub async fn finish_ahead(&mut self, addrs: impl FnOnce(&CniResult) -> AddressRequest) {
+        let addrs = match &self.addresses {
+            Some(Ok(assigned)) => addrs(assigned),
+            _ => return,
+        };
+        let mut pair = match self.pair.take() {
+            Some(PairSource::Early(built)) => match *built {
+                Ok(pair) => pair,
+                Err(e) => {
+                    self.pair = Some(PairSource::Early(Box::new(Err(e))));
+                    return;
+                }
+            },
+            other => {
+                self.pair = other;
+                return;
+            }
+        };
+        match pair.finish_addresses(&addrs).await {
+            Ok(net) => self.finished = Some(FinishedAhead { pair, addrs, net }),
+            Err(e) => {
+                info!(error = %e, "the pod interface could not be finished before the pod was read");
+                self.pair = Some(PairSource::Early(Box::new(Ok(pair))));
+            }
+        }
+    }
+
+    /// The early addresses with the pair finished for them, if the pod asks for that pair
+    /// (`req`, the request as the pod made it) and those addresses (once).
+    pub fn take_finished(&mut self, req: &VethRequest) -> Option<(CniResult, PodLink)> {
+        let kept = self.finished.is_some()
+            && self.built_for.as_ref() == Some(req)
+            && matches!(self.addresses, Some(Ok(_)));
+        if !kept {
+            return None;
+        }
+        let (Some(Ok(assigned)), Some(f)) = (self.addresses.take(), self.finished.take()) else {
+            return None;
+        };
+        Some((
+            assigned,
+            PodLink::Ahead {
+                pair: f.pair,
+                addrs: f.addrs,
+                net: f.net,
+            },
+        ))
+    }
+
+    /// Takes the addresses and routes off a pair finished before the pod was read (the
+    /// pair goes with them, to be built again), before the early addresses can be given
+    /// back. On failure the pair is kept for `discard` to remove.
+    pub async fn unfinish(&mut self) -> Result<()> {
+        let Some(mut f) = self.finished.take() else {
+            return Ok(());
+        };
+        info!("the pod asks for another interface or other addresses: removing the one finished before it was read");
+        let reset = f.pair.reset().await;
+        self.pair = Some(PairSource::Early(Box::new(Ok(f.pair))));
+        Ok(reset?)
     }
 
     /// The pair's source, for the step that builds or takes over the pair (once).
@@ -94,6 +181,9 @@ impl Early {
     /// After a failure: removes a pair built with the reads and gives back addresses
     /// assigned before the pod was read, if the steps that use them had not taken them.
     pub async fn discard(&mut self, call: &Call, args: &CmdArgs) {
+        if let Some(f) = self.finished.take() {
+            self.pair = Some(PairSource::Early(Box::new(Ok(f.pair))));
+        }
         if let Some(PairSource::Early(built)) = self.pair.take() {
             if let Ok(pair) = *built {
                 undo("removing the veth pair of a refused ADD", async {
@@ -118,4 +208,58 @@ impl Early {
 pub async fn give_back(call: &Call, args: &CmdArgs, assigned: &CniResult) {
     let ips: Vec<IpAddr> = assigned.ips.iter().map(|ip| ip.address.addr).collect();
     call.ipam().give_back(args, &ips).await;
+}
+
+/// The ADD's pod interface: finished before the pod was read (`Early::take_finished`), or
+/// to be finished now.
+pub enum PodLink {
+    Ahead {
+        pair: VethPair,
+        addrs: AddressRequest,
+        net: NetworkingResult,
+    },
+    Later(AnyInterface),
+}
+
+impl PodInterface for PodLink {
+    /// A pair finished ahead answers what its `finish` did. Asked for other addresses or
+    /// routes (not expected: both are worked out from the same answer and configuration),
+    /// it is built again for them.
+    async fn finish(
+        &mut self,
+        addrs: &AddressRequest,
+        pod: &PodFacts<'_>,
+    ) -> std::result::Result<NetworkingResult, DataplaneError> {
+        match self {
+            PodLink::Ahead {
+                pair,
+                addrs: done,
+                net,
+            } => {
+                if done == addrs {
+                    return Ok(net.clone());
+                }
+                pair.reset().await?;
+                *net = pair.finish_addresses(addrs).await?;
+                *done = addrs.clone();
+                Ok(net.clone())
+            }
+            PodLink::Later(link) => link.finish(addrs, pod).await,
+        }
+    }
+
+    async fn remove(self) -> std::result::Result<(), DataplaneError> {
+        match self {
+            PodLink::Ahead { pair, .. } => AnyInterface::Linux(pair).remove().await,
+            PodLink::Later(link) => link.remove().await,
+        }
+    }
+
+    /// None once finished: `finish` has nothing left to do that a write could overlap.
+    fn known_mac(&self, addrs: &AddressRequest) -> Option<String> {
+        match self {
+            PodLink::Ahead { .. } => None,
+            PodLink::Later(link) => link.known_mac(addrs),
+        }
+    }
 }
