@@ -407,6 +407,11 @@ impl VethPair {
         Ok(self)
     }
 
+    /// Whether this call made the pair (no link had its host-side name).
+    pub fn is_made(&self) -> bool {
+        self.made.is_some()
+    }
+
     /// Removes the pair this call made, with its addresses and routes, and keeps the
     /// handles: a later `finish` builds it again (as for a pair whose host-side name was
     /// taken). Used when a pair finished before the pod was read is not the one the pod

@@ -14,9 +14,8 @@
 //! already while the first reads are answered; on etcd with policy type k8s, Calico IPAM
 //! assigns then too, and the pair gets those addresses and routes (`early`: an ADD refused
 //! before using them undoes them). The addresses, routes and endpoint follow once both are
-//! done. A failure of either undoes
-//! the other's work (IPAM failed: the pair is removed; the pair failed: the addresses are
-//! given back).
+//! done. A failure of either undoes the other's work (IPAM failed: the pair is removed; the
+//! pair failed: the addresses are given back).
 //!
 //! The undo runs within the call's grace (`deadline::cleanup_bound`): after a failure at the
 //! deadline it may go on for `deadline::GRACE` more, so an ADD returns within its budget plus

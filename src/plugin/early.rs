@@ -96,7 +96,9 @@ impl Early {
     }
 
     /// Gives the early pair the early addresses and routes (`addrs` tells them for IPAM's
-    /// answer), when both are there. A failure is only logged: the pair is gone with it
+    /// answer), when both are there. Not where a link had the pair's host-side name (a
+    /// re-ADD): replacing it waits until the pod has been read and the ADD accepted, as
+    /// without the early work. A failure is only logged: the pair is gone with it
     /// (`finish` removes what it made), and the step after the pod's answer builds it again
     /// for the addresses the pod gets, and reports its own failure.
     pub async fn finish_ahead(&mut self, addrs: impl FnOnce(&CniResult) -> AddressRequest) {
@@ -106,9 +108,9 @@ impl Early {
         };
         let mut pair = match self.pair.take() {
             Some(PairSource::Early(built)) => match *built {
-                Ok(pair) => pair,
-                Err(e) => {
-                    self.pair = Some(PairSource::Early(Box::new(Err(e))));
+                Ok(pair) if pair.is_made() => pair,
+                built => {
+                    self.pair = Some(PairSource::Early(Box::new(built)));
                     return;
                 }
             },
