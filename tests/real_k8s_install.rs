@@ -65,7 +65,7 @@ fn install_writes_a_kubeconfig_with_the_cni_plugins_own_token() {
     );
     assert_eq!(out.code, 0, "{}", out.stderr);
     // One request from the installer: the TokenRequest, as calico-node.
-    let reqs = k.requests_since(mark);
+    let reqs = k.client_requests_since(mark);
     let by_node: Vec<_> = reqs.iter().filter(|r| r.user == NODE_SA_USER).collect();
     assert_eq!(by_node.len(), 1, "{reqs:?}");
     assert_eq!(by_node[0].verb, "create");
@@ -117,9 +117,9 @@ fn install_writes_a_kubeconfig_with_the_cni_plugins_own_token() {
         .unwrap()
         .to_string();
     assert!(ip.starts_with("10.77."), "{ip}");
-    // Every request but the harness's own (the admin's audit markers).
+    // Every client's request but the harness's own (the admin's audit markers).
     let reqs: Vec<_> = k
-        .requests_since(mark)
+        .client_requests_since(mark)
         .into_iter()
         .filter(|r| r.user != "admin")
         .collect();

@@ -785,13 +785,16 @@ current-context: real
             .collect()
     }
 
-    /// Every request after `mark` (up to now), whoever made it, in log order.
-    pub fn requests_since(&self, mark: usize) -> Vec<Audited> {
+    /// Every client's request after `mark` (up to now), whoever made it, in log order. The
+    /// server's own (`system:apiserver`: its loops, such as the `kubernetes` service's
+    /// endpoint reconciler every 10 s) are left out: no client sends them.
+    pub fn client_requests_since(&self, mark: usize) -> Vec<Audited> {
         let end = self.settle_audit();
         self.audit_events()[..end]
             .iter()
             .skip(mark)
             .map(audited)
+            .filter(|a| a.user != "system:apiserver")
             .collect()
     }
 
