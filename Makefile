@@ -18,6 +18,8 @@ BIN ?= target/release/calico
 # podman test; buildah, musl-tools and file for `make image` (the static binary and its check);
 # containerd (+ runc, busybox-static) for the image import and the real node suite
 # (tests/real_node.rs: kubelet -> containerd -> our binary).
+# Then the peers, pinned Go modules built into a cache outside the repository
+# (tools/peers/build.sh: Kubernetes v1.35, containerd 2, cri-tools, the reference plugins).
 APT_PACKAGES := etcd-server etcd-client protobuf-compiler libprotobuf-dev time \
 	containernetworking-plugins iproute2 iputils-ping iptables \
 	golang-go golang-github-appc-cni-dev podman runc busybox-static \
@@ -55,6 +57,8 @@ deps:
 	fi
 	@command -v cargo >/dev/null || { echo "cargo (Rust toolchain) is required"; exit 1; }
 	@rustup target list --installed 2>/dev/null | grep -qx $(MUSL_TARGET) || rustup target add $(MUSL_TARGET)
+	@command -v go >/dev/null || { echo "go (1.26) is required for the peers (tools/peers)"; exit 1; }
+	bash tools/peers/build.sh
 
 lint:
 	cargo fmt --all -- --check

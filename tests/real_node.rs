@@ -29,7 +29,7 @@ use common::netns::{require_root, UPLINK_V4};
 use common::real_k8s::Neighbour;
 use common::real_node::{
     copy_atomically, install_bare_binaries, install_cni, plugin_binary, read_recorded_calls,
-    record_calls, seconds_between, shared_k8s, time_network_plugins, utc_seconds_of_day,
+    record_calls, seconds_between, node_peers, time_network_plugins, utc_seconds_of_day,
     wait_until, write_atomically, InstallInputs, RealNode, RecordedCall, BUSYBOX_IMAGE, TIMED_DIR,
 };
 use serde_json::{json, Value};
@@ -56,12 +56,7 @@ fn say(msg: &str) {
 }
 
 fn tools_ready() -> bool {
-    [
-        "/usr/bin/containerd",
-        "/usr/bin/ctr",
-        "/usr/sbin/runc",
-        "/bin/busybox",
-    ]
+    ["/usr/sbin/runc", "/bin/busybox"]
     .iter()
     .all(|p| Path::new(p).exists())
         && Path::new("/usr/lib/cni/portmap").exists()
@@ -373,8 +368,8 @@ fn pods_through_kubelet_and_containerd_get_addresses_and_leave_nothing() {
     require_root();
     let test = "real_node";
     let suite_started = Instant::now();
-    let k8s = match shared_k8s() {
-        Ok(d) => d,
+    let peers = match node_peers() {
+        Ok(p) => p,
         Err(why) => {
             report_skip(test, &format!("no real Kubernetes binaries: {why}"));
             return;
@@ -382,7 +377,6 @@ fn pods_through_kubelet_and_containerd_get_addresses_and_leave_nothing() {
     };
     if let Err(why) = apt::ensure(
         &[
-            "containerd",
             "runc",
             "busybox-static",
             "iputils-ping",
@@ -396,7 +390,7 @@ fn pods_through_kubelet_and_containerd_get_addresses_and_leave_nothing() {
     }
 
     // The control plane, and Calico's resources as an operator would apply them.
-    let mut node = RealNode::new(&k8s, NODE);
+    let mut node = RealNode::new(&peers, NODE);
     let api = node.api();
     created(
         &node,
@@ -1153,8 +1147,8 @@ fn first_line_of(program: &str, args: &[&str]) -> String {
 fn bench_pod_start() {
     require_root();
     let test = "bench_pod_start";
-    let k8s = match shared_k8s() {
-        Ok(d) => d,
+    let peers = match node_peers() {
+        Ok(p) => p,
         Err(why) => {
             report_skip(test, &format!("no real Kubernetes binaries: {why}"));
             return;
@@ -1168,7 +1162,6 @@ fn bench_pod_start() {
     };
     if let Err(why) = apt::ensure(
         &[
-            "containerd",
             "runc",
             "busybox-static",
             "iputils-ping",
@@ -1200,7 +1193,7 @@ fn bench_pod_start() {
     let load_start = loadavg();
     let started = Instant::now();
 
-    let mut node = RealNode::new(&k8s, BENCH_NODE);
+    let mut node = RealNode::new(&peers, BENCH_NODE);
     let api = node.api();
     // The Kubernetes datastore: ClusterInformation and the pool, as the existing test does.
     created(
@@ -1583,7 +1576,7 @@ fn bench_pod_start() {
     );
     let _ = writeln!(
         w,
-        "- machine: {} CPUs ({}), kernel {}; {}; kubelet v1.24.0-alpha.1",
+        "- machine: {} CPUs ({}), kernel {}; {}; {}",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         std::fs::read_to_string("/proc/cpuinfo")
             .unwrap_or_default()
@@ -1593,7 +1586,8 @@ fn bench_pod_start() {
                 .map(|r| r.trim_start_matches([' ', '\t', ':']).to_string()))
             .unwrap_or_default(),
         first_line_of("uname", &["-r"]),
-        first_line_of("containerd", &["--version"]),
+        first_line_of(&node.peers.containerd.display().to_string(), &["--version"]),
+        first_line_of(&node.peers.kubelet.display().to_string(), &["--version"]),
     );
     let _ = writeln!(
         w,

@@ -386,7 +386,11 @@ pub fn run_flag(
 
 /// Reports a test that cannot run here, visibly: written straight to the process's stderr,
 /// which libtest does not capture (an `eprintln!` of a passing test would be swallowed).
+/// In CI (`CI` set) a skip is a failure: CI has every tool, so a missing one is a bug.
 pub fn report_skip(test: &str, reason: &str) {
     use std::io::Write as _;
     let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {reason}");
+    if std::env::var_os("CI").is_some_and(|v| !v.is_empty()) {
+        panic!("SKIPPED {test} in CI (CI is set, where nothing may be skipped): {reason}");
+    }
 }

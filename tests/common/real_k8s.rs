@@ -1,6 +1,6 @@
 #![allow(dead_code)]
-//! A real Kubernetes API server for the end-to-end suites: kube-apiserver (v1.24, from
-//! the bundle beside the clone, `real_k8s::bundle_dir`) on a real etcd, both inside a network namespace the
+//! A real Kubernetes API server for the end-to-end suites: kube-apiserver (v1.35, a peer
+//! `make deps` builds, common/peers.rs) on a real etcd, both inside a network namespace the
 //! test made, bound to its 127.0.0.1, with Calico's CRDs and the upstream `calico-cni-plugin`
 //! RBAC applied, and a kubeconfig carrying the plugin's own ServiceAccount token (from
 //! TokenRequest), so every request the plugin makes is authorized as on a real cluster.
@@ -17,8 +17,6 @@
 //!   plugin's user sent between two points.
 //! * [`RealK8s::freeze`] / [`RealK8s::thaw`]: SIGSTOP / SIGCONT of kube-apiserver by PID.
 //!
-//! kube-apiserver is unpacked once per machine into `/var/tmp/calico-cni-rs-k8s/<sha256 of
-//! the .gz>/` (outside the repository and target/), atomically, so parallel tests share it.
 //! One server per test (no controller-manager, so namespaces cannot be deleted and a shared
 //! server would leak state between tests); start-up is measured in [`RealK8s::startup`].
 
@@ -29,7 +27,7 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -41,13 +39,11 @@ use tokio_rustls::rustls;
 use super::cni::TempDir;
 use super::etcd::EtcdServer;
 use super::netns::Netns;
+use super::peers::{peer, shared_k8s_file};
 
-/// The files this harness needs in the bundle (`bundle_dir`).
-const APISERVER_GZ: &str = "kube-apiserver.gz";
-const CRDS: &str = "calico-crds-v3.32.1-k8s1.24.yaml";
+/// Calico's v3.32.1 CRDs and the plugin's RBAC, in `shared/k8s`.
+const CRDS: &str = "calico-crds-v3.32.1.yaml";
 const RBAC: &str = "calico-cni-plugin-rbac-v3.32.1.yaml";
-/// Where kube-apiserver is unpacked (per sha256 of the .gz).
-const UNPACK_ROOT: &str = "/var/tmp/calico-cni-rs-k8s";
 /// The plugin's ServiceAccount (upstream's manifests) and its user name.
 pub const PLUGIN_SA_NAMESPACE: &str = "kube-system";
 pub const PLUGIN_SA: &str = "calico-cni-plugin";
@@ -56,79 +52,29 @@ pub const PLUGIN_USER: &str = "system:serviceaccount:kube-system:calico-cni-plug
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 
-static COUNTER: AtomicUsize = AtomicUsize::new(0);
-
-/// Where the kube-apiserver + kubelet bundle is: `CALICO_K8S_BUNDLE`, else `shared/k8s`
-/// beside the clone (where CI puts it).
-pub fn bundle_dir() -> PathBuf {
-    match std::env::var_os("CALICO_K8S_BUNDLE") {
-        Some(d) => PathBuf::from(d),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/k8s"),
-    }
+/// What the harness needs: kube-apiserver (a peer, `make deps`), Calico's CRDs and RBAC
+/// (`shared/k8s`) and etcd; or why one is missing.
+pub struct Needs {
+    pub apiserver: PathBuf,
+    pub crds: PathBuf,
+    pub rbac: PathBuf,
 }
 
-/// The bundle (`bundle_dir`), if it holds what the harness needs (and etcd is installed);
-/// otherwise why not.
-pub fn k8s_dir() -> Result<PathBuf, String> {
-    let dir = bundle_dir();
-    for f in [APISERVER_GZ, CRDS, RBAC] {
-        let p = dir.join(f);
-        if !p.is_file() {
-            return Err(format!(
-                "{} is absent (no real kube-apiserver)",
-                p.display()
-            ));
-        }
-    }
+/// [`Needs`], or why one is missing.
+pub fn needs() -> Result<Needs, String> {
+    let apiserver = peer("kube-apiserver")?;
+    let crds = shared_k8s_file(CRDS)?;
+    let rbac = shared_k8s_file(RBAC)?;
     for bin in ["/usr/bin/etcd", "/usr/bin/etcdctl"] {
         if !Path::new(bin).is_file() {
             return Err(format!("{bin} is absent (Debian etcd-server, etcd-client)"));
         }
     }
-    Ok(dir)
-}
-
-/// The unpacked kube-apiserver, made once per machine (per .gz content): unpacked into a
-/// temp name beside it, then renamed into place, so concurrent tests never see half a file.
-fn apiserver_binary(dir: &Path) -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let gz = dir.join(APISERVER_GZ);
-        let out = Command::new("sha256sum")
-            .arg(&gz)
-            .output()
-            .expect("run sha256sum");
-        assert!(out.status.success(), "sha256sum {}", gz.display());
-        let sha = String::from_utf8_lossy(&out.stdout)
-            .split_whitespace()
-            .next()
-            .expect("a sha256")
-            .to_string();
-        let target_dir = Path::new(UNPACK_ROOT).join(&sha);
-        let target = target_dir.join("kube-apiserver");
-        if target.is_file() {
-            return target;
-        }
-        fs::create_dir_all(&target_dir).expect("create the unpack dir");
-        let tmp = target_dir.join(format!(
-            ".kube-apiserver.{}.{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::SeqCst)
-        ));
-        let file = fs::File::create(&tmp).expect("create the unpacked file");
-        let status = Command::new("gzip")
-            .args(["-dc"])
-            .arg(&gz)
-            .stdout(file)
-            .status()
-            .expect("run gzip");
-        assert!(status.success(), "gzip -dc {}", gz.display());
-        use std::os::unix::fs::PermissionsExt;
-        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755)).unwrap();
-        fs::rename(&tmp, &target).expect("rename the unpacked kube-apiserver into place");
-        target
+    Ok(Needs {
+        apiserver,
+        crds,
+        rbac,
     })
-    .clone()
 }
 
 /// One request the audit log recorded.
@@ -189,7 +135,7 @@ pub struct RealK8s {
 impl RealK8s {
     /// Whether a real API server can be started here; `Err(why)` if not.
     pub fn available() -> Result<(), String> {
-        k8s_dir().map(|_| ())
+        needs().map(|_| ())
     }
 
     /// Starts etcd and kube-apiserver inside `netns` (on its 127.0.0.1), applies Calico's
@@ -198,8 +144,7 @@ impl RealK8s {
     /// server does not come up; call [`RealK8s::available`] first.
     pub fn start(netns: &Netns) -> RealK8s {
         let t0 = Instant::now();
-        let k8s = k8s_dir().unwrap_or_else(|why| panic!("{why}"));
-        let bin = apiserver_binary(&k8s);
+        let k8s = needs().unwrap_or_else(|why| panic!("{why}"));
         let dir = TempDir::new("real-k8s");
         let etcd = EtcdServer::start_in_netns(Some(netns.name()));
         let t_etcd = t0.elapsed();
@@ -237,7 +182,7 @@ rules:
         let s = |f: &str| p(f).display().to_string();
         let apiserver = Command::new("ip")
             .args(["netns", "exec", netns.name()])
-            .arg(&bin)
+            .arg(&k8s.apiserver)
             .arg(format!("--etcd-servers={}", etcd.endpoint()))
             .arg(format!("--secure-port={port}"))
             .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"])
@@ -252,7 +197,6 @@ rules:
             ))
             .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
             .arg("--service-cluster-ip-range=10.96.0.0/16")
-            .arg("--feature-gates=CustomResourceValidationExpressions=true")
             .arg(format!("--audit-policy-file={}", s("audit-policy.yaml")))
             .arg(format!("--audit-log-path={}", s("audit.log")))
             .arg("--audit-log-mode=blocking")
@@ -331,12 +275,12 @@ rules:
 
     /// Namespaces, the plugin's RBAC, Calico's CRDs (all sent at once), then waits until
     /// every CRD is Established and served.
-    fn install_calico(&self, k8s: &Path) {
+    fn install_calico(&self, k8s: &Needs) {
         for ns in ["default", "kube-system"] {
             self.ensure_namespace(ns);
         }
-        let mut objects = parse_yaml(&k8s.join(RBAC));
-        let crds = parse_yaml(&k8s.join(CRDS));
+        let mut objects = parse_yaml(&k8s.rbac);
+        let crds = parse_yaml(&k8s.crds);
         let plurals: Vec<String> = crds
             .iter()
             .map(|c| c["spec"]["names"]["plural"].as_str().unwrap().to_string())

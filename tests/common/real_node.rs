@@ -1,7 +1,8 @@
 #![allow(dead_code)]
 //! A whole Kubernetes node inside a network namespace the test made: etcd and kube-apiserver
-//! (real_k8s.rs, with Calico's CRDs and the plugin's RBAC), containerd (Debian 1.6) with its own config, root, state, socket and
-//! runc root under a temp dir, and kubelet (the bundle, v1.24) on that containerd; the
+//! (real_k8s.rs, with Calico's CRDs and the plugin's RBAC), containerd 2 with its own config,
+//! root, state, socket and runc root under a temp dir, and kubelet v1.35 on that containerd
+//! (both peers `make deps` builds, [`node_peers`]; runc is Debian's); the
 //! CNI bin and conf dirs are the test's, set up by [`install_cni`] as Calico's DaemonSet
 //! would.
 //!
@@ -32,15 +33,32 @@ use super::cni::{run_command_within, Outcome, TempDir};
 use super::netns::{HostNetns, UPLINK_V4};
 use super::real_k8s::RealK8s;
 
-/// The kube-apiserver + kubelet bundle (`real_k8s::bundle_dir`), when it has both binaries.
-pub fn shared_k8s() -> Result<PathBuf, String> {
-    let dir = super::real_k8s::bundle_dir();
-    for f in ["kube-apiserver.gz", "kubelet.gz"] {
-        if !dir.join(f).exists() {
-            return Err(format!("{} has no {f}", dir.display()));
-        }
-    }
-    Ok(dir)
+/// The programs a node runs (peers `make deps` builds, common/peers.rs): kubelet v1.35,
+/// containerd 2 with its runc shim and `ctr`, beside the API server's ([`real_k8s::needs`]).
+#[derive(Clone, Debug)]
+pub struct NodePeers {
+    pub kubelet: PathBuf,
+    pub containerd: PathBuf,
+    pub ctr: PathBuf,
+    /// The folder holding `containerd-shim-runc-v2` (containerd finds its shims on PATH).
+    pub shim_dir: PathBuf,
+}
+
+/// [`NodePeers`], or why one is missing (the API server's needs included).
+pub fn node_peers() -> Result<NodePeers, String> {
+    super::real_k8s::needs()?;
+    let [kubelet, containerd, ctr, shim] = super::peers::peers([
+        "kubelet",
+        "containerd",
+        "ctr",
+        "containerd-shim-runc-v2",
+    ])?;
+    Ok(NodePeers {
+        kubelet,
+        containerd,
+        ctr,
+        shim_dir: shim.parent().map(Path::to_path_buf).unwrap_or_default(),
+    })
 }
 
 /// Polls `f` every 100 ms until it gives a value; panics naming `what` after `limit`.
@@ -77,6 +95,8 @@ pub struct Daemon {
     netns_path: String,
     program: PathBuf,
     args: Vec<String>,
+    /// `PATH` for the daemon (containerd finds its shims there), if not the test's.
+    path_env: Option<String>,
     log: PathBuf,
     child: Mutex<Option<Child>>,
 }
@@ -87,6 +107,7 @@ impl Daemon {
         netns_path: &str,
         program: &Path,
         args: &[String],
+        path_env: Option<String>,
         log: &Path,
     ) -> Daemon {
         let d = Daemon {
@@ -94,6 +115,7 @@ impl Daemon {
             netns_path: netns_path.into(),
             program: program.into(),
             args: args.to_vec(),
+            path_env,
             log: log.into(),
             child: Mutex::new(None),
         };
@@ -107,7 +129,11 @@ impl Daemon {
             .append(true)
             .open(&self.log)
             .unwrap_or_else(|e| panic!("open {}: {e}", self.log.display()));
-        let child = Command::new("nsenter")
+        let mut cmd = Command::new("nsenter");
+        if let Some(path) = &self.path_env {
+            cmd.env("PATH", path);
+        }
+        let child = cmd
             .arg(format!("--net={}", self.netns_path))
             .arg(&self.program)
             .args(&self.args)
@@ -207,19 +233,6 @@ impl Drop for Daemon {
 fn writeln_stderr(msg: &str) -> std::io::Result<()> {
     use std::io::Write as _;
     writeln!(std::io::stderr(), "{msg}")
-}
-
-/// `gunzip -c gz > dest`, executable.
-pub fn unpack(gz: &Path, dest: &Path) {
-    let out = fs::File::create(dest).unwrap_or_else(|e| panic!("{}: {e}", dest.display()));
-    let st = Command::new("gunzip")
-        .arg("-c")
-        .arg(gz)
-        .stdout(out)
-        .status()
-        .expect("run gunzip");
-    assert!(st.success(), "gunzip {}", gz.display());
-    fs::set_permissions(dest, fs::Permissions::from_mode(0o755)).unwrap();
 }
 
 fn sha256_file(path: &Path) -> String {
@@ -490,10 +503,11 @@ fn remove_runtime_leftovers(log: &Path, sock: &Path) {
     }
 }
 
-/// containerd with everything of its own under `dir`.
+/// containerd 2 with everything of its own under `dir`.
 pub struct Containerd {
     daemon: Daemon,
     dir: PathBuf,
+    ctr: PathBuf,
 }
 
 pub const PAUSE_IMAGE: &str = "localhost/pause:local";
@@ -501,7 +515,13 @@ pub const BUSYBOX_IMAGE: &str = "localhost/busybox:local";
 const CTR_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl Containerd {
-    pub fn start(dir: &Path, netns_path: &str, cni_bin: &Path, cni_conf: &Path) -> Containerd {
+    pub fn start(
+        peers: &NodePeers,
+        dir: &Path,
+        netns_path: &str,
+        cni_bin: &Path,
+        cni_conf: &Path,
+    ) -> Containerd {
         fs::create_dir_all(dir).unwrap();
         let d = |s: &str| dir.join(s).display().to_string();
         // runc cannot apply the negative oomScoreAdj kubelet asks for (no CAP_SYS_RESOURCE
@@ -521,41 +541,47 @@ impl Containerd {
         )
         .unwrap();
         fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).unwrap();
+        // Config version 3 (containerd 2): the CRI plugin is split into its runtime part
+        // (CNI, runc) and its image part (the pinned sandbox image).
         let config = format!(
-            r#"version = 2
+            r#"version = 3
 root = "{root}"
 state = "{state}"
 # Not needed, and some write outside the root (the opt plugin makes /opt/containerd).
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs",
   "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.erofs", "io.containerd.differ.v1.erofs",
   "io.containerd.internal.v1.opt", "io.containerd.tracing.processor.v1.otlp",
-  "io.containerd.internal.v1.tracing"]
+  "io.containerd.internal.v1.tracing", "io.containerd.nri.v1.nri"]
 [grpc]
   address = "{sock}"
 [ttrpc]
   address = "{sock}.ttrpc"
 [debug]
   level = "info"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{PAUSE_IMAGE}"
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{PAUSE_IMAGE}"
+[plugins."io.containerd.cri.v1.runtime"]
   disable_apparmor = true
   restrict_oom_score_adj = true
   netns_mounts_under_state_dir = true
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{bin}"
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["{bin}"]
     conf_dir = "{conf}"
     max_conf_num = 1
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.runtime".containerd]
     default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
         BinaryName = "{wrapper}"
         Root = "{runc_root}"
         SystemdCgroup = false
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
 "#,
             root = d("root"),
             state = d("state"),
@@ -566,16 +592,23 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             runc_root = d("runc-root"),
         );
         fs::write(dir.join("config.toml"), config).unwrap();
+        let path = format!(
+            "{}:{}",
+            peers.shim_dir.display(),
+            std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into())
+        );
         let daemon = Daemon::start(
             "containerd",
             netns_path,
-            Path::new("/usr/bin/containerd"),
+            &peers.containerd,
             &["--config".into(), d("config.toml")],
+            Some(path),
             &dir.join("containerd.log"),
         );
         let c = Containerd {
             daemon,
             dir: dir.to_path_buf(),
+            ctr: peers.ctr.clone(),
         };
         c.wait_ready();
         c
@@ -602,7 +635,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 
     /// `ctr -a SOCK -n k8s.io <args>`, bounded.
     pub fn ctr(&self, args: &[&str]) -> Outcome {
-        let mut cmd = Command::new("ctr");
+        let mut cmd = Command::new(&self.ctr);
         cmd.arg("-a")
             .arg(self.sock())
             .args(["-n", "k8s.io"])
@@ -651,7 +684,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         let mut started: BTreeMap<String, f64> = BTreeMap::new();
         let mut out = vec![];
         for line in log.lines() {
-            let Some(i) = line.find("msg=\"RunPodSandbox for &PodSandboxMetadata{") else {
+            let Some(call) = RunPodSandboxLine::parse(line) else {
                 continue;
             };
             let Some(t) = line
@@ -661,23 +694,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             else {
                 continue;
             };
-            let rest = &line[i..];
-            let Some(meta_end) = rest.find('}') else {
-                continue;
-            };
-            let meta = rest[..meta_end].to_string();
-            if rest.contains("returns sandbox id") {
-                if let Some(t0) = started.remove(&meta) {
-                    let name = meta
-                        .split("Name:")
-                        .nth(1)
-                        .and_then(|r| r.split(',').next())
-                        .unwrap_or_default()
-                        .to_string();
-                    out.push((name, Duration::from_secs_f64((t - t0).max(0.0))));
+            if call.sandbox_id.is_some() {
+                if let Some(t0) = started.remove(&call.key) {
+                    out.push((call.name, Duration::from_secs_f64((t - t0).max(0.0))));
                 }
-            } else if !rest.contains("failed") && !rest.contains("returns") {
-                started.insert(meta, t);
+            } else if !call.failed {
+                started.insert(call.key, t);
             }
         }
         out
@@ -686,14 +708,73 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     /// The sandbox id RunPodSandbox returned for pod `name` (the last one).
     pub fn sandbox_id_of(&self, name: &str) -> Option<String> {
         let log = fs::read_to_string(self.log_path()).unwrap_or_default();
-        let needle = format!("PodSandboxMetadata{{Name:{name},");
         log.lines()
             .rev()
-            .filter(|l| l.contains(&needle) && l.contains("returns sandbox id"))
-            .filter_map(|l| l.split("returns sandbox id \\\"").nth(1))
-            .filter_map(|r| r.split('\\').next())
-            .map(str::to_string)
-            .next()
+            .filter_map(RunPodSandboxLine::parse)
+            .filter(|call| call.name == name)
+            .find_map(|call| call.sandbox_id)
+    }
+}
+
+/// One `RunPodSandbox for <metadata>…` line of containerd's log, in either format of the
+/// metadata: containerd 1.6's `&PodSandboxMetadata{Name:n,Uid:u,Namespace:ns,Attempt:0,}` or
+/// containerd 2's protobuf text `name:\"n\" uid:\"u\" namespace:\"ns\" attempt:1` (one or
+/// two spaces between fields, as protobuf-go varies them).
+#[derive(Debug, PartialEq)]
+pub struct RunPodSandboxLine {
+    /// The call's pod and attempt (same for its start and its end).
+    pub key: String,
+    pub name: String,
+    /// The id it returned, on the line of its end.
+    pub sandbox_id: Option<String>,
+    /// Whether this is the line of a failed end.
+    pub failed: bool,
+}
+
+impl RunPodSandboxLine {
+    pub fn parse(line: &str) -> Option<RunPodSandboxLine> {
+        const MARK: &str = "msg=\"RunPodSandbox for ";
+        let rest = &line[line.find(MARK)? + MARK.len()..];
+        let (key, name, after) = if let Some(r) = rest.strip_prefix("&PodSandboxMetadata{") {
+            let end = r.find('}')?;
+            let meta = &r[..end];
+            let name = meta.strip_prefix("Name:")?.split(',').next()?;
+            (meta.to_string(), name.to_string(), &r[end + 1..])
+        } else {
+            let mut key = String::new();
+            let mut name = None;
+            let mut consumed = 0;
+            for token in rest.split(' ') {
+                if token.is_empty() {
+                    consumed += 1;
+                    continue;
+                }
+                let Some((field, value)) = token.split_once(':') else {
+                    break;
+                };
+                if !matches!(field, "name" | "uid" | "namespace" | "attempt") {
+                    break;
+                }
+                let value = value.trim_matches(|c| c == '\\' || c == '"');
+                if field == "name" {
+                    name = Some(value.to_string());
+                }
+                key.push_str(&format!("{field}={value},"));
+                consumed += token.len() + 1;
+            }
+            (key, name?, &rest[consumed.min(rest.len())..])
+        };
+        let sandbox_id = after
+            .split("returns sandbox id \\\"")
+            .nth(1)
+            .and_then(|r| r.split('\\').next())
+            .map(str::to_string);
+        Some(RunPodSandboxLine {
+            key,
+            name,
+            failed: sandbox_id.is_none() && after.contains("failed"),
+            sandbox_id,
+        })
     }
 }
 
@@ -748,17 +829,11 @@ impl SandboxLog {
             else {
                 continue;
             };
-            if let Some(i) = line.find("msg=\"RunPodSandbox for &PodSandboxMetadata{Name:") {
-                let rest = &line[i + "msg=\"RunPodSandbox for &PodSandboxMetadata{Name:".len()..];
-                let name = rest.split(',').next().unwrap_or_default().to_string();
-                if let Some(id) = rest
-                    .split("returns sandbox id \\\"")
-                    .nth(1)
-                    .and_then(|r| r.split('\\').next())
-                {
-                    out.pod_of.insert(id.to_string(), name);
-                } else if rest.contains("failed") {
-                    out.run_failures.push(name);
+            if let Some(call) = RunPodSandboxLine::parse(line) {
+                if let Some(id) = call.sandbox_id {
+                    out.pod_of.insert(id, call.name);
+                } else if call.failed {
+                    out.run_failures.push(call.name);
                 }
             } else if line.contains("msg=\"RemovePodSandbox") {
                 out.removes.push(t);
@@ -938,6 +1013,8 @@ impl Kubelet {
         let config = format!(
             "apiVersion: kubelet.config.k8s.io/v1beta1\n\
              kind: KubeletConfiguration\n\
+             containerRuntimeEndpoint: unix://{sock}\n\
+             failCgroupV1: false\n\
              cgroupDriver: cgroupfs\n\
              cgroupRoot: /{cgroup_root}\n\
              failSwapOn: false\n\
@@ -953,18 +1030,14 @@ impl Kubelet {
              imageGCHighThresholdPercent: 100\n\
              imageGCLowThresholdPercent: 99\n\
              volumePluginDir: {dir}/volume-plugins\n",
-            dir = dir.display()
+            dir = dir.display(),
+            sock = containerd.sock().display(),
         );
         fs::write(dir.join("config.yaml"), config).unwrap();
         let p = |s: &str| dir.join(s).display().to_string();
         let args = vec![
             format!("--config={}", p("config.yaml")),
             format!("--kubeconfig={}", kubeconfig.display()),
-            "--container-runtime=remote".into(),
-            format!(
-                "--container-runtime-endpoint=unix://{}",
-                containerd.sock().display()
-            ),
             format!("--root-dir={}", p("root")),
             format!("--cert-dir={}", p("pki")),
             format!("--hostname-override={node}"),
@@ -977,6 +1050,7 @@ impl Kubelet {
                 netns_path,
                 kubelet,
                 &args,
+                None,
                 &dir.join("kubelet.log"),
             ),
         }
@@ -1195,7 +1269,7 @@ pub struct RealNode {
     pub host: HostNetns,
     state: Option<HostState>,
     pub dir: TempDir,
-    pub kubelet_bin: PathBuf,
+    pub peers: NodePeers,
     pub cgroup_root: String,
 }
 
@@ -1216,12 +1290,10 @@ impl RealNode {
         self.dir.path().join("cni/net.d")
     }
 
-    /// The netns, kubelet unpacked, and the API server with Calico's CRDs and RBAC.
-    pub fn new(k8s: &Path, name: &str) -> RealNode {
+    /// The netns and the API server with Calico's CRDs and RBAC.
+    pub fn new(peers: &NodePeers, name: &str) -> RealNode {
         let dir = TempDir::new("real-node");
         let host = HostNetns::new();
-        let kubelet_bin = dir.path().join("kubelet-bin");
-        unpack(&k8s.join("kubelet.gz"), &kubelet_bin);
         let api = RealK8s::start(&host);
         RealNode {
             name: name.into(),
@@ -1231,7 +1303,7 @@ impl RealNode {
             host,
             state: None,
             dir,
-            kubelet_bin,
+            peers: peers.clone(),
             cgroup_root: format!("calico-real-node-{}", std::process::id()),
         }
     }
@@ -1241,6 +1313,7 @@ impl RealNode {
     pub fn start_runtime(&mut self) {
         self.state = Some(HostState::record(&self.cgroup_root));
         let cd = Containerd::start(
+            &self.peers,
             &self.dir.path().join("containerd"),
             self.host.path(),
             &self.cni_bin(),
@@ -1256,7 +1329,7 @@ impl RealNode {
         cd.import(&build_busybox_image(&images, BUSYBOX_IMAGE, None));
         let kubeconfig = self.api().kubeconfig_with(&self.api().admin_token());
         let k = Kubelet::start(
-            &self.kubelet_bin,
+            &self.peers.kubelet,
             &self.dir.path().join("kubelet"),
             self.host.path(),
             &self.name,
