@@ -97,8 +97,7 @@ fn network_config(scratch: &Path) -> String {
       "policy": {{"type": "k8s"}},
       "kubernetes": {{"kubeconfig": "__KUBECONFIG_FILEPATH__"}}
     }},
-    {{"type": "portmap", "snat": true, "capabilities": {{"portMappings": true}}}},
-    {{"type": "bandwidth", "capabilities": {{"bandwidth": true}}}}
+    {{"type": "portmap", "snat": true, "capabilities": {{"portMappings": true}}}}
   ]
 }}"#
     )
@@ -796,11 +795,11 @@ impl BenchConfig {
     }
 }
 
-/// The chain every config shares after its main plugin.
+/// The chain every config shares after its main plugin: portmap, as the v3.30+ manifests
+/// chain it (bandwidth left them when Felix took over bandwidth shaping).
 fn bench_chain_tail() -> Value {
     json!([
-        {"type": "portmap", "snat": true, "capabilities": {"portMappings": true}},
-        {"type": "bandwidth", "capabilities": {"bandwidth": true}}
+        {"type": "portmap", "snat": true, "capabilities": {"portMappings": true}}
     ])
 }
 
@@ -1156,7 +1155,7 @@ fn bench_pod_start() {
     };
     let plugins_ready = || {
         tools_ready()
-            && ["ptp", "host-local", "portmap", "bandwidth", "loopback"]
+            && ["ptp", "host-local", "portmap", "loopback"]
                 .iter()
                 .all(|p| Path::new("/usr/lib/cni").join(p).exists())
     };
@@ -1677,7 +1676,7 @@ fn bench_pod_start() {
     if plugin_times.is_some() {
         let _ = writeln!(
             w,
-            "\nThe network plugin's own time on the node (`BENCH_POD_PLUGIN_TIMES`: a bash wrapper around `calico` and `ptp`, the chain's first plugin, its IPAM included; the wrapper's start-up, ~2 ms, is in every figure; portmap and bandwidth are not in it):\n"
+            "\nThe network plugin's own time on the node (`BENCH_POD_PLUGIN_TIMES`: a bash wrapper around `calico` and `ptp`, the chain's first plugin, its IPAM included; the wrapper's start-up, ~2 ms, is in every figure; portmap is not in it):\n"
         );
         let _ = writeln!(
             w,

@@ -938,13 +938,13 @@ fn temp_sibling(path: &Path) -> PathBuf {
 
 /// The CNI bin dir as "bare binaries" (no installer): `calico` copied from `calico`,
 /// `calico-ipam` a symlink to it (so IPAM runs in-process), and Debian's ptp, host-local,
-/// portmap, bandwidth and loopback copied from /usr/lib/cni.
+/// portmap and loopback copied from /usr/lib/cni.
 pub fn install_bare_binaries(bin_dir: &Path, calico: &Path) {
     fs::create_dir_all(bin_dir).unwrap();
     copy_atomically(calico, &bin_dir.join("calico"));
     std::os::unix::fs::symlink("calico", bin_dir.join("calico-ipam"))
         .unwrap_or_else(|e| panic!("symlink calico-ipam in {}: {e}", bin_dir.display()));
-    for p in ["ptp", "host-local", "portmap", "bandwidth", "loopback"] {
+    for p in ["ptp", "host-local", "portmap", "loopback"] {
         copy_atomically(&Path::new("/usr/lib/cni").join(p), &bin_dir.join(p));
     }
 }
@@ -957,7 +957,7 @@ pub const TIMED_DIR: &str = ".timed";
 /// <container id>` (epoch seconds, `$EPOCHREALTIME`) to `log` for every call. The binaries
 /// move to [`TIMED_DIR`]; `calico-ipam` points there, so IPAM still runs in-process. Both
 /// plugins pay the same wrapper (bash's start-up, ~2 ms), so their difference is the
-/// plugins' own; portmap and bandwidth are left alone.
+/// plugins' own; portmap is left alone.
 pub fn time_network_plugins(bin_dir: &Path, log: &Path) {
     use std::os::unix::fs::PermissionsExt;
     let timed = bin_dir.join(TIMED_DIR);
@@ -1069,7 +1069,7 @@ pub struct InstallInputs<'a> {
     pub conf_dir: &'a Path,
     /// The DaemonSet's `CNI_NETWORK_CONFIG` template.
     pub network_config: &'a str,
-    /// The node's network namespace (the API server listens on its 127.0.0.1).
+    /// The node's network namespace, as a path (the API server listens on its 127.0.0.1).
     pub host_netns: &'a str,
     pub service_host: &'a str,
     pub service_port: u16,
@@ -1149,12 +1149,14 @@ pub fn install_cni(i: &InstallInputs) -> &'static str {
             fs::set_permissions(&calico, fs::Permissions::from_mode(0o755)).unwrap();
             std::os::unix::fs::symlink("calico", image_dir.join("calico-ipam")).unwrap();
             std::os::unix::fs::symlink("calico", image_dir.join("install")).unwrap();
-            for p in ["portmap", "loopback", "host-local", "bandwidth"] {
-                fs::copy(Path::new("/usr/lib/cni").join(p), image_dir.join(p))
-                    .unwrap_or_else(|e| panic!("copy /usr/lib/cni/{p}: {e}"));
+            // The reference plugins the image ships, from the peers build (as `make image`).
+            for p in ["portmap", "loopback", "host-local", "tuning"] {
+                let src = super::peers::peer(p).unwrap_or_else(|why| panic!("{why}"));
+                fs::copy(&src, image_dir.join(p))
+                    .unwrap_or_else(|e| panic!("copy {}: {e}", src.display()));
             }
-            let mut cmd = Command::new("ip");
-            cmd.args(["netns", "exec", i.host_netns])
+            let mut cmd = Command::new("nsenter");
+            cmd.arg(format!("--net={}", i.host_netns))
                 .arg(image_dir.join("install"))
                 .env("CALICO_INSTALL_IMAGE_BIN_DIR", &image_dir)
                 .env("CALICO_INSTALL_HOST_BIN_DIRS", i.bin_dir)
