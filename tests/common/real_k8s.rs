@@ -340,10 +340,42 @@ rules:
                 })
                 .unwrap_or(false);
             if established == plurals.len() && served {
-                return;
+                break;
             }
             assert!(Instant::now() < deadline, "CRDs not established");
             std::thread::sleep(Duration::from_millis(30));
+        }
+        // Each resource's watch cache filled, as on a cluster that has been up a while: a
+        // v1.35 server answers a cached read (`resourceVersion=0`) of a resource whose
+        // cache is still initializing with 429 "storage is (re)initializing", which the
+        // plugin meets only right after a server start (and then reads etcd instead); the
+        // suites count the plugin's requests on a settled server.
+        let mut warming: Vec<String> = plurals
+            .iter()
+            .map(|p| format!("/apis/crd.projectcalico.org/v1/{p}"))
+            .chain(
+                ["pods", "namespaces", "nodes", "serviceaccounts"]
+                    .iter()
+                    .map(|r| format!("/api/v1/{r}")),
+            )
+            .collect();
+        while !warming.is_empty() {
+            warming.retain(|path| {
+                let a = self.request(
+                    "GET",
+                    &format!("{path}?resourceVersion=0&limit=1"),
+                    None,
+                    "",
+                );
+                a.status != 200
+            });
+            assert!(
+                Instant::now() < deadline,
+                "watch caches not ready: {warming:?}"
+            );
+            if !warming.is_empty() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
         }
     }
 

@@ -248,21 +248,47 @@ impl KubeClient {
     }
 
     /// One request; `body` is (content type, bytes). Transport failures and timeouts are
-    /// `Unavailable`; any HTTP answer, error statuses included, is returned.
+    /// `Unavailable`; any HTTP answer, error statuses included, is returned. An answer that
+    /// asks to be tried again later (429, or a 5xx, with `Retry-After`: the API server's
+    /// flow control, or a watch cache still initializing) is sent again after the wait it
+    /// names, as client-go does, at most [`MAX_RETRIES`] times and never past the deadline.
     pub async fn request(
         &self,
         method: Method,
         path: &str,
         body: Option<(&str, Vec<u8>)>,
     ) -> Result<ApiResponse, DatastoreError> {
+        let mut retries = 0;
+        loop {
+            let (resp, retry_after) = self.send_once(&method, path, body.as_ref()).await?;
+            let wait = match retry_after {
+                Some(wait) if retries < MAX_RETRIES => wait,
+                _ => return Ok(resp),
+            };
+            if crate::deadline::remaining() <= wait {
+                return Ok(resp);
+            }
+            retries += 1;
+            tracing::debug!(%method, path, status = resp.status, ?wait, retries, "API server asked to retry");
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// One exchange: the answer, and the wait it asks for before a retry, if it asks for one.
+    async fn send_once(
+        &self,
+        method: &Method,
+        path: &str,
+        body: Option<&(&str, Vec<u8>)>,
+    ) -> Result<(ApiResponse, Option<Duration>), DatastoreError> {
         let mut req = Request::builder()
             .method(method.clone())
             .uri(path)
             .header(http::header::ACCEPT, "application/json");
         let body = match body {
             Some((content_type, bytes)) => {
-                req = req.header(http::header::CONTENT_TYPE, content_type);
-                Body::from(bytes)
+                req = req.header(http::header::CONTENT_TYPE, *content_type);
+                Body::from(bytes.clone())
             }
             None => Body::empty(),
         };
@@ -272,6 +298,7 @@ impl KubeClient {
         let exchange = async {
             let resp = self.client.send(req).await.map_err(|e| e.to_string())?;
             let status = resp.status().as_u16();
+            let retry_after = retry_after(status, resp.headers());
             let body = resp
                 .into_body()
                 .collect()
@@ -279,7 +306,7 @@ impl KubeClient {
                 .map_err(|e| e.to_string())?
                 .to_bytes()
                 .to_vec();
-            Ok::<_, String>(ApiResponse { status, body })
+            Ok::<_, String>((ApiResponse { status, body }, retry_after))
         };
         let waiting = || format!("waiting for the Kubernetes API server ({method} {path})");
         crate::deadline::check(waiting())?;
@@ -287,7 +314,7 @@ impl KubeClient {
         let sent = std::time::Instant::now();
         match tokio::time::timeout_at(until, exchange).await {
             Ok(Ok(r)) => {
-                tracing::debug!(%method, path, status = r.status, took = ?sent.elapsed(), "API request");
+                tracing::debug!(%method, path, status = r.0.status, took = ?sent.elapsed(), "API request");
                 Ok(r)
             }
             // The connection's own timeout is capped the same way: past the deadline, say so.
@@ -311,10 +338,13 @@ impl KubeClient {
     /// of etcd: no etcd round trip and no decoding on the server, which on a busy node is
     /// most of a read's time. A 404 is asked again of etcd, so that an object created a
     /// moment ago is never taken for absent. Only for objects whose freshness within that
-    /// moment does not matter: the cluster's configuration, and the pod being networked.
+    /// moment does not matter: the cluster's configuration, and the pod being networked. A
+    /// cache that cannot answer yet (429) is not waited for either: etcd is asked.
     pub async fn get_cached(&self, path: &str) -> Result<ApiResponse, DatastoreError> {
-        let resp = self.get(&cached(path)).await?;
-        if resp.status == 404 {
+        let (resp, _) = self.send_once(&Method::GET, &cached(path), None).await?;
+        // 429: the watch cache is still being filled (a resource new to the server, or a
+        // server that just started); etcd has the answer now.
+        if resp.status == 404 || resp.status == 429 {
             return self.get(path).await;
         }
         Ok(resp)
@@ -334,6 +364,26 @@ impl KubeClient {
 }
 
 /// `path` with `resourceVersion=0` added to its query.
+/// How many times one request is sent again when the API server asks for it (client-go's
+/// default `maxRetries`).
+pub const MAX_RETRIES: u32 = 10;
+
+/// The wait an answer asks for before the request is sent again: client-go's rule, a 429 or
+/// a 5xx with a `Retry-After` of whole seconds (at least one).
+pub fn retry_after(status: u16, headers: &http::HeaderMap) -> Option<Duration> {
+    if status != 429 && !(500..=599).contains(&status) {
+        return None;
+    }
+    let seconds: u64 = headers
+        .get(http::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(seconds.max(1)))
+}
+
 pub fn cached(path: &str) -> String {
     let sep = if path.contains('?') { '&' } else { '?' };
     format!("{path}{sep}resourceVersion=0")
@@ -342,6 +392,34 @@ pub fn cached(path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_after_as_client_go_reads_it() {
+        let mut h = http::HeaderMap::new();
+        assert_eq!(retry_after(429, &h), None, "no header: not retried");
+        h.insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("1"),
+        );
+        assert_eq!(retry_after(429, &h), Some(Duration::from_secs(1)));
+        assert_eq!(retry_after(503, &h), Some(Duration::from_secs(1)));
+        assert_eq!(retry_after(409, &h), None, "not a retryable status");
+        assert_eq!(retry_after(200, &h), None);
+        h.insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("0"),
+        );
+        assert_eq!(
+            retry_after(429, &h),
+            Some(Duration::from_secs(1)),
+            "at least a second"
+        );
+        h.insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
+        );
+        assert_eq!(retry_after(429, &h), None, "a date is not seconds");
+    }
 
     #[test]
     fn cached_reads_ask_for_any_version() {

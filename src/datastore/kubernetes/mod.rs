@@ -445,18 +445,28 @@ impl KubeDatastore {
             path.push_str(query);
         }
         if from_cache || CACHED.contains(&plural) {
-            let items = self.list_at(plural, &client::cached(&path)).await?;
+            let items = self.list_at(plural, &path, true).await?;
             // No pool fails the call, and may be the cache's moment behind the first pool
             // of a new cluster: etcd is asked.
             if !items.is_empty() || plural != "ippools" {
                 return Ok(items);
             }
         }
-        self.list_at(plural, &path).await
+        self.list_at(plural, &path, false).await
     }
 
-    async fn list_at(&self, plural: &str, path: &str) -> Result<Vec<Value>, DatastoreError> {
-        let resp = self.client.get(path).await?;
+    /// One list; `from_cache`: from the watch cache (`KubeClient::get_cached`).
+    async fn list_at(
+        &self,
+        plural: &str,
+        path: &str,
+        from_cache: bool,
+    ) -> Result<Vec<Value>, DatastoreError> {
+        let resp = if from_cache {
+            self.client.get_cached(path).await?
+        } else {
+            self.client.get(path).await?
+        };
         if !resp.ok() {
             // A list names no key: the collection stands in for it.
             let status = resp.status_object();
