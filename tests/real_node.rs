@@ -28,8 +28,8 @@ use common::installer::calico_node_account;
 use common::netns::{require_root, UPLINK_V4};
 use common::real_k8s::Neighbour;
 use common::real_node::{
-    copy_atomically, install_bare_binaries, install_cni, plugin_binary, read_recorded_calls,
-    record_calls, seconds_between, node_peers, time_network_plugins, utc_seconds_of_day,
+    copy_atomically, install_bare_binaries, install_cni, node_peers, plugin_binary,
+    read_recorded_calls, record_calls, seconds_between, time_network_plugins, utc_seconds_of_day,
     wait_until, write_atomically, InstallInputs, RealNode, RecordedCall, BUSYBOX_IMAGE, TIMED_DIR,
 };
 use serde_json::{json, Value};

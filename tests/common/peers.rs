@@ -51,6 +51,9 @@ pub fn shared_k8s_file(name: &str) -> Result<PathBuf, String> {
     if path.exists() {
         Ok(path)
     } else {
-        Err(format!("{} is absent (shared/ beside the clone)", path.display()))
+        Err(format!(
+            "{} is absent (shared/ beside the clone)",
+            path.display()
+        ))
     }
 }

@@ -47,12 +47,8 @@ pub struct NodePeers {
 /// [`NodePeers`], or why one is missing (the API server's needs included).
 pub fn node_peers() -> Result<NodePeers, String> {
     super::real_k8s::needs()?;
-    let [kubelet, containerd, ctr, shim] = super::peers::peers([
-        "kubelet",
-        "containerd",
-        "ctr",
-        "containerd-shim-runc-v2",
-    ])?;
+    let [kubelet, containerd, ctr, shim] =
+        super::peers::peers(["kubelet", "containerd", "ctr", "containerd-shim-runc-v2"])?;
     Ok(NodePeers {
         kubelet,
         containerd,
@@ -251,7 +247,10 @@ pub fn build_busybox_image(work: &Path, tag: &str, entrypoint: Option<&[&str]>) 
     }
     fs::create_dir_all(&img).unwrap();
     fs::copy("/bin/busybox", root.join("bin/busybox")).expect("copy /bin/busybox");
-    for applet in ["sh", "ping", "sleep", "ip", "echo", "true", "cat", "nc"] {
+    for applet in [
+        "sh", "ping", "sleep", "ip", "echo", "true", "cat", "nc", "top", "hostname", "httpd",
+        "mkdir",
+    ] {
         std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
     }
     let layer = img.join("layer.tar");
@@ -563,6 +562,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs",
   snapshotter = "overlayfs"
   [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = "{PAUSE_IMAGE}"
+  [plugins."io.containerd.cri.v1.images".registry]
+    config_path = "{certs}"
 [plugins."io.containerd.cri.v1.runtime"]
   disable_apparmor = true
   restrict_oom_score_adj = true
@@ -590,6 +591,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs",
             conf = cni_conf.display(),
             wrapper = wrapper.display(),
             runc_root = d("runc-root"),
+            certs = d("certs.d"),
         );
         fs::write(dir.join("config.toml"), config).unwrap();
         let path = format!(
@@ -623,6 +625,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs",
 
     pub fn sock(&self) -> PathBuf {
         self.dir.join("containerd.sock")
+    }
+
+    /// The registry hosts folder (`<host:port>/hosts.toml`, containerd's `config_path`).
+    pub fn registry_hosts_dir(&self) -> PathBuf {
+        self.dir.join("certs.d")
     }
 
     pub fn log_path(&self) -> &Path {
@@ -1313,6 +1320,24 @@ impl RealNode {
     /// containerd (with the pause and busybox images imported) and kubelet; waits for the
     /// node to be Ready (which needs the CNI config in place).
     pub fn start_runtime(&mut self) {
+        self.start_containerd();
+        let kubeconfig = self.api().kubeconfig_with(&self.api().admin_token());
+        let k = Kubelet::start(
+            &self.peers.kubelet,
+            &self.dir.path().join("kubelet"),
+            self.host.path(),
+            &self.name,
+            &kubeconfig,
+            self.containerd(),
+            &self.cgroup_root,
+        );
+        self.kubelet = Some(k);
+        self.wait_ready(Duration::from_secs(90));
+    }
+
+    /// containerd alone, with the pause and busybox images imported (critest drives it
+    /// through CRI as kubelet would).
+    pub fn start_containerd(&mut self) {
         self.state = Some(HostState::record(&self.cgroup_root));
         let cd = Containerd::start(
             &self.peers,
@@ -1329,19 +1354,7 @@ impl RealNode {
             Some(&["/bin/sleep", "2147483647"]),
         ));
         cd.import(&build_busybox_image(&images, BUSYBOX_IMAGE, None));
-        let kubeconfig = self.api().kubeconfig_with(&self.api().admin_token());
-        let k = Kubelet::start(
-            &self.peers.kubelet,
-            &self.dir.path().join("kubelet"),
-            self.host.path(),
-            &self.name,
-            &kubeconfig,
-            &cd,
-            &self.cgroup_root,
-        );
         self.containerd = Some(cd);
-        self.kubelet = Some(k);
-        self.wait_ready(Duration::from_secs(90));
     }
 
     pub fn wait_ready(&self, limit: Duration) {
