@@ -6,9 +6,9 @@
   configurations Calico's manifests install: etcd with `policy.type: k8s` (the pod and its
   namespace read from the API server), the Kubernetes datastore (KDD, policy k8s, file
   logging), and etcd without the API reads (the rows of earlier runs);
-- the API server is the real kube-apiserver of ../shared/k8s (tests/real_k8s_harness.rs
+- the API server is the real kube-apiserver v1.35 `make deps` builds (tests/real_k8s_harness.rs
   `serve_for_bench`: Calico's CRDs, the plugin's own RBAC and token, an audit log), when
-  BENCH_KUBE_API_BIN is set and the bundle is there; without it only the etcd rows without
+  BENCH_KUBE_API_BIN is set and the peers are built; without it only the etcd rows without
   policy k8s are measured;
 - the datastore requests of one ADD and one DEL (etcd's own counters, the API server's audit
   log, and the sequence from our debug log);
@@ -497,7 +497,7 @@ def main():
         print(f"\nmachine: {started}; load {os.getloadavg()[0]:.2f} at the end")
         print(f"runs: {RUNS} (+{WARMUP} warm-up) each, every side interleaved run by run, fresh pod netns each")
         if api:
-            print("API server: the real kube-apiserver (../shared/k8s, audit log on) in the host netns, "
+            print("API server: the real kube-apiserver v1.35 (make deps, audit log on) in the host netns, "
                   "Calico's CRDs and the plugin's RBAC; direct plugin calls, no portmap (the pod-start rows chain it)")
         print("\n| operation (ms) | median | p90 | min | max | ratio to ptp+host-local |\n|---|---|---|---|---|---|")
         for cmd in ("ADD", "DEL"):

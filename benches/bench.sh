@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make bench: pod start through a real node first (pod_start.sh: RunPodSandbox and
 # StopPodSandbox from containerd's log, ours against ptp+host-local, one pod alone and 20 at
-# once; needs ../shared/k8s; BENCH_POD=0 leaves it out), then bench.py (ADD/DEL vs
+# once; needs the peers `make deps` builds; BENCH_POD=0 leaves it out), then bench.py (ADD/DEL vs
 # ptp+host-local interleaved on etcd with and without policy k8s and on the Kubernetes
 # datastore, N concurrent ADDs, datastore requests per call, VERSION start-up, peak RSS),
 # api_cost.py (the API server's CPU per request of a Kubernetes-datastore ADD) and
@@ -9,16 +9,18 @@
 # Usage: benches/bench.sh path/to/calico [runs]
 set -euo pipefail
 # The real kube-apiserver harness for the rows with an API server (a test binary, built as
-# `make test` builds it; see serve_for_bench); without the bundle in ../shared/k8s those rows
-# are left out.
-if [ -f "$(dirname "$0")/../../shared/k8s/kube-apiserver.gz" ] || [ -n "${CALICO_K8S_BUNDLE:-}" ]; then
+# `make test` builds it; see serve_for_bench), on the peers `make deps` builds (kube-apiserver
+# v1.35, kubelet, containerd 2: tools/peers; CALICO_PEERS_BIN overrides where they are);
+# without them those rows are left out.
+peers_bin=${CALICO_PEERS_BIN:-/var/cache/calico-cni-rs/peers/bin}
+if [ -x "$peers_bin/kube-apiserver" ]; then
   if [ "${BENCH_POD:-1}" != 0 ]; then
     bash "$(dirname "$0")/pod_start.sh" "$1" ${BENCH_BEFORE:+"$BENCH_BEFORE"}
   fi
   harness=$(cargo test --test real_k8s_harness --no-run 2>&1 | grep -o 'target/debug/deps/real_k8s_harness-[0-9a-f]*' | head -1)
   export BENCH_KUBE_API_BIN="$(realpath "$harness")"
 else
-  echo "bench: no ../shared/k8s/kube-apiserver.gz: the rows with an API server are left out" >&2
+  echo "bench: no $peers_bin/kube-apiserver (make deps builds it): the rows with an API server are left out" >&2
 fi
 python3 "$(dirname "$0")/bench.py" "$@"
 # What each API request of a Kubernetes-datastore ADD costs the API server (CPU, per request).

@@ -1602,9 +1602,9 @@ fn bench_pod_start() {
         w,
         "- {}",
         if neighbour_ms > 0 {
-            format!("the plugin's API Priority and Fairness level (workload-high) kept busy as in a cluster: another kube-system ServiceAccount sends a read (GET /version) and a write RBAC refuses every {neighbour_ms} ms (`BENCH_POD_NEIGHBOUR_MS`; 0: none). This v1.24 API server charges the first request after an idle spell with CPU for every idle millisecond (APF's sample-and-watermark histograms; v1.25 replaced them){}", if configs.iter().any(|c| c.quiet) { "; rows named `-quiet` were measured without it (`BENCH_POD_NEIGHBOUR_AB=1`)" } else { "" })
+            format!("the plugin's API Priority and Fairness level (workload-high) kept busy as in a cluster: another kube-system ServiceAccount sends a read (GET /version) and a write RBAC refuses every {neighbour_ms} ms (`BENCH_POD_NEIGHBOUR_MS`; 0: none). (A v1.24 API server charged the first request after an idle spell with CPU for every idle millisecond, APF's sample-and-watermark histograms; v1.25 replaced them: on this v1.35 server the neighbour is what a cluster's other clients send){}", if configs.iter().any(|c| c.quiet) { "; rows named `-quiet` were measured without it (`BENCH_POD_NEIGHBOUR_AB=1`)" } else { "" })
         } else {
-            "no neighbour on the plugin's API Priority and Fairness level (`BENCH_POD_NEIGHBOUR_MS=0`): each pod's first API round trip pays this v1.24 server's catch-up for the idle time since the previous pod".to_string()
+            "no neighbour on the plugin's API Priority and Fairness level (`BENCH_POD_NEIGHBOUR_MS=0`): nothing else on the plugin's APF level".to_string()
         }
     );
     let _ = writeln!(

@@ -408,13 +408,14 @@ rules:
     /// ServiceAccounts, leases and controllers keep it and the server's read-only and
     /// mutating watermarks busy. Stopped when the guard drops.
     ///
-    /// Why a benchmark wants it: this v1.24 server's APF metrics
-    /// (`sampleAndWaterMarkHistograms`) catch up, on the first request after an idle spell,
+    /// Why a benchmark wanted it: the v1.24 server the suites ran on before v1.35 had APF
+    /// metrics (`sampleAndWaterMarkHistograms`) that caught up, on the first request after an idle spell,
     /// with three histogram observations per idle millisecond, under a lock. Where the plugin
     /// is its level's only client, each pod's first round trip pays CPU for the seconds since
     /// the previous pod: a plugin GET took 4.4-9.5 ms on an idle server after 1-30 s of
     /// quiet, 1.4-2.2 ms with this neighbour. v1.25 replaced those histograms (timing-ratio
-    /// histograms, no catch-up), and in a cluster they are never idle.
+    /// histograms, no catch-up), and in a cluster they are never idle; it stays so that the
+    /// plugin's level is as busy as a cluster's.
     pub fn start_priority_level_neighbour(&self, every: Duration) -> Neighbour {
         let sa = "neighbour";
         let a = self.post(
