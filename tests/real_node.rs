@@ -1733,3 +1733,30 @@ fn bench_pod_start() {
     }
     drop(node);
 }
+
+/// containerd's RunPodSandbox log lines, in containerd 1.6's format and containerd 2's (the
+/// metadata as protobuf text, one or two spaces between fields), parse to the same call.
+#[test]
+fn run_pod_sandbox_lines_of_both_containerd_formats() {
+    use common::real_node::RunPodSandboxLine;
+    let v1_start = r#"time="2026-01-01T00:00:00Z" level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:a,Uid:u1,Namespace:default,Attempt:0,}""#;
+    let v1_end = r#"time="2026-01-01T00:00:01Z" level=info msg="RunPodSandbox for &PodSandboxMetadata{Name:a,Uid:u1,Namespace:default,Attempt:0,} returns sandbox id \"abc\"""#;
+    let v2_start = r#"time="2026-01-01T00:00:00Z" level=info msg="RunPodSandbox for name:\"a\"  uid:\"u1\"  namespace:\"default\"""#;
+    let v2_end = r#"time="2026-01-01T00:00:01Z" level=info msg="RunPodSandbox for name:\"a\" uid:\"u1\" namespace:\"default\" returns sandbox id \"abc\"""#;
+    let v2_failed = r#"time="2026-01-01T00:00:01Z" level=error msg="RunPodSandbox for name:\"a\"  uid:\"u1\"  namespace:\"default\"  attempt:2 failed, error" error="rpc error""#;
+    for (start, end) in [(v1_start, v1_end), (v2_start, v2_end)] {
+        let s = RunPodSandboxLine::parse(start).expect("a start line");
+        let e = RunPodSandboxLine::parse(end).expect("an end line");
+        assert_eq!(
+            (s.name.as_str(), s.sandbox_id, s.failed),
+            ("a", None, false)
+        );
+        assert_eq!(e.name, "a");
+        assert_eq!(e.sandbox_id.as_deref(), Some("abc"));
+        assert_eq!(s.key, e.key, "start and end of one call share a key");
+    }
+    let f = RunPodSandboxLine::parse(v2_failed).expect("a failed line");
+    assert!(f.failed && f.sandbox_id.is_none() && f.name == "a");
+    assert!(f.key.contains("attempt=2"));
+    assert!(RunPodSandboxLine::parse(r#"msg="StopPodSandbox for \"abc\"""#).is_none());
+}
