@@ -188,7 +188,10 @@ fn start_registry(node: &RealNode) -> Daemon {
     // name (`registry.k8s.io/...`): the node has those too, as if pulled before.
     for (name, entrypoint) in [
         ("registry.k8s.io/e2e-test-images/busybox:1.29-2", None),
-        ("registry.k8s.io/e2e-test-images/nginx:1.14-2", Some(&serve[..])),
+        (
+            "registry.k8s.io/e2e-test-images/nginx:1.14-2",
+            Some(&serve[..]),
+        ),
     ] {
         node.containerd()
             .import(&build_busybox_image(&images, name, entrypoint));
