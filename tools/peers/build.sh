@@ -12,6 +12,10 @@
 # Static (CGO off) and stamped with its version as its own build stamps it (ldflags), so that
 # `kube-apiserver --version` says v1.35.x and `containerd --version` v2.x.
 #
+# A peer named <folder>-arm64 (cni-plugins-arm64: the plugins of the image's arm64 manifest)
+# is <folder>'s peer built with GOARCH=arm64, in a cache folder of its own, linked from
+# $CALICO_PEERS_CACHE/bin-arm64 instead of bin.
+#
 # Usage: tools/peers/build.sh [peer...]   (default: every peer)
 set -euo pipefail
 
@@ -82,7 +86,7 @@ build_cri_tools() {
 }
 
 # The reference plugins the calico/cni image ships (host-local, portmap, loopback, tuning)
-# and bandwidth, a test fixture only.
+# and bandwidth, a test fixture only; their LICENSE (the module's), which the image ships.
 build_cni_plugins() {
     local out=$1 m=github.com/containernetworking/plugins v
     v=$(mod_version cni-plugins $m)
@@ -90,19 +94,22 @@ build_cni_plugins() {
         -ldflags "-s -w -X $m/pkg/utils/buildversion.BuildVersion=$v" -o "$out/" \
         $m/plugins/ipam/host-local $m/plugins/meta/portmap $m/plugins/main/loopback \
         $m/plugins/meta/tuning $m/plugins/meta/bandwidth
+    install -m 0644 "$(go -C "$here/cni-plugins" list -m -f '{{.Dir}}' $m)/LICENSE" "$out/LICENSE"
 }
 
-peers=(kubernetes containerd cri-tools cni-plugins)
+peers=(kubernetes containerd cri-tools cni-plugins cni-plugins-arm64)
 [ $# -gt 0 ] && peers=("$@")
 
 mkdir -p "$cache/bin"
 exec 9>"$cache/.lock"
 flock 9
 for peer in "${peers[@]}"; do
-    dir="$here/$peer"
+    folder=$peer bin=$cache/bin
+    case $peer in *-arm64) folder=${peer%-arm64} bin=$cache/bin-arm64 ;; esac
+    dir="$here/$folder"
     [ -f "$dir/go.mod" ] || { echo "no peer $peer in $here" >&2; exit 1; }
     main_module=$(sed -n 's/^require \([^ ]*\) .*/\1/p' "$dir/go.mod" | head -n1)
-    version=$(mod_version "$peer" "$main_module")
+    version=$(mod_version "$folder" "$main_module")
     key=$( (cat "$dir/go.mod" "$dir/go.sum" "$0"; echo "$go_version") | sha256sum | cut -c1-12)
     target="$cache/$peer-$version-$key"
     if [ -e "$target/.complete" ]; then
@@ -112,7 +119,11 @@ for peer in "${peers[@]}"; do
         start=$(date +%s)
         rm -rf "$target.tmp"
         mkdir -p "$target.tmp"
-        "build_${peer//-/_}" "$target.tmp"
+        if [ "$folder" = "$peer" ]; then
+            "build_${peer//-/_}" "$target.tmp"
+        else
+            GOARCH=arm64 "build_${folder//-/_}" "$target.tmp"
+        fi
         echo "$main_module $version ($go_version)" >"$target.tmp/.complete"
         rm -rf "$target"
         mv "$target.tmp" "$target"
@@ -122,7 +133,8 @@ for peer in "${peers[@]}"; do
     for old in "$cache/$peer"-v*; do
         [ "$old" = "$target" ] || rm -rf "$old"
     done
+    mkdir -p "$bin"
     for f in "$target"/*; do
-        ln -sfn "$f" "$cache/bin/$(basename "$f")"
+        if [ -x "$f" ]; then ln -sfn "$f" "$bin/$(basename "$f")"; fi
     done
 done
