@@ -16,6 +16,9 @@ BIN ?= target/release/calico
 # (portmap, bandwidth, host-local), iptables for portmap, GNU time for the bench's peak RSS,
 # Go + libcni for the libcni driver (tests/libcni), podman + runc + a static busybox for the
 # podman test; buildah, musl-tools and file for `make image` (the static binary and its check);
+# the arm64 half of the image: Debian's aarch64 cross gcc and its libc headers (the linker, and
+# the C compiler of ring, against Rust's own musl) and qemu-user-static (tests/image.rs runs the
+# arm64 binaries under qemu-aarch64-static);
 # containerd (+ runc, busybox-static) for the image import and the real node suite
 # (tests/real_node.rs: kubelet -> containerd -> our binary).
 # Then the peers, pinned Go modules built into a cache outside the repository
@@ -23,10 +26,14 @@ BIN ?= target/release/calico
 APT_PACKAGES := etcd-server etcd-client protobuf-compiler libprotobuf-dev time \
 	containernetworking-plugins iproute2 iputils-ping iptables \
 	golang-go golang-github-appc-cni-dev podman runc busybox-static \
-	buildah musl-tools file containerd
-# The static build of the binary the image ships.
+	buildah musl-tools file containerd \
+	gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static
+# The static builds of the binary the image ships (amd64 and arm64), in cargo's target dir.
+CARGO_OUT := $(or $(CARGO_TARGET_DIR),target)
 MUSL_TARGET := x86_64-unknown-linux-musl
-STATIC_BIN := target/$(MUSL_TARGET)/release/calico
+STATIC_BIN := $(CARGO_OUT)/$(MUSL_TARGET)/release/calico
+ARM64_TARGET := aarch64-unknown-linux-musl
+STATIC_BIN_ARM64 := $(CARGO_OUT)/$(ARM64_TARGET)/release/calico
 
 .PHONY: all build release static image deps lint test unit e2e install demo bench clean FORCE
 
@@ -42,9 +49,13 @@ release:
 static:
 	cargo build --release --target $(MUSL_TARGET)
 
-# The calico/cni-compatible OCI image: target/image/calico-cni-rs.oci.tar (image/build.sh).
+# The calico/cni-compatible OCI image, an index of linux/amd64 and linux/arm64:
+# target/image/calico-cni-rs.oci.tar (image/build.sh). The arm64 binary is cross-built with
+# Debian's aarch64 gcc as its linker (.cargo/config.toml).
 image: deps static
-	bash image/build.sh $(STATIC_BIN) target/image
+	@rustup target list --installed 2>/dev/null | grep -qx $(ARM64_TARGET) || rustup target add $(ARM64_TARGET)
+	cargo build --release --target $(ARM64_TARGET)
+	bash image/build.sh $(STATIC_BIN) $(STATIC_BIN_ARM64) target/image
 
 # Install the Debian packages the build and the tests need, only when one is missing.
 deps:

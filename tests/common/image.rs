@@ -1,6 +1,7 @@
 #![allow(dead_code)]
-//! The image `make image` builds (target/image/calico-cni-rs.oci.tar), and podman confined to
-//! a temp dir to run it, for tests/image.rs and the real node suite.
+//! The image `make image` builds (target/image/calico-cni-rs.oci.tar, an OCI image index for
+//! linux/amd64 and linux/arm64), read from the archive itself ([`OciArchive`]), and podman
+//! confined to a temp dir to run it, for tests/image.rs and the real node suite.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -29,6 +30,147 @@ pub fn image(test: &str) -> Option<PathBuf> {
     );
     report_skip(test, "no image: run `make image` first");
     None
+}
+
+/// The image archive unpacked into a temp dir (the OCI layout: `index.json`, `blobs/`), read
+/// as a runtime reads it: the index, each platform's manifest, its config and its layers.
+pub struct OciArchive {
+    pub dir: TempDir,
+}
+
+/// A file in an image: its path (no leading `/`), and the target when it is a symlink.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ImageFile {
+    pub path: String,
+    pub link: Option<String>,
+}
+
+impl OciArchive {
+    pub fn open(tar: &Path) -> OciArchive {
+        let dir = TempDir::new("image-oci");
+        let mut cmd = Command::new("tar");
+        cmd.arg("-xf").arg(tar).arg("-C").arg(dir.path());
+        let out = run(cmd, "tar -x the image archive");
+        assert_eq!(out.code, 0, "tar: {}", out.stderr);
+        OciArchive { dir }
+    }
+
+    /// A blob by its digest (`sha256:<hex>`), as JSON.
+    pub fn blob_json(&self, digest: &str) -> serde_json::Value {
+        let text = std::fs::read_to_string(self.blob(digest))
+            .unwrap_or_else(|e| panic!("blob {digest}: {e}"));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("blob {digest} is not JSON: {e}"))
+    }
+
+    pub fn blob(&self, digest: &str) -> PathBuf {
+        let (alg, hex) = digest
+            .split_once(':')
+            .unwrap_or_else(|| panic!("not a digest: {digest}"));
+        self.dir.path().join("blobs").join(alg).join(hex)
+    }
+
+    /// `index.json`.
+    pub fn top_index(&self) -> serde_json::Value {
+        let text = std::fs::read_to_string(self.dir.path().join("index.json")).unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+
+    /// The image index the archive's reference names (`index.json`'s one entry, an index),
+    /// and that reference (`org.opencontainers.image.ref.name`).
+    pub fn image_index(&self) -> (serde_json::Value, String) {
+        let top = self.top_index();
+        let entries = top["manifests"].as_array().expect("index.json manifests");
+        assert_eq!(entries.len(), 1, "one reference in the archive: {top}");
+        let e = &entries[0];
+        assert_eq!(
+            e["mediaType"], "application/vnd.oci.image.index.v1+json",
+            "the reference names an image index: {top}"
+        );
+        let name = e["annotations"]["org.opencontainers.image.ref.name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        (self.blob_json(e["digest"].as_str().unwrap()), name)
+    }
+
+    /// `os/architecture` of every manifest in the image index, in its order.
+    pub fn platforms(&self) -> Vec<String> {
+        let (index, _) = self.image_index();
+        index["manifests"]
+            .as_array()
+            .expect("manifests")
+            .iter()
+            .map(|m| {
+                format!(
+                    "{}/{}",
+                    m["platform"]["os"].as_str().unwrap_or("?"),
+                    m["platform"]["architecture"].as_str().unwrap_or("?")
+                )
+            })
+            .collect()
+    }
+
+    /// The image manifest of linux/`arch`.
+    pub fn manifest(&self, arch: &str) -> serde_json::Value {
+        let (index, _) = self.image_index();
+        let entry = index["manifests"]
+            .as_array()
+            .expect("manifests")
+            .iter()
+            .find(|m| m["platform"]["os"] == "linux" && m["platform"]["architecture"] == arch)
+            .unwrap_or_else(|| panic!("no linux/{arch} manifest in {index}"))
+            .clone();
+        self.blob_json(entry["digest"].as_str().unwrap())
+    }
+
+    /// The image config of linux/`arch`.
+    pub fn config(&self, arch: &str) -> serde_json::Value {
+        let m = self.manifest(arch);
+        self.blob_json(m["config"]["digest"].as_str().expect("config digest"))
+    }
+
+    /// The root filesystem of linux/`arch`: its layers unpacked in order into `dest`.
+    pub fn unpack(&self, arch: &str, dest: &Path) {
+        std::fs::create_dir_all(dest).unwrap();
+        let m = self.manifest(arch);
+        for layer in m["layers"].as_array().expect("layers") {
+            let blob = self.blob(layer["digest"].as_str().expect("layer digest"));
+            let mut cmd = Command::new("tar");
+            cmd.arg("-xf").arg(&blob).arg("-C").arg(dest);
+            let out = run(cmd, "tar -x a layer");
+            assert_eq!(out.code, 0, "tar {}: {}", blob.display(), out.stderr);
+        }
+    }
+
+    /// Every file and symlink of linux/`arch`'s root filesystem (not the directories),
+    /// sorted; `root` is where [`OciArchive::unpack`] put it.
+    pub fn files(root: &Path) -> Vec<ImageFile> {
+        fn walk(root: &Path, dir: &Path, out: &mut Vec<ImageFile>) {
+            for e in std::fs::read_dir(dir).unwrap() {
+                let path = e.unwrap().path();
+                let meta = std::fs::symlink_metadata(&path).unwrap();
+                let rel = path.strip_prefix(root).unwrap().display().to_string();
+                if meta.file_type().is_symlink() {
+                    let target = std::fs::read_link(&path).unwrap();
+                    out.push(ImageFile {
+                        path: rel,
+                        link: Some(target.display().to_string()),
+                    });
+                } else if meta.is_dir() {
+                    walk(root, &path, out);
+                } else {
+                    out.push(ImageFile {
+                        path: rel,
+                        link: None,
+                    });
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(root, root, &mut out);
+        out.sort();
+        out
+    }
 }
 
 /// One podman installation confined to a temp dir (its own storage: the machine's image
