@@ -20,14 +20,16 @@ BIN ?= target/release/calico
 # the C compiler of ring, against Rust's own musl) and qemu-user-static (tests/image.rs runs the
 # arm64 binaries under qemu-aarch64-static);
 # containerd (+ runc, busybox-static) for the image import and the real node suite
-# (tests/real_node.rs: kubelet -> containerd -> our binary).
+# (tests/real_node.rs: kubelet -> containerd -> our binary); docker-registry, skopeo and curl
+# for critest (tests/critest.rs: its images served from the node's loopback).
 # Then the peers, pinned Go modules built into a cache outside the repository
 # (tools/peers/build.sh: Kubernetes v1.35, containerd 2, cri-tools, the reference plugins).
 APT_PACKAGES := etcd-server etcd-client protobuf-compiler libprotobuf-dev time \
 	containernetworking-plugins iproute2 iputils-ping iptables \
 	golang-go golang-github-appc-cni-dev podman runc busybox-static \
 	buildah musl-tools file containerd \
-	gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static
+	gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static \
+	docker-registry skopeo curl
 # The static builds of the binary the image ships (amd64 and arm64), in cargo's target dir.
 CARGO_OUT := $(or $(CARGO_TARGET_DIR),target)
 MUSL_TARGET := x86_64-unknown-linux-musl
