@@ -36,12 +36,9 @@ use serde_json::json;
 
 use common::apt;
 use common::cni::{report_skip, run_command_within};
-use common::installer::calico_node_account;
 use common::netns::require_root;
 use common::peers::{peer, shared_k8s_file};
-use common::real_node::{
-    build_busybox_image, install_cni, node_peers, wait_until, Daemon, InstallInputs, RealNode,
-};
+use common::real_node::{build_busybox_image, node_peers, wait_until, Daemon, RealNode};
 
 const NODE: &str = "critest-node";
 const CRD: &str = "/apis/crd.projectcalico.org/v1";
@@ -262,46 +259,14 @@ fn critest_networking_and_pod_sandbox_specs_pass_with_our_plugins() {
 
     let mut node = RealNode::new(&peers, NODE);
     let api = node.api();
-    for (path, obj) in [
-        (
-            format!("{CRD}/clusterinformations"),
-            json!({"apiVersion":"crd.projectcalico.org/v1","kind":"ClusterInformation",
-                "metadata":{"name":"default"},
-                "spec":{"clusterGUID":"critest","clusterType":"k8s,kdd","calicoVersion":"v3.32.1","datastoreReady":true}}),
-        ),
-        (
-            format!("{CRD}/ippools"),
-            json!({"apiVersion":"crd.projectcalico.org/v1","kind":"IPPool",
-                "metadata":{"name":"default-ipv4-ippool"},
-                "spec":{"cidr":POOL_CIDR,"blockSize":26,"ipipMode":"Never","vxlanMode":"Never",
-                    "natOutgoing":true,"nodeSelector":"all()"}}),
-        ),
-        (
-            "/api/v1/nodes".to_string(),
-            json!({"apiVersion":"v1","kind":"Node","metadata":{"name":NODE}}),
-        ),
-    ] {
-        let a = api.post(&path, obj);
-        assert_eq!(a.status, 201, "POST {path}: {a:?}");
-    }
-
+    let a = api.post(
+        "/api/v1/nodes",
+        json!({"apiVersion":"v1","kind":"Node","metadata":{"name":NODE}}),
+    );
+    assert_eq!(a.status, 201, "POST the node: {a:?}");
     // The node as the DaemonSet sets it up: our image's install, with calico-node's token.
-    let pod_token = calico_node_account(api);
-    let scratch = node.dir.path().join("scratch");
-    fs::create_dir_all(&scratch).unwrap();
+    let (_, how) = node.install_calico("critest", POOL_CIDR, network_config);
     let (bin_dir, conf_dir) = (node.cni_bin(), node.cni_conf());
-    let how = install_cni(&InstallInputs {
-        bin_dir: &bin_dir,
-        conf_dir: &conf_dir,
-        network_config: &network_config(&scratch),
-        host_netns: node.host.path(),
-        service_host: "127.0.0.1",
-        service_port: api.port(),
-        pod_token: &pod_token,
-        ca_pem: &api.ca_pem(),
-        node_name: NODE,
-        scratch: &scratch,
-    });
     say(&format!("node set up by {how}"));
     let conflist = fs::read_to_string(conf_dir.join("10-calico.conflist")).unwrap();
     let types: Vec<String> = serde_json::from_str::<serde_json::Value>(&conflist).unwrap()

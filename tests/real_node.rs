@@ -24,13 +24,12 @@ use std::time::{Duration, Instant};
 
 use common::apt;
 use common::cni::report_skip;
-use common::installer::calico_node_account;
 use common::netns::{require_root, UPLINK_V4};
 use common::real_k8s::Neighbour;
 use common::real_node::{
-    copy_atomically, install_bare_binaries, install_cni, node_peers, plugin_binary,
-    read_recorded_calls, record_calls, seconds_between, time_network_plugins, utc_seconds_of_day,
-    wait_until, write_atomically, InstallInputs, RealNode, RecordedCall, BUSYBOX_IMAGE, TIMED_DIR,
+    copy_atomically, install_bare_binaries, node_peers, plugin_binary, read_recorded_calls,
+    record_calls, seconds_between, time_network_plugins, utc_seconds_of_day, wait_until,
+    write_atomically, RealNode, RecordedCall, BUSYBOX_IMAGE, TIMED_DIR,
 };
 use serde_json::{json, Value};
 
@@ -390,41 +389,8 @@ fn pods_through_kubelet_and_containerd_get_addresses_and_leave_nothing() {
 
     // The control plane, and Calico's resources as an operator would apply them.
     let mut node = RealNode::new(&peers, NODE);
-    let api = node.api();
-    created(
-        &node,
-        &format!("{CRD}/clusterinformations"),
-        json!({"apiVersion":"crd.projectcalico.org/v1","kind":"ClusterInformation",
-            "metadata":{"name":"default"},
-            "spec":{"clusterGUID":"real-node","clusterType":"k8s,kdd","calicoVersion":"v3.32.1","datastoreReady":true}}),
-    );
-    created(
-        &node,
-        &format!("{CRD}/ippools"),
-        json!({"apiVersion":"crd.projectcalico.org/v1","kind":"IPPool",
-            "metadata":{"name":"default-ipv4-ippool"},
-            "spec":{"cidr":POOL_CIDR,"blockSize":26,"ipipMode":"Never","vxlanMode":"Never",
-                "natOutgoing":true,"nodeSelector":"all()"}}),
-    );
-
-    // The node, set up by the DaemonSet's install container: calico-node's mounted token
-    // gets the calico-cni-plugin ServiceAccount's own from TokenRequest.
-    let pod_token = calico_node_account(api);
-    let scratch = node.dir.path().join("scratch");
-    std::fs::create_dir_all(&scratch).unwrap();
-    let (bin_dir, conf_dir) = (node.cni_bin(), node.cni_conf());
-    let how = install_cni(&InstallInputs {
-        bin_dir: &bin_dir,
-        conf_dir: &conf_dir,
-        network_config: &network_config(&scratch),
-        host_netns: node.host.path(),
-        service_host: "127.0.0.1",
-        service_port: api.port(),
-        pod_token: &pod_token,
-        ca_pem: &api.ca_pem(),
-        node_name: NODE,
-        scratch: &scratch,
-    });
+    let (scratch, how) = node.install_calico("real-node", POOL_CIDR, network_config);
+    let bin_dir = node.cni_bin();
     say(&format!("node {NODE} set up by {how}"));
     let rec = scratch.join("calls");
     record_calls(&bin_dir, &rec);

@@ -1370,6 +1370,57 @@ impl RealNode {
         });
     }
 
+    /// Calico as an operator and its DaemonSet set a node up: the ClusterInformation and one
+    /// IPv4 pool (`pool_cidr`, /26 blocks) applied, then our image's `install` run as the
+    /// `install-cni` container with calico-node's mounted token (it gets the
+    /// calico-cni-plugin ServiceAccount's own from TokenRequest) and the DaemonSet's
+    /// `CNI_NETWORK_CONFIG` (`network_config` of the node's scratch folder). Returns the
+    /// scratch folder and how the installer ran ([`install_cni`]).
+    pub fn install_calico(
+        &self,
+        cluster_guid: &str,
+        pool_cidr: &str,
+        network_config: impl FnOnce(&Path) -> String,
+    ) -> (PathBuf, &'static str) {
+        let api = self.api();
+        let crd = "/apis/crd.projectcalico.org/v1";
+        for (path, obj) in [
+            (
+                format!("{crd}/clusterinformations"),
+                json!({"apiVersion":"crd.projectcalico.org/v1","kind":"ClusterInformation",
+                    "metadata":{"name":"default"},
+                    "spec":{"clusterGUID":cluster_guid,"clusterType":"k8s,kdd",
+                        "calicoVersion":"v3.32.1","datastoreReady":true}}),
+            ),
+            (
+                format!("{crd}/ippools"),
+                json!({"apiVersion":"crd.projectcalico.org/v1","kind":"IPPool",
+                    "metadata":{"name":"default-ipv4-ippool"},
+                    "spec":{"cidr":pool_cidr,"blockSize":26,"ipipMode":"Never",
+                        "vxlanMode":"Never","natOutgoing":true,"nodeSelector":"all()"}}),
+            ),
+        ] {
+            let a = api.post(&path, obj);
+            assert_eq!(a.status, 201, "POST {path}: {a:?}");
+        }
+        let pod_token = super::installer::calico_node_account(api);
+        let scratch = self.dir.path().join("scratch");
+        fs::create_dir_all(&scratch).unwrap();
+        let how = install_cni(&InstallInputs {
+            bin_dir: &self.cni_bin(),
+            conf_dir: &self.cni_conf(),
+            network_config: &network_config(&scratch),
+            host_netns: self.host.path(),
+            service_host: "127.0.0.1",
+            service_port: api.port(),
+            pod_token: &pod_token,
+            ca_pem: &api.ca_pem(),
+            node_name: &self.name,
+            scratch: &scratch,
+        });
+        (scratch, how)
+    }
+
     pub fn host_sh(&self, script: &str) -> String {
         self.host.sh(script)
     }
