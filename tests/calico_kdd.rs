@@ -230,8 +230,8 @@ fn kdd_one_http2_connection_per_call() {
 
 /// FAKE SERVER: which reads may be answered from the API server's watch cache
 /// (`resourceVersion=0`) shows in the request's query, and a cache answer that cannot be
-/// trusted (404, another pod's UID) needs an answer injected: the real server's cache cannot
-/// be made to lag.
+/// trusted (404, 429 while the cache fills, another pod's UID) needs an answer injected: the
+/// real server's cache cannot be made to lag (nor, reliably, be caught filling).
 #[test]
 fn kdd_config_and_pod_reads_come_from_the_watch_cache() {
     require_root();
@@ -326,6 +326,32 @@ fn kdd_config_and_pod_reads_come_from_the_watch_cache() {
     );
     w.calico(&again, &conf).assert_ok();
     assert_eq!(gets_of(&pod_path("web-3")), [true, false]);
+
+    // 4. A cache still being filled (429 "storage is (re)initializing", as a v1.35 server
+    // answers right after it starts) is not waited for: etcd is asked at once. A 429 with
+    // Retry-After on any other request (the API server's flow control) is sent again after
+    // that wait, as client-go does.
+    w.calico(&again.as_del(), &conf).assert_ok();
+    w.api.clear_requests();
+    w.api.fail_one("GET", &pod_path("web-3"), 0, 429);
+    let status = format!("{}/status", pod_path("web-3"));
+    w.api.fail_one("PATCH", &status, 0, 429);
+    let started = std::time::Instant::now();
+    w.calico(&third, &conf).assert_ok();
+    assert_eq!(gets_of(&pod_path("web-3")), [true, false]);
+    let patches: Vec<u16> = w
+        .api
+        .requests()
+        .iter()
+        .filter(|q| q.method == "PATCH" && q.path == status)
+        .map(|q| q.status)
+        .collect();
+    assert_eq!(patches, [429, 200], "the status patch, retried once");
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(1),
+        "the retry waited Retry-After's second"
+    );
+    assert_eq!(w.api.fail_one_pending(), 0);
 
     for inv in [first.as_del(), second.as_del(), again.as_del()] {
         w.calico(&inv, &conf).assert_ok();
