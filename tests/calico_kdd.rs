@@ -337,7 +337,8 @@ fn kdd_config_and_pod_reads_come_from_the_watch_cache() {
     let status = format!("{}/status", pod_path("web-3"));
     w.api.fail_one("PATCH", &status, 0, 429);
     let started = std::time::Instant::now();
-    w.calico(&third, &conf).assert_ok();
+    // (Another UID in CNI_ARGS than the pod's: etcd's answer is not read again.)
+    w.calico(&again, &conf).assert_ok();
     assert_eq!(gets_of(&pod_path("web-3")), [true, false]);
     let patches: Vec<u16> = w
         .api

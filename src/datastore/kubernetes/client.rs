@@ -341,13 +341,18 @@ impl KubeClient {
     /// moment does not matter: the cluster's configuration, and the pod being networked. A
     /// cache that cannot answer yet (429) is not waited for either: etcd is asked.
     pub async fn get_cached(&self, path: &str) -> Result<ApiResponse, DatastoreError> {
-        let (resp, _) = self.send_once(&Method::GET, &cached(path), None).await?;
-        // 429: the watch cache is still being filled (a resource new to the server, or a
-        // server that just started); etcd has the answer now.
-        if resp.status == 404 || resp.status == 429 {
-            return self.get(path).await;
+        match self.get_from_cache(path).await? {
+            Some(resp) => Ok(resp),
+            None => self.get(path).await,
         }
-        Ok(resp)
+    }
+
+    /// The watch cache's answer, or `None` where it cannot be taken: a 404 (the object may
+    /// be a moment old), a 429 (the cache is still being filled: a resource new to the
+    /// server, or a server that just started). Not retried: etcd has the answer now.
+    pub async fn get_from_cache(&self, path: &str) -> Result<Option<ApiResponse>, DatastoreError> {
+        let (resp, _) = self.send_once(&Method::GET, &cached(path), None).await?;
+        Ok((resp.status != 404 && resp.status != 429).then_some(resp))
     }
 
     pub async fn send_json(
@@ -363,7 +368,6 @@ impl KubeClient {
     }
 }
 
-/// `path` with `resourceVersion=0` added to its query.
 /// How many times one request is sent again when the API server asks for it (client-go's
 /// default `maxRetries`).
 pub const MAX_RETRIES: u32 = 10;
@@ -384,6 +388,7 @@ pub fn retry_after(status: u16, headers: &http::HeaderMap) -> Option<Duration> {
     Some(Duration::from_secs(seconds.max(1)))
 }
 
+/// `path` with `resourceVersion=0` added to its query.
 pub fn cached(path: &str) -> String {
     let sep = if path.contains('?') { '&' } else { '?' };
     format!("{path}{sep}resourceVersion=0")

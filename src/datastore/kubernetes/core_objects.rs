@@ -107,8 +107,13 @@ pub async fn pod_cached(
     uid: &str,
 ) -> Result<Pod, DatastoreError> {
     let path = pod_path(namespace, name);
-    let pod: Pod = answer(&path, client.get_cached(&path).await?)?;
-    if uid.is_empty() || pod.metadata.uid.as_deref() == Some(uid) {
+    let (resp, from_cache) = match client.get_from_cache(&path).await? {
+        Some(resp) => (resp, true),
+        None => (client.get(&path).await?, false),
+    };
+    let pod: Pod = answer(&path, resp)?;
+    // An answer from etcd is the pod as it is: another UID there is not read again.
+    if !from_cache || uid.is_empty() || pod.metadata.uid.as_deref() == Some(uid) {
         return Ok(pod);
     }
     tracing::debug!(uid, cached = ?pod.metadata.uid, "the cached pod is another: reading it from etcd");
