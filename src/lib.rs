@@ -17,6 +17,7 @@ pub mod encoding;
 pub mod error;
 pub mod gocompat;
 pub mod identifiers;
+pub mod input_file;
 pub mod install;
 pub mod ipam;
 pub mod ipam_driver;

@@ -440,3 +440,174 @@ fn host_local_use_pod_cidr_on_del() {
     );
     w.assert_clean();
 }
+
+/// Issue 37 (two regressions found by fuzzing): every path a call opens from its input is a
+/// regular file, or a namespace, before anything opens it; a FIFO there never blocks a call.
+/// `CNI_NETNS` (ADD, DEL, calico-ipam ADD and DEL: the same-netns check compares by `stat`),
+/// `ipam_lock_file` (the calls go on unlocked and DEL leaves nothing), `nodename_file` (as an
+/// unreadable file) and the etcd TLS files (refused with an error naming the path). Each call
+/// ends within seconds, far from the deadline, and nothing is left behind.
+#[test]
+fn fifos_named_by_the_input_never_block_a_call() {
+    let w = World::new();
+    let fifo = |name: &str| {
+        let p = w.scratch.path().join(name);
+        nix::unistd::mkfifo(&p, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        p.display().to_string()
+    };
+    let quick = |out: &Outcome| {
+        assert!(
+            out.elapsed < Duration::from_secs(5),
+            "took {:?}",
+            out.elapsed
+        );
+    };
+
+    // CNI_NETNS a FIFO.
+    let netns = fifo("netns");
+    let conf = w.conf(json!({}));
+    let add = Invocation::new("ADD", "fifo-netns", &netns).k8s("default", "fifo-netns");
+    let out = w.calico(&add, &conf);
+    quick(&out);
+    let err = out.assert_err();
+    assert_eq!(err["code"], 999, "{err}");
+    assert!(
+        err["msg"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("unknown FS magic on {netns:?}: ")),
+        "{err}"
+    );
+    // As upstream: a DEL that cannot enter the netns fails (and releases nothing; the ADD
+    // left nothing to release).
+    let out = w.calico(&add.as_del(), &conf);
+    quick(&out);
+    let err = out.assert_err();
+    assert_eq!(
+        err["msg"].as_str().unwrap(),
+        format!("failed to enter netns: unknown FS magic on {netns:?}: ef53"),
+        "{err}"
+    );
+    let ipam_add = Invocation::new("ADD", "fifo-ipam", &netns);
+    let out = w.ipam(&ipam_add, &conf);
+    quick(&out);
+    out.assert_ok();
+    let out = w.ipam(&ipam_add.as_del(), &conf);
+    quick(&out);
+    out.assert_ok();
+    w.assert_clean();
+
+    // ipam_lock_file a FIFO: no lock, and nothing left after the DEL.
+    let conf = w.conf(json!({"ipam_lock_file": fifo("fifo.lock")}));
+    let pod = w.pod();
+    let add = Invocation::new("ADD", "fifo-lock", pod.path()).k8s("default", "fifo-lock");
+    let out = w.calico(&add, &conf);
+    quick(&out);
+    out.assert_ok();
+    assert!(out.stderr.contains("not a regular file"), "{}", out.stderr);
+    let out = w.calico(&add.as_del(), &conf);
+    quick(&out);
+    out.assert_ok();
+    w.assert_clean();
+
+    // nodename_file a FIFO: read as no file (the node name comes from `hostname`).
+    let conf = w.conf(json!({
+        "nodename": null,
+        "nodename_file": fifo("nodename"),
+        "hostname": NODE,
+    }));
+    let pod = w.pod();
+    let add = Invocation::new("ADD", "fifo-nodename", pod.path());
+    let out = w.calico(&add, &conf);
+    quick(&out);
+    out.assert_ok();
+    let out = w.calico(&add.as_del(), &conf);
+    quick(&out);
+    out.assert_ok();
+    w.assert_clean();
+
+    // The etcd TLS files FIFOs: an error naming the file.
+    for field in ["etcd_ca_cert_file", "etcd_cert_file", "etcd_key_file"] {
+        let path = fifo(field);
+        let mut tls = json!({
+            "etcd_ca_cert_file": w.scratch.path().join("none-ca").display().to_string(),
+            "etcd_cert_file": w.scratch.path().join("none-cert").display().to_string(),
+            "etcd_key_file": w.scratch.path().join("none-key").display().to_string(),
+        });
+        for f in ["none-ca", "none-cert", "none-key"] {
+            std::fs::write(w.scratch.path().join(f), "").unwrap();
+        }
+        tls[field] = json!(path);
+        let conf = w.conf(tls);
+        let pod = w.pod();
+        let out = w.calico(&Invocation::new("ADD", "fifo-tls", pod.path()), &conf);
+        quick(&out);
+        let err = out.assert_err();
+        assert!(
+            err.to_string()
+                .contains(&format!("{path}: not a regular file")),
+            "{field}: {err}"
+        );
+        w.assert_clean();
+    }
+
+    // The Kubernetes datastore: a FIFO as the kubeconfig, as a file the kubeconfig names, and
+    // as the policy's certificate authority: refused before any request, naming the file.
+    let kubeconfig = |ca: &str| {
+        let p = w
+            .scratch
+            .path()
+            .join(format!("kubeconfig-{}", ca.replace('/', "_")));
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: \
+             https://127.0.0.1:1\n    certificate-authority: {ca}\nusers:\n- name: u\n  \
+             user:\n    token: t\ncontexts:\n- name: x\n  context:\n    cluster: c\n    \
+             user: u\ncurrent-context: x\n"
+        );
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let ca_fifo = fifo("ca-fifo");
+    let kc_fifo = fifo("kubeconfig-fifo");
+    let empty_ca = w.scratch.path().join("none-ca").display().to_string();
+    let kdd = json!({"datastore_type": "kubernetes"});
+    let cases = [
+        (
+            kdd.clone(),
+            json!({"kubeconfig": kc_fifo}),
+            json!({}),
+            &kc_fifo,
+        ),
+        (
+            kdd,
+            json!({"kubeconfig": kubeconfig(&ca_fifo)}),
+            json!({}),
+            &ca_fifo,
+        ),
+        // etcd for Calico's data, the policy's own client for the pod.
+        (
+            json!({}),
+            json!({"kubeconfig": kubeconfig(&empty_ca)}),
+            json!({"type": "k8s", "k8s_certificate_authority": ca_fifo}),
+            &ca_fifo,
+        ),
+    ];
+    for (datastore, kubernetes, policy, path) in cases {
+        let mut extra = datastore;
+        extra["kubernetes"] = kubernetes;
+        extra["policy"] = policy;
+        let conf = w.conf(extra);
+        let pod = w.pod();
+        let add = Invocation::new("ADD", "fifo-kdd", pod.path()).k8s("default", "fifo-kdd");
+        let out = w.calico(&add, &conf);
+        quick(&out);
+        let err = out.assert_err();
+        assert!(
+            err.to_string()
+                .contains(&format!("{path}: not a regular file")),
+            "{path}: {err}"
+        );
+        w.assert_clean();
+        assert!(!pod.has_link("eth0"));
+    }
+}

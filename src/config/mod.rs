@@ -300,7 +300,7 @@ impl NetConf {
         if !self.nodename.is_empty() {
             return self.nodename.clone();
         }
-        if let Ok(s) = std::fs::read_to_string(self.nodename_file()) {
+        if let Ok(s) = crate::input_file::read_to_string(Path::new(self.nodename_file())) {
             let s = s.trim();
             if !s.is_empty() {
                 return s.to_string();
@@ -325,7 +325,7 @@ impl NetConf {
     }
 
     pub fn resolve_mtu_from(&self, file: &Path) -> Result<u32, ConfigError> {
-        let from_file = match std::fs::read_to_string(file) {
+        let from_file = match crate::input_file::read_to_string(file) {
             Ok(s) => Some(s.trim().parse::<u32>().map_err(|e| {
                 ConfigError::MtuFile(format!("strconv.Atoi: parsing {:?}: {e}", s.trim()))
             })?),

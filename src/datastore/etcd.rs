@@ -132,8 +132,11 @@ impl EtcdDatastore {
             || cfg.cert_file.is_some()
             || cfg.endpoints.iter().any(|e| e.starts_with("https://"));
         if wants_tls {
-            let read =
-                |p: &str| std::fs::read(p).map_err(|e| DatastoreError::Config(format!("{p}: {e}")));
+            let read = |p: &str| {
+                // A regular file only: a FIFO here would block the call (`input_file`).
+                crate::input_file::read(std::path::Path::new(p))
+                    .map_err(|e| DatastoreError::Config(format!("{p}: {e}")))
+            };
             let mut tls = TlsOptions::new();
             if let Some(ca) = &cfg.ca_cert_file {
                 tls = tls.ca_certificate(Certificate::from_pem(read(ca)?));

@@ -63,7 +63,7 @@ impl BlockCopies {
         if size > MAX_FILE {
             return None;
         }
-        let bytes = std::fs::read(&path).ok()?;
+        let bytes = crate::input_file::read(&path).ok()?;
         serde_json::from_slice::<BlockCopy>(&bytes)
             .ok()
             .filter(|c| c.cidr == cidr)

@@ -45,6 +45,7 @@ use std::os::unix::fs::FileExt;
 use nix::fcntl::{Flock, FlockArg};
 use tracing::{debug, info, warn};
 
+use crate::input_file;
 use crate::ipam::block_copies::{BlockCopies, BlockCopy};
 use crate::net::IpNet;
 
@@ -363,7 +364,7 @@ pub(crate) fn create_dirs(dir: Option<&Path>) -> std::io::Result<()> {
 /// one of `handles`), read without taking the lock: for reads made before it is taken (a
 /// stale or missing line costs a wasted read, nothing else).
 pub fn peek_blocks(path: &str, handles: &[String]) -> Vec<IpNet> {
-    let c = File::open(path)
+    let c = input_file::open(Path::new(path), OpenOptions::new().read(true))
         .map(|f| read_content(&f))
         .unwrap_or_default();
     let mut blocks = c.hint.clone();
@@ -378,7 +379,7 @@ pub fn peek_blocks(path: &str, handles: &[String]) -> Vec<IpNet> {
 /// Whether the lock file at `path` has a pending write for one of `handles` (read without
 /// the lock: a DEL takes it only when there is something to release).
 pub fn peek_pending(path: &str, handles: &[String]) -> bool {
-    let c = File::open(path)
+    let c = input_file::open(Path::new(path), OpenOptions::new().read(true))
         .map(|f| read_content(&f))
         .unwrap_or_default();
     handles.iter().any(|h| !pending_blocks(&c, h).is_empty())
@@ -399,16 +400,20 @@ fn read_content(file: &File) -> Content {
 }
 
 /// Opens (creating it 0600 regardless of the umask) the lock file, readable for the hint.
+/// What is not a regular file is not opened (a FIFO would block the call; see `input_file`):
+/// the call then goes on unlocked, as for any lock file it cannot have.
 pub(crate) fn open_lock_file(path: impl AsRef<Path>) -> std::io::Result<File> {
     let path = path.as_ref();
     let existed = path.exists();
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .mode(LOCK_FILE_MODE)
-        .open(path)?;
+    let file = input_file::open(
+        path,
+        OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .mode(LOCK_FILE_MODE),
+    )?;
     if !existed {
         file.set_permissions(std::fs::Permissions::from_mode(LOCK_FILE_MODE))?;
     }

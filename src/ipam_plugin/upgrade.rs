@@ -818,7 +818,8 @@ fn go_remove(path: &Path) -> io::Result<()> {
 
 /// Go's `os.ReadFile` (`open …` / `read …` errors).
 fn read_file(path: &Path) -> std::result::Result<Vec<u8>, String> {
-    let mut f = File::open(path).map_err(|e| path_error("open", path, &e))?;
+    let mut f = crate::input_file::open(path, OpenOptions::new().read(true))
+        .map_err(|e| path_error("open", path, &e))?;
     let mut buf = Vec::new();
     f.read_to_end(&mut buf)
         .map_err(|e| path_error("read", path, &e))?;
@@ -847,12 +848,17 @@ impl HostLocalLock {
         } else {
             dir.to_path_buf()
         };
+        // Non-blocking, and a regular file only: a FIFO here must not stall the init
+        // container (`crate::input_file`).
         let f = OpenOptions::new()
             .read(true)
-            .custom_flags(libc::O_CREAT)
+            .custom_flags(libc::O_CREAT | libc::O_NONBLOCK)
             .mode(0o750)
             .open(&path)
             .map_err(|e| io_error_text(&e))?;
+        if !f.metadata().is_ok_and(|m| m.is_file()) {
+            return Err(path_error("open", &path, &crate::input_file::not_regular()));
+        }
         Ok(HostLocalLock::Unlocked(f))
     }
 

@@ -463,20 +463,16 @@ fn own_netns_path() -> std::path::PathBuf {
 }
 
 /// Whether the namespace file `target` is the namespace `own` (same device and inode).
-/// A `target` that cannot be opened is not refused here: the plugin reports its own
-/// error for it (and DEL of a netns already gone succeeds). An `own` that cannot be
-/// opened is code 8, "get plugin's netns failed", as libcni.
+/// Both are compared by `stat`, never opened: a `target` that is a FIFO (or anything else
+/// whose open can block) must not stall the call here; the plugin's own namespace check
+/// (`dataplane::sys`) refuses what is not a namespace before it opens it. A `target` that
+/// cannot be stat'ed is not refused here: the plugin reports its own error for it (and DEL
+/// of a netns already gone succeeds). An `own` that cannot be stat'ed is code 8, "get
+/// plugin's netns failed", as libcni.
 fn netns_is_same(target: &std::path::Path, own: &std::path::Path) -> Result<bool, CniError> {
-    let Ok(target) = std::fs::File::open(target) else {
-        return Ok(false);
-    };
-    let own = std::fs::File::open(own)
+    let own = std::fs::metadata(own)
         .map_err(|_| CniError::new(CODE_INVALID_NETNS, "get plugin's netns failed", ""))?;
-    // fstat of open files: libcni's `isSameNS` (a failed fstat is "not the same").
-    match (target.metadata(), own.metadata()) {
-        (Ok(t), Ok(o)) => Ok(t.dev() == o.dev() && t.ino() == o.ino()),
-        _ => Ok(false),
-    }
+    Ok(std::fs::metadata(target).is_ok_and(|t| t.dev() == own.dev() && t.ino() == own.ino()))
 }
 
 #[cfg(test)]

@@ -133,7 +133,9 @@ fn config_error(e: impl std::fmt::Display) -> DatastoreError {
 /// kube's configuration for these settings, with client-go's overrides applied.
 async fn load_config(s: &KubeSettings) -> Result<kube::Config, DatastoreError> {
     let mut cfg = if !s.kubeconfig.is_empty() {
+        refuse_irregular(&s.kubeconfig)?;
         let file = kube::config::Kubeconfig::read_from(&s.kubeconfig).map_err(config_error)?;
+        refuse_irregular_in(&file)?;
         let opts = kube::config::KubeConfigOptions {
             context: (!s.context.is_empty()).then(|| s.context.clone()),
             ..Default::default()
@@ -158,10 +160,12 @@ async fn load_config(s: &KubeSettings) -> Result<kube::Config, DatastoreError> {
         cfg.auth_info.token_file = None;
     }
     if !s.cert_file.is_empty() {
+        refuse_irregular(&s.cert_file)?;
         cfg.auth_info.client_certificate = Some(s.cert_file.clone());
         cfg.auth_info.client_certificate_data = None;
     }
     if !s.key_file.is_empty() {
+        refuse_irregular(&s.key_file)?;
         cfg.auth_info.client_key = Some(s.key_file.clone());
         cfg.auth_info.client_key_data = None;
     }
@@ -186,8 +190,30 @@ fn parse_server(server: &str) -> Result<http::Uri, DatastoreError> {
         .map_err(|e| config_error(format!("invalid API server address {server:?}: {e}")))
 }
 
+/// A file kube opens itself (a FIFO there would block the call): refused here unless it is a
+/// regular file (see `input_file`).
+fn refuse_irregular(path: &str) -> Result<(), DatastoreError> {
+    crate::input_file::refuse_irregular(std::path::Path::new(path))
+        .map_err(|e| config_error(format!("{path}: {e}")))
+}
+
+/// The files a kubeconfig names, which kube opens when it builds the configuration.
+fn refuse_irregular_in(file: &kube::config::Kubeconfig) -> Result<(), DatastoreError> {
+    let clusters = file.clusters.iter().filter_map(|c| c.cluster.as_ref());
+    let users = file.auth_infos.iter().filter_map(|u| u.auth_info.as_ref());
+    clusters
+        .filter_map(|c| c.certificate_authority.as_deref())
+        .chain(users.flat_map(|u| {
+            [&u.token_file, &u.client_certificate, &u.client_key]
+                .into_iter()
+                .filter_map(|p| p.as_deref())
+        }))
+        .try_for_each(refuse_irregular)
+}
+
 fn read_certs(path: &str) -> Result<Vec<Vec<u8>>, DatastoreError> {
     use rustls_pki_types::pem::PemObject;
+    refuse_irregular(path)?;
     let certs: Result<Vec<_>, _> = rustls_pki_types::CertificateDer::pem_file_iter(path)
         .map_err(|e| config_error(format!("unable to read certificate-authority {path}: {e}")))?
         .map(|c| c.map(|c| c.to_vec()))
