@@ -615,7 +615,7 @@ fn etcd_with_policy_k8s_reads_the_pod() {
     assert_eq!(wep["spec"]["serviceAccountName"], "sa1");
     assert_eq!(
         wep["spec"]["ports"],
-        json!([{"name":"http","protocol":"tcp","port":80,"hostPort":0,"hostIP":""}])
+        json!([{"name":"http","protocol":"TCP","port":80,"hostPort":0,"hostIP":""}])
     );
     // No Profile is created with policy type k8s.
     assert!(w

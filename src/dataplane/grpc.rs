@@ -382,6 +382,10 @@ pub struct AgentInterface {
 }
 
 impl PodInterface for AgentInterface {
+    fn result_has_host_addresses(&self) -> bool {
+        false
+    }
+
     /// The agent's Add (`pod` is what it is told besides the interface).
     async fn finish(
         &mut self,
@@ -514,7 +518,7 @@ mod tests {
             pod: "nginx".into(),
             endpoint: "eth0".into(),
             ports: vec![
-                json!({"name": "http", "protocol": "tcp", "port": 80, "hostPort": 8080, "hostIP": "10.0.0.1"}),
+                json!({"name": "http", "protocol": "TCP", "port": 80, "hostPort": 8080, "hostIP": "10.0.0.1"}),
                 json!({"name": "n", "protocol": 132, "port": 9}),
             ],
             ..Default::default()
@@ -598,7 +602,7 @@ mod tests {
             [
                 proto::Port {
                     name: "http".into(),
-                    protocol: "tcp".into(),
+                    protocol: "TCP".into(),
                     port: 80,
                     host_port: 8080,
                     host_ip: "10.0.0.1".into()

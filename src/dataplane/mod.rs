@@ -256,6 +256,12 @@ pub trait Dataplane {
 /// A pod interface being made by one ADD.
 #[allow(async_fn_in_trait)]
 pub trait PodInterface {
+    /// Whether ADD's result gives the pod's addresses as host networks (/32, /128), as this
+    /// dataplane puts them on the interface: upstream's Linux dataplane narrows IPAM's
+    /// addresses so. Its gRPC dataplane does not, and its result keeps IPAM's prefix.
+    fn result_has_host_addresses(&self) -> bool {
+        true
+    }
     /// The rest of `DoNetworking`, once the addresses are known (`pod`: what a dataplane
     /// may be told besides). Unlike upstream, a failure removes what this call made.
     async fn finish(
@@ -546,6 +552,13 @@ impl PodInterface for AnyInterface {
         match self {
             AnyInterface::Linux(l) => l.known_mac(addrs),
             AnyInterface::Grpc(g) => g.known_mac(addrs),
+        }
+    }
+
+    fn result_has_host_addresses(&self) -> bool {
+        match self {
+            AnyInterface::Linux(l) => l.result_has_host_addresses(),
+            AnyInterface::Grpc(g) => g.result_has_host_addresses(),
         }
     }
 }

@@ -211,6 +211,7 @@ pub async fn network_and_write<D: Datastore, I: IpamDriver, L: PodInterface>(
     extras: Extras,
     mtu: u32,
 ) -> Result<CniResult> {
+    let host_addresses = link.result_has_host_addresses();
     wep.spec.ip_networks = endpoint::ip_networks(&result);
     wep.spec.ip_nats = floating_nats(&result, &extras.floating_ips);
     let assigned: Vec<IpAddr> = result.ips.iter().map(|ip| ip.address.addr).collect();
@@ -288,6 +289,7 @@ pub async fn network_and_write<D: Datastore, I: IpamDriver, L: PodInterface>(
     }
     finish_result(
         &mut result,
+        host_addresses,
         &net.host_veth,
         &args.ifname,
         &net.container_mac,
@@ -376,9 +378,11 @@ fn floating_nats(result: &CniResult, floating: &[String]) -> Vec<IpNat> {
         .collect()
 }
 
-/// Addresses as host networks on interface 1 (the container end), routes as IPAM gave them.
+/// The addresses on interface 1 (the container end): as host networks where the dataplane
+/// put them so (`host_addresses`), else as IPAM gave them; routes as IPAM gave them.
 fn finish_result(
     result: &mut CniResult,
+    host_addresses: bool,
     host_veth: &str,
     ifname: &str,
     mac: &str,
@@ -387,7 +391,9 @@ fn finish_result(
 ) {
     result.interfaces = endpoint::interfaces(host_veth, ifname, mac, mtu, netns);
     for ip in &mut result.ips {
-        ip.address = IpNet::host(ip.address.addr);
+        if host_addresses {
+            ip.address = IpNet::host(ip.address.addr);
+        }
         ip.interface = Some(1);
     }
 }

@@ -264,4 +264,11 @@ impl PodInterface for PodLink {
             PodLink::Later(link) => link.known_mac(addrs),
         }
     }
+
+    fn result_has_host_addresses(&self) -> bool {
+        match self {
+            PodLink::Ahead { pair, .. } => pair.result_has_host_addresses(),
+            PodLink::Later(link) => link.result_has_host_addresses(),
+        }
+    }
 }

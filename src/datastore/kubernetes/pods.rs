@@ -148,10 +148,12 @@ fn ports(containers: &[Container], out: &mut Vec<Value>) {
             if p.container_port == 0 || (p.host_port.unwrap_or(0) == 0 && p.name.is_none()) {
                 continue;
             }
+            // The canonical names, as upstream's conversion gives them
+            // (`numorstring.ProtocolFromString`): Felix and calicoctl read these.
             let protocol = match p.protocol.as_deref() {
-                Some("UDP") => "udp",
-                Some("SCTP") => "sctp",
-                Some("TCP") | Some("") | None => "tcp",
+                Some("UDP") => "UDP",
+                Some("SCTP") => "SCTP",
+                Some("TCP") | Some("") | None => "TCP",
                 Some(_) => continue,
             };
             out.push(json!({
@@ -311,7 +313,7 @@ mod tests {
         assert_eq!(labels["projectcalico.org/serviceaccount"], "sa1");
         assert_eq!(labels["app"], "web");
         assert_eq!(w.spec.ports.len(), 2);
-        assert_eq!(w.spec.ports[1]["protocol"], "udp");
+        assert_eq!(w.spec.ports[1]["protocol"], "UDP");
         assert_eq!(w.spec.ip_nats[0].external_ip, "1.2.3.4");
         assert_eq!(w.spec.allow_spoofed_source_prefixes, vec!["10.9.0.0/16"]);
     }
