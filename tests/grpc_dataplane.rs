@@ -147,10 +147,11 @@ fn add_check_and_del_through_the_agent() {
     w.assert_clean();
 }
 
-/// A Del the agent cannot answer is reported; the addresses and the endpoint go all the
-/// same (a retried DEL asks the agent again).
+/// A Del the agent refuses or cannot answer is reported. As upstream, the endpoint goes but
+/// the addresses are kept until the agent has removed the interface: an address is never
+/// handed out while an interface may still hold it. The runtime's retried DEL releases them.
 #[test]
-fn del_without_the_agent_still_releases() {
+fn addresses_are_kept_until_the_agent_removed_the_interface() {
     require_root();
     let w = World::new();
     let pod = w.pod();
@@ -161,6 +162,25 @@ fn del_without_the_agent_still_releases() {
     agent.set_del(Reply::Fail("vpp restarting".into()));
     let err = w.calico(&inv.as_del(), &conf).assert_err_fast();
     assert_eq!(err["msg"], "grpc dataplane error: vpp restarting");
+    let kept = || {
+        assert!(w.keys(WEP_PREFIX).is_empty(), "the endpoint goes first");
+        assert_eq!(w.keys("/calico/ipam/v2/handle/").len(), 1, "the addresses stay");
+    };
+    kept();
+    // The agent gone altogether: the same.
+    let gone = GrpcDataplane::start(Reply::success("tun-vpp7", VPP_MAC));
+    let gone_conf = crate::conf(&w, &gone.address());
+    drop(gone);
+    let err = w.calico(&inv.as_del(), &gone_conf).assert_err_fast();
+    let msg = err["msg"].as_str().unwrap();
+    assert!(
+        msg.starts_with("cannot connect to grpc dataplane: "),
+        "{msg}"
+    );
+    kept();
+    // The agent removes the interface: the retried DEL releases them.
+    agent.set_del(Reply::success("", ""));
+    w.calico(&inv.as_del(), &conf).assert_ok_fast();
     w.assert_clean();
     drop(agent);
     let err = w.calico(&inv.as_del(), &conf).assert_err_fast();

@@ -129,7 +129,6 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
                 args,
                 &mut teardown,
                 host_veth_gone,
-                uses_grpc,
                 &mut released,
             )
         );
@@ -178,14 +177,13 @@ fn release_reads(call: &Call, args: &CmdArgs) -> Vec<Key> {
 /// With k8s, the addresses are released once the host side of the interface is gone: the
 /// host veth's removal was notified (the release then runs while the kernel finishes), or
 /// the whole removal finished. A removal that failed before the host veth was seen gone
-/// keeps them (a retried DEL releases them), except the gRPC agent's: it, not a host route
-/// of ours, decides where they lead.
+/// keeps them (a retried DEL releases them), the gRPC agent's Del included, as upstream:
+/// an address is never handed out while an interface may still hold it.
 async fn release_once_torn_down<I: IpamDriver>(
     ipam: &I,
     args: &CmdArgs,
     teardown: &mut Teardown,
     host_veth_gone: Option<LinkGoneWatch>,
-    uses_grpc: bool,
     failures: &mut Failures,
 ) {
     let finished = teardown.finish();
@@ -203,10 +201,6 @@ async fn release_once_torn_down<I: IpamDriver>(
     };
     match torn {
         Some(Ok(())) => failures.add(ipam.del(args).await),
-        Some(Err(e)) if uses_grpc => {
-            failures.push(e);
-            failures.add(ipam.del(args).await);
-        }
         Some(Err(e)) => {
             warn!("the pod's addresses are kept until its interface is gone (a retried DEL releases them)");
             failures.push(e);
