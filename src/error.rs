@@ -13,6 +13,7 @@ use crate::deadline::Expired;
 use crate::identifiers::IdentifierError;
 use crate::ipam::allocator::IpamError;
 use crate::ipam::verify::VerifyError;
+use crate::ipam_driver::azure::AzureError;
 use crate::skel::error::CODE_TRY_AGAIN_LATER;
 use crate::skel::CniError;
 
@@ -33,6 +34,9 @@ pub enum Error {
     Verify(#[from] VerifyError),
     #[error(transparent)]
     Dataplane(#[from] DataplaneError),
+    /// azure-vnet-ipam's state on disk (`ipam_driver::azure`).
+    #[error(transparent)]
+    Azure(#[from] AzureError),
     #[error("error constructing WorkloadEndpoint name: {0}")]
     Identifiers(#[from] IdentifierError),
     #[error("error constructing WorkloadEndpoint prefix: {0}")]

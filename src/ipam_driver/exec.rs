@@ -13,6 +13,12 @@
 //! host-local DEL and CHECK get upstream's `DeleteIPAM` rewrite: `usePodCidr`/`usePodCidrIPv6`
 //! subnets become `0.0.0.0/0`/`::/0` (host-local releases by container ID; it only needs a
 //! valid CIDR).
+//!
+//! azure-vnet-ipam gets upstream's `AddIPAM`/`DeleteIPAM` handling (`super::azure`): ADD asks
+//! for the network's stored subnet and records the subnet and the attachment's addresses;
+//! DEL names the recorded address and subnet, is not sent at all when nothing is recorded
+//! for the attachment, and forgets the record once the plugin has released it. The rollback
+//! of a failed ADD is that DEL, on the record the ADD made.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -20,8 +26,9 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
-use tracing::{debug, warn};
+use tracing::{debug, error, info, warn};
 
+use super::azure;
 use crate::error::{Context, Error, Result};
 use crate::skel::{CmdArgs, CniError, CniResult};
 
@@ -29,12 +36,24 @@ use crate::skel::{CmdArgs, CniError, CniResult};
 #[derive(Clone, Debug)]
 pub struct Exec {
     pub plugin: String,
+    /// azure-vnet-ipam's network (the NetConf's `name`) and where its state is kept.
+    azure: Option<(String, azure::Store)>,
 }
 
 impl Exec {
+    /// A plugin whose verbs need nothing of the network (STATUS).
     pub fn new(plugin: &str) -> Exec {
         Exec {
             plugin: plugin.to_string(),
+            azure: None,
+        }
+    }
+
+    /// The plugin of network `network` (the NetConf's `name`).
+    pub fn for_network(plugin: &str, network: &str) -> Exec {
+        Exec {
+            plugin: plugin.to_string(),
+            azure: (plugin == azure::PLUGIN).then(|| (network.to_string(), Default::default())),
         }
     }
 
@@ -44,14 +63,59 @@ impl Exec {
 
     /// ADD: the plugin's result, converted to the 1.0 model.
     pub async fn add(&self, args: &CmdArgs) -> Result<CniResult> {
-        let out = exec(&self.plugin, "ADD", args, &args.stdin_data).await?;
-        Ok(CniResult::parse(&out)?)
+        let Some((network, store)) = &self.azure else {
+            let out = exec(&self.plugin, "ADD", args, &args.stdin_data).await?;
+            return Ok(CniResult::parse(&out)?);
+        };
+        info!("Configured to use Azure IPAM, check for subnet");
+        let net = store.load_network(network)?;
+        let stdin = azure::add_stdin(&args.stdin_data, &net)?;
+        let out = exec(&self.plugin, "ADD", args, &stdin).await?;
+        let result = CniResult::parse(&out)?;
+        if let Err(e) = store.record(network, &args.container_id, &args.ifname, &result) {
+            // Without the record no DEL could name the address: it is released now, with
+            // the configuration DEL would have sent.
+            let recorded =
+                azure::recorded_endpoint(network, &args.container_id, &args.ifname, &result);
+            let subnet = result.ips.first().map(|ip| ip.address.masked().to_string());
+            let net = azure::AzureNetwork {
+                name: network.clone(),
+                subnets: subnet.map(|s| vec![s]),
+            };
+            let released = match azure::del_stdin(&stdin, &net, &recorded) {
+                Ok(del) => exec(&self.plugin, "DEL", args, &del).await.map(|_| ()),
+                Err(e) => Err(e.into()),
+            };
+            if let Err(r) = released {
+                warn!(error = %r, "failed to release the Azure address that could not be recorded");
+            }
+            return Err(e.into());
+        }
+        Ok(result)
     }
 
-    /// DEL (host-local's `usePodCidr` replaced by a stand-in, as upstream).
+    /// DEL (host-local's `usePodCidr` replaced by a stand-in, as upstream; azure-vnet-ipam
+    /// told the recorded address and subnet).
     pub async fn del(&self, args: &CmdArgs) -> Result<()> {
-        let stdin = self.by_container_stdin(args)?;
-        exec(&self.plugin, "DEL", args, &stdin).await.map(|_| ())
+        let Some((network, store)) = &self.azure else {
+            let stdin = self.by_container_stdin(args)?;
+            return exec(&self.plugin, "DEL", args, &stdin).await.map(|_| ());
+        };
+        info!("Configured to use Azure IPAM, load network and endpoint");
+        let net = store.load_network(network)?;
+        let ep = store.load_endpoint(network, &args.container_id, &args.ifname)?;
+        if ep.addresses().is_empty() {
+            info!(network = %network, container_id = %args.container_id, ifname = %args.ifname,
+                "No endpoint addresses, skip IPAM release");
+            return Ok(());
+        }
+        let stdin = azure::del_stdin(&args.stdin_data, &net, &ep)?;
+        exec(&self.plugin, "DEL", args, &stdin).await?;
+        // Only once the plugin has released the address: the record is what names it.
+        if let Err(e) = store.delete_endpoint(&ep) {
+            error!(error = %e, "Error deleting Azure endpoint");
+        }
+        Ok(())
     }
 
     /// CHECK (host-local checks by container ID: the same stand-in as DEL).

@@ -4,10 +4,12 @@
 //!   that plugin in CNI_PATH is this very executable: the same code as a separate
 //!   `calico-ipam`, on the datastore connection the call already has;
 //! * any other plugin (a separate calico-ipam, host-local, ...) executed from CNI_PATH
-//!   (`exec::Exec`, libcni's `ipam.ExecAdd/ExecDel`).
+//!   (`exec::Exec`, libcni's `ipam.ExecAdd/ExecDel`), azure-vnet-ipam with the state it
+//!   needs on disk (`azure`).
 //!
 //! The plugin's steps see only `IpamDriver`, so their undo paths can be tested with a fake.
 
+pub mod azure;
 pub mod calico;
 pub mod exec;
 #[cfg(test)]
@@ -110,7 +112,7 @@ pub fn pick<'a, D: Datastore>(
     }
     let calico_store = (IpamKind::of(ipam_type) == IpamKind::Calico).then_some(ds);
     Driver::Exec {
-        exec: exec::Exec::new(ipam_type),
+        exec: exec::Exec::for_network(ipam_type, &known.conf.name),
         calico_store,
     }
 }
