@@ -13,7 +13,10 @@
 #
 #   image/build.sh CALICO_AMD64 CALICO_ARM64 OUT_DIR
 #     -> OUT_DIR/calico-cni-rs.oci.tar (an oci-archive holding the index and both images, which
-#        `podman load` and `ctr images import` take; each loads its own platform's image)
+#        `podman load` and `ctr images import` take; each loads its own platform's image). Its
+#        one reference is calico/cni:<the release it replaces>; `skopeo copy --all
+#        --preserve-digests oci-archive:OUT_DIR/calico-cni-rs.oci.tar docker://REG/calico/cni:v3.32.1`
+#        pushes the index and both images with the index's digest kept (docs/swap-in.md).
 #     -> OUT_DIR/rootfs/{amd64,arm64}  what each image holds, as a directory
 set -euo pipefail
 
@@ -31,8 +34,17 @@ declare -A plugins_dir=([amd64]="$peers/bin" [arm64]="$peers/bin-arm64")
 declare -A machine=([amd64]="x86-64" [arm64]="ARM aarch64")
 plugins=(host-local portmap loopback tuning)
 arches=(amd64 arm64)
+# `calico -v`: the release it replaces with ours as build metadata, v3.32.1+calico-cni-rs.0.1.0
+# (src/lib.rs), the image's version label.
 version=$("${calico[amd64]}" -v)
-name="calico-cni-rs:${version}"
+upstream=${version%%+*}
+if [[ $version != "$upstream+calico-cni-rs."* ]]; then
+  echo "${calico[amd64]} -v says $version, not <release it replaces>+calico-cni-rs.<ours>" >&2
+  exit 1
+fi
+# The archive's reference: the image it stands in for, calico/cni:v3.32.1, the name a registry
+# mirror serves it under (the Tigera operator asks for <registry>/<imagePath>/cni:v3.32.1).
+name="calico/cni:${upstream}"
 
 # Every binary the image copies onto a node must be static, and of the image's architecture.
 check_binary() {
@@ -104,4 +116,5 @@ rm -f "$out/calico-cni-rs.oci.tar"
 buildah "${storage[@]}" manifest push --quiet --all --format oci "$list" \
   "oci-archive:$out/calico-cni-rs.oci.tar:$name" >/dev/null
 size=$(stat -c %s "$out/calico-cni-rs.oci.tar")
-echo "image $name (linux/amd64, linux/arm64): $out/calico-cni-rs.oci.tar ($((size / 1024 / 1024)) MiB, $size bytes)"
+echo "image $name, version $version (linux/amd64, linux/arm64): $out/calico-cni-rs.oci.tar ($((size / 1024 / 1024)) MiB, $size bytes)"
+echo "push it: skopeo copy --all --preserve-digests oci-archive:$out/calico-cni-rs.oci.tar docker://<registry>/$name"

@@ -47,7 +47,10 @@ fn argv0_dispatch_and_version_flag() {
     for name in ["calico", "calico-ipam"] {
         let (code, out, _) = exec(&bin.plugin(name), &["-v"], &[], "");
         assert_eq!(code, 0);
-        assert_eq!(out, format!("v{}\n", env!("CARGO_PKG_VERSION")));
+        assert_eq!(
+            out,
+            format!("v3.32.1+calico-cni-rs.{}\n", env!("CARGO_PKG_VERSION"))
+        );
         let (code, out, _) = exec(&bin.plugin(name), &["--version"], &[], "");
         assert_eq!((code, out.is_empty()), (0, false));
     }

@@ -17,11 +17,15 @@ use std::time::{Duration, Instant};
 use common::cni::{report_skip, run_command_within, Invocation, Outcome, TempDir, PLUGIN_TIMEOUT};
 use common::image::{image, ImageFile, OciArchive, Podman};
 use common::installer::{cluster, token_for, NODE};
-use common::netns::require_root;
+use common::netns::{require_root, Netns};
 use common::real_k8s::RealK8s;
+use common::real_node::{wait_until, Daemon};
 use common::world::{World, POOL_CIDR, WEP_PREFIX};
 
-const VERSION: &str = concat!("v", env!("CARGO_PKG_VERSION"));
+/// What `-v` prints: the release the image replaces, ours as semver build metadata.
+const VERSION: &str = concat!("v3.32.1+calico-cni-rs.", env!("CARGO_PKG_VERSION"));
+/// The archive's one reference: the image it stands in for, the name a mirror serves it under.
+const REF_NAME: &str = "calico/cni:v3.32.1";
 /// The image's platforms, in the index's order.
 const ARCHES: [&str; 2] = ["amd64", "arm64"];
 /// The reference plugins the image ships, and their version: the containernetworking/plugins
@@ -199,9 +203,9 @@ fn every_binary_the_image_ships_is_static() {
     eprintln!("image archive: {size} bytes ({} MiB)", size / 1024 / 1024);
 }
 
-/// The index names `calico-cni-rs:<version>` and holds one image per platform, each with
-/// upstream's files (but the pinned differences), upstream's CMD, WORKDIR and PATH, and a
-/// config of its own platform.
+/// The index names `calico/cni:v3.32.1` and holds one image per platform, each with
+/// upstream's files (but the pinned differences), upstream's CMD, WORKDIR and PATH, our
+/// version in its version label, and a config of its own platform.
 #[test]
 fn the_image_is_upstreams_calico_cni_layout_for_amd64_and_arm64() {
     let Some(tar) = image("the_image_is_upstreams_calico_cni_layout_for_amd64_and_arm64") else {
@@ -209,7 +213,7 @@ fn the_image_is_upstreams_calico_cni_layout_for_amd64_and_arm64() {
     };
     let image = Unpacked::new(&tar);
     let (_, name) = image.oci.image_index();
-    assert_eq!(name, format!("calico-cni-rs:{VERSION}"));
+    assert_eq!(name, REF_NAME);
     let ours: Vec<&str> = UPSTREAM_ARCHES
         .into_iter()
         .filter(|a| !NOT_OUR_ARCHES.contains(a))
@@ -251,6 +255,10 @@ fn the_image_is_upstreams_calico_cni_layout_for_amd64_and_arm64() {
         let c = &config["config"];
         assert_eq!(c["Cmd"], serde_json::json!(["/opt/cni/bin/install"]), "{c}");
         assert_eq!(c["WorkingDir"], "/opt/cni/bin", "{c}");
+        assert_eq!(
+            c["Labels"]["org.opencontainers.image.version"], VERSION,
+            "{c}"
+        );
         assert!(
             c["Env"].as_array().is_some_and(|e| e.iter().any(|v| v
                 .as_str()
@@ -546,17 +554,119 @@ fn containerd_imports_the_image() {
     let line = out
         .stdout
         .lines()
-        .find(|l| {
-            l.split_whitespace()
-                .next()
-                .is_some_and(|r| r.contains("calico-cni-rs:") && r.ends_with(VERSION))
-        })
+        .find(|l| l.split_whitespace().next().is_some_and(|r| r == REF_NAME))
         .unwrap_or_else(|| panic!("ctr images ls: {}", out.stdout));
     assert!(
         line.contains("application/vnd.oci.image.index.v1+json")
             && line.contains("linux/amd64,linux/arm64"),
         "an index of both platforms: {line}"
     );
+}
+
+/// The documented push to a registry mirror (docs/swap-in.md): `skopeo copy --all
+/// --preserve-digests` of the archive to `<registry>/calico/cni:v3.32.1` puts the index and
+/// both platforms' images there with the index's digest kept, so that tag and the digest an
+/// ImageSet pins (`<registry>/calico/cni@sha256:...`, as the Tigera operator renders it) both
+/// serve our image. Debian's docker-registry on the loopback of a netns of its own.
+#[test]
+fn the_archive_pushes_to_a_registry_as_calico_cni_with_its_digest() {
+    let test = "the_archive_pushes_to_a_registry_as_calico_cni_with_its_digest";
+    let Some(tar) = image(test) else {
+        return;
+    };
+    for tool in ["/usr/bin/docker-registry", "/usr/bin/skopeo"] {
+        if !Path::new(tool).exists() {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "{tool} is missing: `make deps` installs it"
+            );
+            report_skip(test, &format!("no {tool}"));
+            return;
+        }
+    }
+    require_root();
+    let oci = OciArchive::open(&tar);
+    let (_, name) = oci.image_index();
+    assert_eq!(name, REF_NAME);
+    let digest = oci.top_index()["manifests"][0]["digest"]
+        .as_str()
+        .expect("the index's digest")
+        .to_string();
+
+    let ns = Netns::new("img-reg");
+    let dir = TempDir::new("image-registry");
+    let config = dir.path().join("config.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:5000\n",
+            dir.path().join("storage").display()
+        ),
+    )
+    .unwrap();
+    let registry = Daemon::start(
+        "docker-registry",
+        ns.path(),
+        Path::new("/usr/bin/docker-registry"),
+        &["serve".into(), config.display().to_string()],
+        None,
+        &dir.path().join("registry.log"),
+    );
+    wait_until("the registry", Duration::from_secs(30), || {
+        registry.assert_running();
+        let code = ns.sh("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:5000/v2/");
+        (code.trim() == "200").then_some(())
+    });
+    let target = format!("docker://127.0.0.1:5000/{REF_NAME}");
+    ns.exec_ok(
+        "skopeo",
+        &[
+            "copy",
+            "--all",
+            "--preserve-digests",
+            "--dest-tls-verify=false",
+            &format!("oci-archive:{}", tar.display()),
+            &target,
+        ],
+    );
+    // By tag and by the index's digest, the registry serves the archive's index.
+    let by_digest = format!("docker://127.0.0.1:5000/calico/cni@{digest}");
+    for reference in [&target, &by_digest] {
+        let raw = ns.exec_ok(
+            "skopeo",
+            &["inspect", "--raw", "--tls-verify=false", reference],
+        );
+        let file = dir.path().join("manifest.json");
+        std::fs::write(&file, &raw).unwrap();
+        let served = ns.exec_ok("skopeo", &["manifest-digest", &file.display().to_string()]);
+        assert_eq!(served.trim(), digest, "{reference}");
+        let index: serde_json::Value = serde_json::from_str(&raw).unwrap();
+        assert_eq!(
+            index["mediaType"], "application/vnd.oci.image.index.v1+json",
+            "{raw}"
+        );
+    }
+    // Each platform's image is there: a node of either architecture pulls its own.
+    for arch in ARCHES {
+        let out = ns.exec_ok(
+            "skopeo",
+            &[
+                "--override-os",
+                "linux",
+                "--override-arch",
+                arch,
+                "inspect",
+                "--tls-verify=false",
+                &target,
+            ],
+        );
+        let inspected: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(inspected["Architecture"], arch, "{out}");
+        assert_eq!(
+            inspected["Labels"]["org.opencontainers.image.version"], VERSION,
+            "{out}"
+        );
+    }
 }
 
 /// The pod's service-account mount for a container: `token`, `ca.crt`, `namespace`.

@@ -71,7 +71,10 @@ fn assert_layout(root: &Path, prefix: &str, conf_dir: &str) {
     // Both names work from the installed place (argv[0] dispatch through the symlink).
     let (v1, version1) = run_installed(&calico);
     let (v2, version2) = run_installed(&ipam);
-    assert_eq!(v1, format!("v{}\n", env!("CARGO_PKG_VERSION")));
+    assert_eq!(
+        v1,
+        format!("v3.32.1+calico-cni-rs.{}\n", env!("CARGO_PKG_VERSION"))
+    );
     assert_eq!((v1, &version1), (v2, &version2));
     assert!(version1.contains("\"supportedVersions\""), "{version1}");
 

@@ -17,7 +17,8 @@ use super::netns::{require_root, Netns};
 use super::real_k8s::RealK8s;
 
 pub const CALICO: &str = env!("CARGO_BIN_EXE_calico");
-pub const VERSION: &str = concat!("v", env!("CARGO_PKG_VERSION"));
+/// What `-v` prints: the release it replaces, ours as semver build metadata (src/lib.rs).
+pub const VERSION: &str = concat!("v3.32.1+calico-cni-rs.", env!("CARGO_PKG_VERSION"));
 
 /// An image's /opt/cni/bin and a host's mounted directories, in one temp dir.
 pub struct Node {
