@@ -457,3 +457,27 @@ fn del_without_the_nodename_file_does_all_it_can() {
     .assert_ok_fast();
     w.assert_clean();
 }
+
+/// Mesos task labels (`args.org.apache.mesos.network_info.labels`), as upstream: keys and
+/// values sanitized (a run of invalid characters is one `-`), and the label whose key is
+/// exactly `projectcalico.org/namespace` names the endpoint's namespace.
+#[test]
+fn mesos_labels_become_endpoint_labels_and_namespace() {
+    let w = World::new();
+    let pod = w.pod();
+    let conf = w.conf(json!({"args": {"org.apache.mesos": {"network_info": {"labels": {"labels": [
+        {"key": "projectcalico.org/namespace", "value": "team/a"},
+        {"key": "app$$name", "value": "web  server"},
+        {"key": "projectcalico.org.namespace", "value": "not-the-namespace"},
+    ]}}}}}));
+    let inv = Invocation::new("ADD", "mesos1", pod.path());
+    w.calico(&inv, &conf).assert_ok();
+    let wep = w.get(&format!("{WEP_PREFIX}team.a/node1-cni-mesos1-eth0"));
+    assert_eq!(
+        wep["metadata"]["labels"],
+        json!({"app-name": "web-server", "projectcalico.org.namespace": "not-the-namespace",
+            "projectcalico.org/namespace": "team.a", "projectcalico.org/orchestrator": "cni"})
+    );
+    w.calico(&inv.as_del(), &conf).assert_ok();
+    w.assert_clean();
+}

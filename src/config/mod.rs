@@ -343,9 +343,12 @@ impl NetConf {
         Ok(from_file.unwrap_or(0))
     }
 
-    /// Mesos-style labels from `args.org.apache.mesos.network_info.labels.labels`.
-    pub fn mesos_labels(&self) -> BTreeMap<String, String> {
-        let mut out = BTreeMap::new();
+    /// The labels of `args.org.apache.mesos.network_info.labels.labels`, keys and values
+    /// sanitized, in order (a later key wins). A label whose key is exactly
+    /// `projectcalico.org/namespace`, as given (before sanitizing, as upstream matches it),
+    /// names the endpoint's namespace instead.
+    pub fn mesos_labels(&self) -> MesosLabels {
+        let mut out = MesosLabels::default();
         let labels = self
             .args
             .pointer("/org.apache.mesos/network_info/labels/labels")
@@ -355,24 +358,44 @@ impl NetConf {
                 l.get("key").and_then(Value::as_str),
                 l.get("value").and_then(Value::as_str),
             ) {
-                out.insert(sanitize_label(k), sanitize_label(v));
+                if k == MESOS_NAMESPACE_LABEL {
+                    out.namespace = Some(sanitize_label(v));
+                } else {
+                    out.labels.insert(sanitize_label(k), sanitize_label(v));
+                }
             }
         }
         out
     }
 }
 
-/// Upstream's Mesos label sanitiser: `/`→`.`, other invalid characters→`-`, runs of `.`/`-`
-/// containing a `.` collapse to `.`, leading/trailing `.`/`-` trimmed.
+/// The Mesos label whose value is the endpoint's namespace.
+const MESOS_NAMESPACE_LABEL: &str = "projectcalico.org/namespace";
+
+/// What a Mesos task's labels give its endpoint.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MesosLabels {
+    /// From the `projectcalico.org/namespace` label.
+    pub namespace: Option<String>,
+    /// The others.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Upstream's Mesos label sanitiser: `/`→`.`, each run of other invalid characters→one `-`,
+/// runs of `.`/`-` containing a `.` collapse to `.`, leading/trailing `.`/`-` trimmed.
 fn sanitize_label(s: &str) -> String {
-    let mapped: String = s
-        .chars()
-        .map(|c| match c {
-            '/' => '.',
-            c if c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_' => c,
-            _ => '-',
-        })
-        .collect();
+    let valid = |c: char| c.is_ascii_alphanumeric() || c == '.' || c == '-' || c == '_';
+    let mut mapped = String::with_capacity(s.len());
+    let mut in_invalid_run = false;
+    for c in s.chars() {
+        let invalid = c != '/' && !valid(c);
+        if !invalid {
+            mapped.push(if c == '/' { '.' } else { c });
+        } else if !in_invalid_run {
+            mapped.push('-');
+        }
+        in_invalid_run = invalid;
+    }
     let mut out = String::new();
     let mut run = String::new();
     for c in mapped.chars() {
@@ -539,5 +562,48 @@ mod tests {
         assert_eq!(sanitize_label("/a/b/c"), "a.b.c");
         assert_eq!(sanitize_label("k"), "k");
         assert_eq!(sanitize_label("a b"), "a-b");
+        // Upstream's own cases.
+        assert_eq!(sanitize_label("-my-val"), "my-val");
+        assert_eq!(sanitize_label("$my..val"), "my.val");
+        assert_eq!(sanitize_label("m$y.val"), "m-y.val");
+        assert_eq!(sanitize_label("//my/val/"), "my.val");
+        assert_eq!(
+            sanitize_label("some_val-with.lots*of^weird#characters"),
+            "some_val-with.lots-of-weird-characters"
+        );
+        // A run of invalid characters (multi-byte ones too) is one `-`; a `/` ends a run.
+        assert_eq!(sanitize_label("a$$ b"), "a-b");
+        assert_eq!(sanitize_label("grüße wörld"), "gr-e-w-rld");
+        assert_eq!(sanitize_label("a$/$b"), "a.b");
+        assert_eq!(sanitize_label("a-$-b"), "a---b");
+    }
+
+    #[test]
+    fn mesos_namespace_label_is_matched_as_given() {
+        let conf = |labels: Value| {
+            let text = serde_json::json!({
+                "name": "n",
+                "args": {"org.apache.mesos": {"network_info": {"labels": {"labels": labels}}}},
+            });
+            NetConf::parse(text.to_string().as_bytes()).unwrap()
+        };
+        let got = conf(serde_json::json!([
+            {"key": "projectcalico.org/namespace", "value": "team/a"},
+            {"key": "app", "value": "web"},
+        ]))
+        .mesos_labels();
+        assert_eq!(got.namespace.as_deref(), Some("team.a"));
+        assert_eq!(got.labels, BTreeMap::from([("app".into(), "web".into())]));
+        // Keys that only sanitize to it stay labels.
+        let got = conf(serde_json::json!([
+            {"key": "projectcalico.org.namespace", "value": "x"},
+            {"key": "/projectcalico.org/namespace", "value": "y"},
+        ]))
+        .mesos_labels();
+        assert_eq!(got.namespace, None);
+        assert_eq!(
+            got.labels,
+            BTreeMap::from([("projectcalico.org.namespace".into(), "y".into())])
+        );
     }
 }

@@ -816,10 +816,18 @@ fn go_remove(path: &Path) -> io::Result<()> {
     }
 }
 
-/// Go's `os.ReadFile` (`open …` / `read …` errors).
+/// Go's `os.ReadFile` (`open …` / `read …` errors: a directory opens, and its read fails),
+/// except that what is neither a file nor a directory (a FIFO would block) is refused at
+/// the open (`crate::input_file`).
 fn read_file(path: &Path) -> std::result::Result<Vec<u8>, String> {
-    let mut f = crate::input_file::open(path, OpenOptions::new().read(true))
+    let mut f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
         .map_err(|e| path_error("open", path, &e))?;
+    if !f.metadata().is_ok_and(|m| m.is_file() || m.is_dir()) {
+        return Err(path_error("open", path, &crate::input_file::not_regular()));
+    }
     let mut buf = Vec::new();
     f.read_to_end(&mut buf)
         .map_err(|e| path_error("read", path, &e))?;

@@ -383,17 +383,14 @@ async fn add_cni(
         return Ok(result);
     }
 
-    let mut ids = call.ids.clone();
-    let mut labels = conf.mesos_labels();
-    if let Some(ns) = labels.remove("projectcalico.org.namespace") {
-        ids.namespace = ns;
-    }
+    // The namespace of a Mesos task's labels is in the identifiers already.
+    let labels = conf.mesos_labels().labels;
     let name = endpoint_name(call, None)?;
-    let mut wep = endpoint::new_endpoint(&ids, &name, &conf.name);
+    let mut wep = endpoint::new_endpoint(&call.ids, &name, &conf.name);
     if !labels.is_empty() {
         wep.metadata.labels = Some(labels);
     }
-    wep.spec.interface_name = ids.host_veth_name();
+    wep.spec.interface_name = call.ids.host_veth_name();
     validate_and_ensure_profile(call, &wep, profile).await?;
 
     let veth = veth_request(

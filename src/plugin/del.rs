@@ -430,16 +430,13 @@ mod tests {
 
     /// `release_once_torn_down` with a removal that ends with `torn` (as the gRPC agent's
     /// or the kernel's would): what IPAM was asked, and the failures.
-    fn release_after(
-        torn: Result<(), DataplaneError>,
-        grpc: bool,
-    ) -> (Vec<&'static str>, Vec<String>) {
+    fn release_after(torn: Result<(), DataplaneError>) -> (Vec<&'static str>, Vec<String>) {
         let ipam = FakeIpam::default();
         let args = CmdArgs::default();
         let mut failures = Failures::default();
         crate::client::block_on(async {
             let mut teardown = Teardown(Some(CleanUp::Grpc(tokio::spawn(async move { torn }))));
-            release_once_torn_down(&ipam, &args, &mut teardown, None, grpc, &mut failures).await;
+            release_once_torn_down(&ipam, &args, &mut teardown, None, &mut failures).await;
             assert!(teardown.0.is_none(), "the removal is awaited once");
         })
         .unwrap();
@@ -449,7 +446,7 @@ mod tests {
 
     #[test]
     fn addresses_are_released_once_the_interface_is_gone() {
-        assert_eq!(release_after(Ok(()), false), (vec!["ipam del"], vec![]));
+        assert_eq!(release_after(Ok(())), (vec!["ipam del"], vec![]));
     }
 
     /// A removal that failed keeps the addresses (a host route may still lead to the old
@@ -457,7 +454,7 @@ mod tests {
     #[test]
     fn a_failed_removal_keeps_the_addresses() {
         let e = DataplaneError::CleanUpLink("device or resource busy".into());
-        let (log, failures) = release_after(Err(e), false);
+        let (log, failures) = release_after(Err(e));
         assert!(log.is_empty(), "{log:?}");
         assert_eq!(
             failures,
@@ -465,12 +462,12 @@ mod tests {
         );
     }
 
-    /// The gRPC agent's failed Del is reported, and the addresses are released all the same.
+    /// The gRPC agent's failed Del is reported and keeps the addresses too, as upstream.
     #[test]
-    fn a_failed_grpc_del_still_releases() {
+    fn a_failed_grpc_del_keeps_the_addresses() {
         let e = DataplaneError::GrpcReply("no such interface".into());
-        let (log, failures) = release_after(Err(e), true);
-        assert_eq!(log, ["ipam del"]);
+        let (log, failures) = release_after(Err(e));
+        assert!(log.is_empty(), "{log:?}");
         assert_eq!(failures, ["grpc dataplane error: no such interface"]);
     }
 

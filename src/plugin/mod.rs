@@ -128,7 +128,7 @@ pub async fn connect(args: &CmdArgs, conf: NetConf, for_add: bool) -> Result<Cal
 
 /// `connect` for node `node` (empty: a DEL that does not know it, `nodename::for_del`).
 pub async fn connect_as(args: &CmdArgs, conf: NetConf, node: &str, for_add: bool) -> Result<Call> {
-    let ids = identifiers_on(node, args)?;
+    let ids = identifiers_on(node, args, &conf)?;
     info!(
         container_id = %args.container_id,
         node = %ids.node,
@@ -157,17 +157,26 @@ pub async fn connect_as(args: &CmdArgs, conf: NetConf, node: &str, for_add: bool
 
 /// The call's endpoint identifiers (node, orchestrator, pod or container).
 pub fn identifiers(args: &CmdArgs, conf: &NetConf) -> Result<WepIdentifiers> {
-    identifiers_on(&conf.node_name(), args)
+    identifiers_on(&conf.node_name(), args, conf)
 }
 
-/// `identifiers` on node `node`.
-fn identifiers_on(node: &str, args: &CmdArgs) -> Result<WepIdentifiers> {
-    Ok(WepIdentifiers::from_cni_args(
+/// `identifiers` on node `node`. Outside Kubernetes, a Mesos task's
+/// `projectcalico.org/namespace` label names the endpoint's namespace: for every verb, so
+/// that DEL finds the endpoint ADD wrote (upstream applies it at ADD only, and its DEL
+/// then leaves that endpoint behind).
+fn identifiers_on(node: &str, args: &CmdArgs, conf: &NetConf) -> Result<WepIdentifiers> {
+    let mut ids = WepIdentifiers::from_cni_args(
         node,
         &args.container_id,
         &args.ifname,
         &prepend_ignore_unknown(&args.args),
-    )?)
+    )?;
+    if !ids.is_k8s() {
+        if let Some(ns) = conf.mesos_labels().namespace {
+            ids.namespace = ns;
+        }
+    }
+    Ok(ids)
 }
 
 /// `load` then `connect`: what DEL starts from.
