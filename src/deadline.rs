@@ -127,6 +127,23 @@ pub fn configure(conf_seconds: i64) {
     }
 }
 
+/// Adds `extra` to the call's budget (at most `MAX_BUDGET` in all), for the waits its
+/// configuration asks for on top of its own work (ADD's readiness gates and
+/// `policy_setup_timeout_seconds`): a configured wait is never cut short by the deadline.
+/// Does nothing unless armed.
+pub fn extend(extra: Duration) {
+    if extra.is_zero() {
+        return;
+    }
+    if let Ok(mut s) = STATE.write() {
+        if let Some(state) = s.as_mut() {
+            let budget = state.deadline.budget.saturating_add(extra).min(MAX_BUDGET);
+            tracing::debug!(?budget, ?extra, "call deadline extended for configured waits");
+            state.deadline.budget = budget;
+        }
+    }
+}
+
 /// The budget from the environment's value (if any) and the NetConf's, with a warning to
 /// log for a value that cannot be used. 0 in either place means "not set".
 pub fn resolve_budget(

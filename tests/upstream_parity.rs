@@ -172,10 +172,36 @@ fn policy_setup_timeout_waits_for_the_status_file() {
     assert!(out.elapsed >= Duration::from_secs(2), "{:?}", out.elapsed);
     w.calico(&inv.as_del(), &conf).assert_ok();
     // Felix has written the status file: no wait.
-    std::fs::write(dir.join("k8s ns1%2Fweb-1 eth0"), "").unwrap();
+    let status_file = dir.join("k8s ns1%2Fweb-1 eth0");
+    std::fs::write(&status_file, "").unwrap();
     let out = w.calico(&inv, &conf);
     out.assert_ok();
     assert!(out.elapsed < Duration::from_secs(2), "{:?}", out.elapsed);
+    w.calico(&inv.as_del(), &conf).assert_ok();
+    w.assert_clean();
+
+    // A wait longer than the call's deadline is not cut short by it: the deadline grows to
+    // cover it (here 2 s of budget, a 6 s wait, Felix done after 3 s).
+    std::fs::remove_file(&status_file).unwrap();
+    let conf = w.conf(json!({"policy_setup_timeout_seconds": 6, "call_timeout_seconds": 2,
+        "endpoint_status_dir": dir.display().to_string()}));
+    let felix = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(3));
+        std::fs::write(&status_file, "").unwrap();
+    });
+    let out = w.calico(&inv, &conf);
+    felix.join().unwrap();
+    out.assert_ok();
+    assert!(
+        out.elapsed >= Duration::from_secs(3) && out.elapsed < Duration::from_secs(6),
+        "{:?}",
+        out.elapsed
+    );
+    assert!(
+        out.stderr.contains("endpoint policy is programmed"),
+        "{}",
+        out.stderr
+    );
     w.calico(&inv.as_del(), &conf).assert_ok();
     w.assert_clean();
 }

@@ -58,6 +58,7 @@ use crate::skel::{CmdArgs, CniError, CniResult};
 
 pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     let conf = load_config(args)?;
+    crate::deadline::extend(configured_waits(&conf));
     // Before anything is read or built: a pod scheduled before calico/node has started waits
     // for it (for at most half the time left), instead of failing at once as upstream.
     nodename::wait_for_file(&conf).await?;
@@ -317,6 +318,18 @@ async fn after_reads(
         ip.gateway = None;
     }
     Ok(result)
+}
+
+/// How much longer than its own work the configuration may make ADD wait: each readiness
+/// gate, and `policy_setup_timeout_seconds`. The call's deadline grows by this much, so a
+/// configured wait is never cut short by it (upstream has no deadline at all).
+fn configured_waits(conf: &crate::config::NetConf) -> std::time::Duration {
+    let gates = u32::try_from(conf.readiness_gates.len()).unwrap_or(u32::MAX);
+    readiness::MAX_WAIT_PER_GATE
+        .saturating_mul(gates)
+        .saturating_add(endpoint_status::max_wait(
+            conf.policy_setup_timeout_seconds,
+        ))
 }
 
 /// A `%` in the interface name is the kernel's name template (`eth%d` becomes `eth0`): the
@@ -878,6 +891,28 @@ mod tests {
     fn routes(json: &str) -> Result<Vec<String>> {
         let conf = NetConf::parse(json.as_bytes()).unwrap();
         k8s_routes(&conf).map(|r| r.iter().map(IpNet::to_string).collect())
+    }
+
+    #[test]
+    fn configured_waits_cover_every_gate_and_the_policy_wait() {
+        let conf = |extra: &str| {
+            crate::config::NetConf::parse(format!(r#"{{"name":"n"{extra}}}"#).as_bytes()).unwrap()
+        };
+        let secs = std::time::Duration::from_secs;
+        assert_eq!(configured_waits(&conf("")), secs(0));
+        assert_eq!(
+            configured_waits(&conf(r#","readiness_gates":["http://a/","http://b/"]"#)),
+            secs(70)
+        );
+        assert_eq!(
+            configured_waits(&conf(r#","policy_setup_timeout_seconds":45"#)),
+            secs(45)
+        );
+        assert_eq!(
+            configured_waits(&conf(r#","policy_setup_timeout_seconds":-1"#)),
+            secs(0),
+            "refused later, with its own error"
+        );
     }
 
     #[test]

@@ -15,6 +15,11 @@ use crate::error::{Error, Result};
 pub const DEFAULT_ENDPOINT_STATUS_DIR: &str = "/var/run/calico/endpoint-status";
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
 
+/// The longest `policy_setup_timeout_seconds` makes ADD wait (none when not positive).
+pub fn max_wait(seconds: i64) -> Duration {
+    Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
+}
+
 /// A negative timeout is a configuration error (upstream: `invalid pod startup delay of -1`).
 pub fn validate_timeout(seconds: i64) -> Result<()> {
     if seconds < 0 {
@@ -93,7 +98,9 @@ pub async fn wait_for_policy(dir: &str, namespace: &str, wep_name: &str, seconds
     };
     let path = Path::new(dir).join(&file);
     debug!(path = %path.display(), "Waiting for workload's status file to appear");
-    let (wait, _) = crate::deadline::cap(Duration::from_secs(seconds.unsigned_abs()));
+    // ADD's deadline was extended to cover this wait (`add::configured_waits`): the cap
+    // only bites where the call's own work already used the time up.
+    let (wait, _) = crate::deadline::cap(max_wait(seconds));
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         if path.exists() {

@@ -19,6 +19,8 @@ use crate::error::{Error, Result};
 
 const POLL_INTERVAL: Duration = Duration::from_secs(5);
 const POLL_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest one gate can make ADD wait: its polling time, and a last probe's timeout.
+pub const MAX_WAIT_PER_GATE: Duration = POLL_TIMEOUT.saturating_add(POLL_INTERVAL);
 /// Where Debian (and most distributions) keep the system trust store as one PEM bundle.
 const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
