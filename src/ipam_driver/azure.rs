@@ -337,9 +337,10 @@ fn with_ipam_values(stdin: &[u8], values: &[(&str, &str)]) -> Result<Vec<u8>> {
 }
 
 /// The JSON object in `path`; `None` when the file cannot be read (upstream's loaders
-/// ignore that) or holds `null` (which Go decodes into a struct as nothing).
+/// ignore that; what is not a regular file is not opened, `crate::input_file`) or holds
+/// `null` (which Go decodes into a struct as nothing).
 fn read_object(path: &Path, go_type: &str) -> Result<Option<Map<String, Value>>> {
-    let raw = match fs::read(path) {
+    let raw = match crate::input_file::read(path) {
         Ok(raw) => raw,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             debug!(path = %path.display(), "no Azure state stored");
