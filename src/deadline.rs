@@ -53,10 +53,6 @@ impl Deadline {
         self.at() + GRACE
     }
 
-    /// Time left until the deadline, as seen at `now` (zero once it has passed).
-    pub fn remaining_at(&self, now: Instant) -> Duration {
-        self.at().saturating_duration_since(now)
-    }
 }
 
 /// The call ran out of time. Its text names the budget, where it comes from and what the
@@ -351,11 +347,6 @@ mod tests {
         let d = Deadline::new(t0, Duration::from_secs(30));
         assert_eq!(d.at(), t0 + Duration::from_secs(30));
         assert_eq!(d.cleanup_at(), t0 + Duration::from_secs(33));
-        assert_eq!(
-            d.remaining_at(t0 + Duration::from_secs(10)),
-            Duration::from_secs(20)
-        );
-        assert_eq!(d.remaining_at(t0 + Duration::from_secs(31)), Duration::ZERO);
     }
 
     #[test]

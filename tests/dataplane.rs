@@ -411,9 +411,11 @@ fn redo_after_clean_up() {
     assert!(pod.has_link("eth0"));
 }
 
-/// Measures ADD+DEL time; run with `--nocapture` to see the figures.
+/// Ten networkings and clean-ups in a row, one- and two-family: each builds the pod's
+/// interface and each clean-up removes it and its host end. Prints the times (`--nocapture`);
+/// `make bench` is what measures.
 #[test]
-fn timing() {
+fn repeated_networking_and_clean_up() {
     let host = HostNetns::new();
     for (label, ips, routes) in [
         ("ipv4", vec!["10.65.2.1/32"], vec!["0.0.0.0/0"]),
@@ -431,9 +433,13 @@ fn timing() {
             let t = Instant::now();
             run(&host, &req).unwrap();
             add.push(t.elapsed());
+            assert!(pod.has_link("eth0"), "{label}: no pod interface");
+            assert!(host.has_link("calitime"), "{label}: no host end");
             let t = Instant::now();
             cleanup(&host, pod.path()).unwrap();
             del.push(t.elapsed());
+            assert!(!pod.has_link("eth0"), "{label}: pod interface left");
+            assert!(!host.has_link("calitime"), "{label}: host end left");
         }
         add.sort();
         del.sort();

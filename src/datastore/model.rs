@@ -254,12 +254,6 @@ pub struct AllocationAttribute {
         skip_serializing_if = "Option::is_none"
     )]
     pub alternate_owner_attrs: Option<BTreeMap<String, String>>,
-    #[serde(
-        default,
-        rename = "releasedAt",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub released_at: Option<String>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }

@@ -1,8 +1,9 @@
 //! Pure allocation-block operations (no I/O), as libcalico-go's `allocationBlock`: assign
 //! from the head of the `unallocated` FIFO, free to its tail, share one attribute per
 //! (handle, owner) and compact attributes after a release, rewriting allocation indexes.
-//! Released v3.32 semantics: a release frees at once; a `releasedAt` written by a newer
-//! Calico (IP cooldown) is honoured by `garbage_collect`.
+//! v3.32.1 semantics: a release frees at once (v3.32.1 has no release cooldown; an
+//! attribute field it does not know, such as a later Calico's `releasedAt`, is kept as
+//! written and means nothing here).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -323,25 +324,6 @@ impl AllocationBlock {
         out.handles = counts.into_iter().collect();
         out
     }
-
-    /// Frees allocations a newer Calico marked `releasedAt` once the cooldown has passed
-    /// (`cooldown_secs < 0`: immediately). Returns whether anything changed.
-    pub fn garbage_collect(&mut self, now_secs: i64, cooldown_secs: i64) -> bool {
-        let expired: Vec<usize> = (0..self.allocations.len())
-            .filter(|o| {
-                let released = self.allocations[*o]
-                    .and_then(|i| self.attribute(i))
-                    .and_then(|a| a.released_at.as_deref())
-                    .and_then(crate::timefmt::parse_rfc3339);
-                released.is_some_and(|t| cooldown_secs < 0 || now_secs - t >= cooldown_secs)
-            })
-            .collect();
-        if expired.is_empty() {
-            return false;
-        }
-        self.free(&expired, true);
-        true
-    }
 }
 
 #[cfg(test)]
@@ -555,18 +537,6 @@ mod tests {
                 .collect::<Vec<_>>(),
             ["1"]
         );
-    }
-
-    #[test]
-    fn released_at_cooldown() {
-        let mut b = block29();
-        b.auto_assign(1, "h", &attrs("p"), "node1", false, &[])
-            .unwrap();
-        b.attributes.as_mut().unwrap()[0].released_at = Some("2025-01-02T03:04:05Z".into());
-        let t = crate::timefmt::parse_rfc3339("2025-01-02T03:04:05Z").unwrap();
-        assert!(!b.garbage_collect(t + 10, 60));
-        assert!(b.garbage_collect(t + 60, 60));
-        assert!(b.is_empty());
     }
 
     #[test]

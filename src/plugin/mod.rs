@@ -179,12 +179,6 @@ fn identifiers_on(node: &str, args: &CmdArgs, conf: &NetConf) -> Result<WepIdent
     Ok(ids)
 }
 
-/// `load` then `connect`: what DEL starts from.
-pub async fn prelude(args: &CmdArgs) -> Result<Call> {
-    let conf = load(args)?;
-    connect(args, conf, false).await
-}
-
 /// `calico -t`: can we reach the datastore and is it ready? (2 s budget, as upstream)
 pub fn test_connection(stdin: &[u8]) -> Result<()> {
     let conf = NetConf::parse(stdin)?;
