@@ -1,20 +1,23 @@
 //! Logging with `tracing`, as upstream's `ConfigureLogging` (v3.32.1): every event at
 //! `log_level` goes to stderr and, only when `log_file_path` is set, to that file as well,
-//! with size-based rotation. Lines look like Calico's:
+//! rotated, pruned and compressed as upstream's timberjack logger does (`rotate`: the same
+//! file names, so either prunes the other's backups). Lines look like Calico's:
 //! `2026-01-02 03:04:05.678 [INFO][1234] cni-plugin/add.rs 42: msg k=v`.
 //!
 //! Logging never blocks, fails or slows a call: stderr is written with one `write(2)` per
 //! event on fd 2 (no process-wide stdio lock, so helper threads can log while the main
 //! thread waits for them), the file through its own descriptor, and a failed write (a full
-//! disk, a closed pipe) is dropped silently. Never log secrets: callers log config
-//! summaries, not raw stdin.
+//! disk, a closed pipe) is dropped: the first failure of the file is reported on stderr
+//! (upstream's logrus reports every one), stderr's never. Never log secrets: callers log
+//! config summaries, not raw stdin.
+
+pub mod rotate;
 
 use std::fmt;
-use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::fd::AsFd;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
+use std::sync::Mutex;
 
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::filter::Targets;
@@ -27,11 +30,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer;
 
 use crate::config::NetConf;
-
-/// Mode of the directories created for the log file, whatever the umask.
-const LOG_DIR_MODE: u32 = 0o755;
-/// Mode of a newly created log file, whatever the umask.
-const LOG_FILE_MODE: u32 = 0o644;
+use rotate::{Limits, RotatingFile};
 
 /// Parses Calico's `log_level` as v3.32.1 does: `debug`, `info` or `error`, any case;
 /// anything else means info.
@@ -66,22 +65,46 @@ fn raw_stderr() -> RawStderr {
     RawStderr
 }
 
-/// The log file, written through `&File` (each event is one append; no mutex needed).
-struct LogFile(File);
+/// The log file: one event is one `write_line` (a rotation, when due, happens inside it,
+/// under the mutex, so threads of one process never rotate twice).
+struct LogFile {
+    file: Mutex<RotatingFile>,
+    /// Whether a failure was reported already (once per process).
+    reported: std::sync::atomic::AtomicBool,
+}
 
 impl<'a> MakeWriter<'a> for LogFile {
     type Writer = LogFileWriter<'a>;
     fn make_writer(&'a self) -> Self::Writer {
-        LogFileWriter(&self.0)
+        LogFileWriter(self)
     }
 }
 
-struct LogFileWriter<'a>(&'a File);
+struct LogFileWriter<'a>(&'a LogFile);
 
 impl Write for LogFileWriter<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         // A full disk or a failing device drops the line instead of failing the call.
-        Ok(self.0.write(buf).unwrap_or(buf.len()))
+        let Ok(mut file) = self.0.file.lock() else {
+            return Ok(buf.len());
+        };
+        let mut problems = Vec::new();
+        let result = file.write_line(buf, &mut |p| problems.push(p.to_string()));
+        drop(file);
+        // The mill's problems are reported as timberjack reports them.
+        for p in problems {
+            let _ = RawStderr.write(format!("timberjack: {p}\n").as_bytes());
+        }
+        if let Err(e) = result {
+            let first = !self
+                .0
+                .reported
+                .swap(true, std::sync::atomic::Ordering::Relaxed);
+            if first {
+                let _ = RawStderr.write(format!("Failed to write to log, {e}\n").as_bytes());
+            }
+        }
+        Ok(buf.len())
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -142,32 +165,32 @@ pub fn init(conf: &NetConf, component: &'static str) {
         return;
     }
     let level = parse_level(&conf.log_level);
-    let file = if conf.log_file_path.is_empty() {
-        None
-    } else {
-        let max_size = u64::try_from(conf.log_file_max_size)
-            .ok()
-            .filter(|n| *n > 0)
-            .unwrap_or(100)
-            * 1024
-            * 1024;
-        let max_count = u32::try_from(conf.log_file_max_count)
-            .ok()
-            .filter(|n| *n > 0)
-            .unwrap_or(10);
-        match open_rotating(Path::new(&conf.log_file_path), max_size, max_count) {
-            Ok(f) => Some(f),
-            Err(e) => {
-                // Upstream logs this and goes on with stderr only.
+    let file = (!conf.log_file_path.is_empty()).then(|| {
+        let path = Path::new(&conf.log_file_path);
+        // Upstream creates the directory at once (the file waits for the first line).
+        if let Some(dir) = path.parent() {
+            if let Err(e) = rotate::create_dirs(dir) {
                 let _ = RawStderr.write(
-                    format!("Failed to open CNI log file {}: {e}\n", conf.log_file_path).as_bytes(),
+                    format!(
+                        "Failed to create path for CNI log file: {}: {e}\n",
+                        dir.display()
+                    )
+                    .as_bytes(),
                 );
-                None
             }
         }
-    };
+        let limits = Limits::from_conf(
+            conf.log_file_max_size,
+            conf.log_file_max_age,
+            conf.log_file_max_count,
+        );
+        LogFile {
+            file: Mutex::new(RotatingFile::new(path, limits)),
+            reported: Default::default(),
+        }
+    });
     let writer = match file {
-        Some(f) => BoxMakeWriter::new(raw_stderr.and(LogFile(f))),
+        Some(f) => BoxMakeWriter::new(raw_stderr.and(f)),
         None => BoxMakeWriter::new(raw_stderr),
     };
     // Our writers never fail, and internal errors must not go to a locked stderr. Only our
@@ -179,62 +202,6 @@ pub fn init(conf: &NetConf, component: &'static str) {
         .with_filter(Targets::new().with_target(env!("CARGO_CRATE_NAME"), level));
     // A second init in one process (tests, in-process IPAM) is harmless.
     let _ = tracing_subscriber::registry().with(layer).try_init();
-}
-
-/// Creates the missing directories of `dir` with mode 0755 regardless of the umask.
-fn create_log_dirs(dir: &Path) -> io::Result<()> {
-    if dir.as_os_str().is_empty() || dir.exists() {
-        return Ok(());
-    }
-    if let Some(parent) = dir.parent() {
-        create_log_dirs(parent)?;
-    }
-    match fs::create_dir(dir) {
-        Ok(()) => fs::set_permissions(dir, fs::Permissions::from_mode(LOG_DIR_MODE)),
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-/// Opens `path` for appending, creating it with mode 0644 regardless of the umask.
-fn open_append(path: &Path) -> io::Result<File> {
-    let existed = path.exists();
-    let file = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(LOG_FILE_MODE)
-        .open(path)?;
-    if !existed {
-        let _ = file.set_permissions(fs::Permissions::from_mode(LOG_FILE_MODE));
-    }
-    Ok(file)
-}
-
-/// Opens the log file for appending (directories created 0755, file 0644), first rotating
-/// it when it has grown past `max_size`: `cni.log` → `cni.log.1` → … → `cni.log.<count>`.
-fn open_rotating(path: &Path, max_size: u64, max_count: u32) -> io::Result<File> {
-    if let Some(dir) = path.parent() {
-        create_log_dirs(dir)?;
-    }
-    let file = open_append(path)?;
-    if !file.metadata()?.is_file() || file.metadata()?.len() < max_size {
-        return Ok(file);
-    }
-    // Many CNI processes may start at once: only the one holding the lock rotates.
-    let locked = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock);
-    let Ok(locked) = locked else {
-        return open_append(path);
-    };
-    if fs::metadata(path)?.len() >= max_size {
-        let name = path.display().to_string();
-        let _ = fs::remove_file(format!("{name}.{max_count}"));
-        for i in (1..max_count).rev() {
-            let _ = fs::rename(format!("{name}.{i}"), format!("{name}.{}", i + 1));
-        }
-        fs::rename(path, format!("{name}.1"))?;
-    }
-    drop(locked);
-    open_append(path)
 }
 
 #[cfg(test)]
@@ -252,38 +219,17 @@ mod tests {
     }
 
     #[test]
-    fn modes_do_not_follow_the_umask() {
-        let dir = std::env::temp_dir().join(format!("logmode-{}", std::process::id()));
-        let path = dir.join("a").join("b").join("cni.log");
-        let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
-        let f = open_rotating(&path, 1024, 3);
-        nix::sys::stat::umask(old);
-        drop(f.unwrap());
-        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode(&path), 0o644);
-        assert_eq!(mode(&dir.join("a")), 0o755);
-        assert_eq!(mode(&dir.join("a").join("b")), 0o755);
-        fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
     fn a_failing_file_write_is_dropped() {
         // /dev/full fails every write with ENOSPC.
-        let f = OpenOptions::new().append(true).open("/dev/full").unwrap();
-        let mut w = LogFileWriter(&f);
+        let f = LogFile {
+            file: Mutex::new(RotatingFile::new(
+                Path::new("/dev/full"),
+                Limits::from_conf(0, 0, 0),
+            )),
+            reported: Default::default(),
+        };
+        let mut w = f.make_writer();
         assert_eq!(w.write(b"line\n").unwrap(), 5);
-    }
-
-    #[test]
-    fn rotation_by_size() {
-        let dir = std::env::temp_dir().join(format!("logrot-{}", std::process::id()));
-        let path = dir.join("cni.log");
-        fs::create_dir_all(&dir).unwrap();
-        fs::write(&path, vec![b'x'; 2048]).unwrap();
-        let f = open_rotating(&path, 1024, 3).unwrap();
-        drop(f);
-        assert_eq!(fs::metadata(&path).unwrap().len(), 0);
-        assert_eq!(fs::metadata(dir.join("cni.log.1")).unwrap().len(), 2048);
-        fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(w.write(b"line\n").unwrap(), 5);
     }
 }

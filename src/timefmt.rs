@@ -73,7 +73,8 @@ pub fn parse_rfc3339(s: &str) -> Option<i64> {
     Some(days_from_civil(y, mo, d) * 86400 + h * 3600 + mi * 60 + sec - offset)
 }
 
-fn civil(secs: i64) -> (i64, u32, u32, u32, u32, u32) {
+/// UTC year, month, day, hour, minute and second of Unix seconds `secs`.
+pub fn civil(secs: i64) -> (i64, u32, u32, u32, u32, u32) {
     let days = secs.div_euclid(86400);
     let rem = secs.rem_euclid(86400);
     let (y, m, d) = civil_from_days(days);
@@ -101,7 +102,8 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     (if m <= 2 { y + 1 } else { y }, m, d)
 }
 
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+/// Days since the Unix epoch of the proleptic Gregorian date `y-m-d` (no range checks).
+pub fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     let y = if m <= 2 { y - 1 } else { y };
     let era = y.div_euclid(400);
     let yoe = y.rem_euclid(400);
@@ -109,6 +111,16 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     let doy = (153 * mp + 2) / 5 + d - 1;
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     era * 146_097 + doe - 719_468
+}
+
+/// The number of days in month `m` (1–12) of year `y`, as Go's `time` counts them.
+pub fn days_in_month(y: i64, m: u32) -> u32 {
+    match m {
+        2 if y % 4 == 0 && (y % 100 != 0 || y % 400 == 0) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
 }
 
 /// A random (version 4) UUID, as Kubernetes/libcalico-go generate for `metadata.uid`.

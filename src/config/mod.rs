@@ -79,10 +79,13 @@ pub struct NetConf {
     pub ipam_lock_file: String,
     pub log_level: String,
     pub log_file_path: String,
+    /// The log file is rotated when it would grow past this many MiB (0: 100; below 0 it is
+    /// never written), as upstream's timberjack (`logging::rotate`).
     pub log_file_max_size: i64,
-    /// Accepted for upstream's conflists, not read: upstream's log rotation also prunes
-    /// files older than this many days; ours (`logging`) keeps `log_file_max_count` files.
+    /// Rotated log files older than this many days are removed (0: 30; below 0: none).
     pub log_file_max_age: i64,
+    /// Rotated log files of more than this many rotations are removed (0: 10; below 0:
+    /// none).
     pub log_file_max_count: i64,
     pub feature_control: FeatureControl,
     pub container_settings: ContainerSettings,
@@ -94,10 +97,11 @@ pub struct NetConf {
     pub dataplane_options: Option<Map<String, Value>>,
     pub args: Value,
     pub calico_api_group: String,
-    /// Accepted for upstream's conflists, not read: upstream's NetConf declares `qps` and
-    /// `burst` as its Kubernetes client's request rate limits; our client has none.
+    /// The Kubernetes datastore client's requests a second once its burst is spent, when
+    /// not 0; exported as upstream exports it, as `K8S_CLIENT_QPS` (`datastore::settings`,
+    /// `datastore::kubernetes::ratelimit`; default 5).
     pub qps: i64,
-    /// As `qps`.
+    /// That client's burst, when not 0 (`K8S_CLIENT_BURST`; default 100).
     pub burst: i64,
     /// Accepted for upstream's conflists, not read: upstream's untagged `RuntimeConfig`
     /// (DNS settings, used by its Windows dataplane only). `prevResult` is read from stdin

@@ -7,9 +7,13 @@
 //! So, per setting: `CALICO_<NAME>` when present in the environment (even empty) → else the
 //! NetConf value when non-empty → else `<NAME>` from the environment → else unset. The
 //! environment is passed in, so these rules are unit-tested without touching the process.
+//! The Kubernetes client's rate limit comes this way too: `K8S_CLIENT_QPS` (the NetConf's
+//! `qps` when not 0) and `K8S_CLIENT_BURST` (`burst`), parsed as envconfig parses a float32
+//! and an int; a value that does not parse fails the call, as it fails upstream's.
 
 use crate::config::NetConf;
 use crate::datastore::kubernetes::client::KubeSettings;
+use crate::datastore::kubernetes::ratelimit::RateLimit;
 use crate::gocompat::parse_bool;
 
 /// The resolved connection settings.
@@ -39,6 +43,15 @@ pub struct DatastoreSettings {
 pub enum SettingsError {
     #[error("unknown datastore type: {0}")]
     UnknownType(String),
+    /// envconfig's text for a value it cannot convert (it names the prefixed variable).
+    #[error("envconfig.Process: assigning {key} to {field}: converting '{value}' to type {type_name}. details: {detail}")]
+    Parse {
+        key: String,
+        field: &'static str,
+        value: String,
+        type_name: &'static str,
+        detail: String,
+    },
 }
 
 /// One envconfig-read setting: `CALICO_<name>` if present, else the NetConf value, else
@@ -51,6 +64,107 @@ fn setting(env: &dyn Fn(&str) -> Option<String>, name: &str, from_conf: &str) ->
         return from_conf.to_string();
     }
     env(name).unwrap_or_default()
+}
+
+/// `setting`, telling an unset value (`None`) from an empty one.
+fn setting_opt(
+    env: &dyn Fn(&str) -> Option<String>,
+    name: &str,
+    from_conf: &str,
+) -> Option<String> {
+    if let Some(v) = env(&format!("CALICO_{name}")) {
+        return Some(v);
+    }
+    if !from_conf.is_empty() {
+        return Some(from_conf.to_string());
+    }
+    env(name)
+}
+
+/// Go's `strconv.ParseFloat(s, 32)`, the error as its text ("invalid syntax", "value out of
+/// range"). Hexadecimal floats are not taken.
+fn parse_go_f32(s: &str) -> Result<f32, &'static str> {
+    let v: f32 = s.parse().map_err(|_| "invalid syntax")?;
+    let spelled_infinite = s
+        .trim_start_matches(['+', '-'])
+        .to_ascii_lowercase()
+        .starts_with("inf");
+    if v.is_infinite() && !spelled_infinite {
+        return Err("value out of range");
+    }
+    Ok(v)
+}
+
+/// Go's `strconv.ParseInt(s, 0, 64)`: a sign, then `0x`, `0o`, `0b` or `0` (octal) for
+/// another base, where `_` may separate digits.
+fn parse_go_int(s: &str) -> Result<i64, &'static str> {
+    let (neg, body) = match s.as_bytes().first() {
+        Some(b'-') => (true, &s[1..]),
+        Some(b'+') => (false, &s[1..]),
+        _ => (false, s),
+    };
+    let lower = body.to_ascii_lowercase();
+    let (base, digits) = if let Some(d) = lower.strip_prefix("0x") {
+        (16, d.to_string())
+    } else if let Some(d) = lower.strip_prefix("0o") {
+        (8, d.to_string())
+    } else if let Some(d) = lower.strip_prefix("0b") {
+        (2, d.to_string())
+    } else if lower.len() > 1 && lower.starts_with('0') {
+        (8, lower[1..].to_string())
+    } else {
+        (10, lower.clone())
+    };
+    let digits = if base != 10 && digits.contains('_') {
+        let well_placed =
+            !digits.starts_with('_') && !digits.ends_with('_') && !digits.contains("__");
+        if !well_placed {
+            return Err("invalid syntax");
+        }
+        digits.replace('_', "")
+    } else {
+        digits
+    };
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(base)) {
+        return Err("invalid syntax");
+    }
+    let magnitude = u64::from_str_radix(&digits, base).map_err(|_| "value out of range")?;
+    let v = if neg {
+        0i64.checked_sub_unsigned(magnitude)
+    } else {
+        i64::try_from(magnitude).ok()
+    };
+    v.ok_or("value out of range")
+}
+
+/// The datastore client's rate limit: `K8S_CLIENT_QPS` and `K8S_CLIENT_BURST` (the NetConf's
+/// `qps` and `burst` exported under those names when not 0), on libcalico-go's defaults.
+fn resolve_rate(
+    conf: &NetConf,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<RateLimit, SettingsError> {
+    let from_conf = |v: i64| if v != 0 { v.to_string() } else { String::new() };
+    let qps = match setting_opt(env, "K8S_CLIENT_QPS", &from_conf(conf.qps)) {
+        None => 0.0,
+        Some(v) => parse_go_f32(&v).map_err(|e| SettingsError::Parse {
+            key: "CALICO_K8S_CLIENT_QPS".into(),
+            field: "K8sClientQPS",
+            detail: format!("strconv.ParseFloat: parsing {v:?}: {e}"),
+            value: v,
+            type_name: "float32",
+        })?,
+    };
+    let burst = match setting_opt(env, "K8S_CLIENT_BURST", &from_conf(conf.burst)) {
+        None => 0,
+        Some(v) => parse_go_int(&v).map_err(|e| SettingsError::Parse {
+            key: "CALICO_K8S_CLIENT_BURST".into(),
+            field: "K8sClientBurst",
+            detail: format!("strconv.ParseInt: parsing {v:?}: {e}"),
+            value: v,
+            type_name: "int",
+        })?,
+    };
+    Ok(RateLimit::calico(qps, burst))
 }
 
 impl DatastoreSettings {
@@ -105,6 +219,7 @@ impl DatastoreSettings {
                 insecure_skip_tls_verify: parse_bool(&get("K8S_INSECURE_SKIP_TLS_VERIFY", ""))
                     == Some(true),
                 context: get("K8S_CURRENT_CONTEXT", ""),
+                rate: resolve_rate(conf, env)?,
             },
             calico_api_group: get("CALICO_API_GROUP", &conf.calico_api_group),
             policy_kube: None,
@@ -128,6 +243,7 @@ impl DatastoreSettings {
             ca_file: p.k8s_certificate_authority.clone(),
             cert_file: p.k8s_client_certificate.clone(),
             key_file: p.k8s_client_key.clone(),
+            rate: RateLimit::CLIENT_GO,
             ..Default::default()
         }
     }
@@ -277,5 +393,79 @@ mod tests {
             ),
             ("/kc", "https://p:6443", "t", "/ca")
         );
+    }
+
+    #[test]
+    fn rate_limit_from_k8s_client_variables_and_the_netconf() {
+        let rate = |conf: &str, env: &[(&str, &str)]| resolve(conf, env).map(|s| s.kube.rate);
+        let plain = r#"{"name":"n"}"#;
+        // libcalico-go's defaults: client-go's QPS, burst 100.
+        assert_eq!(rate(plain, &[]).unwrap(), RateLimit::calico(0.0, 0));
+        assert_eq!(rate(plain, &[]).unwrap().effective(), Some((5.0, 100)));
+        // The NetConf's qps and burst beat the plain variables; the prefixed ones beat both.
+        let conf = r#"{"name":"n","qps":20,"burst":30}"#;
+        assert_eq!(
+            rate(conf, &[("K8S_CLIENT_QPS", "1"), ("K8S_CLIENT_BURST", "2")]).unwrap(),
+            RateLimit {
+                qps: 20.0,
+                burst: 30
+            }
+        );
+        assert_eq!(
+            rate(
+                conf,
+                &[
+                    ("CALICO_K8S_CLIENT_QPS", "0.5"),
+                    ("CALICO_K8S_CLIENT_BURST", "0x10")
+                ]
+            )
+            .unwrap(),
+            RateLimit {
+                qps: 0.5,
+                burst: 16
+            }
+        );
+        assert_eq!(
+            rate(
+                plain,
+                &[("K8S_CLIENT_QPS", "2.5"), ("K8S_CLIENT_BURST", "010")]
+            )
+            .unwrap(),
+            RateLimit { qps: 2.5, burst: 8 }
+        );
+        // 0 in the NetConf is unset; 0 in the environment is client-go's and Calico's default.
+        assert_eq!(
+            rate(r#"{"name":"n","qps":0}"#, &[("K8S_CLIENT_BURST", "0")]).unwrap(),
+            RateLimit::calico(0.0, 0)
+        );
+        // What envconfig cannot convert fails, with its text.
+        let e = resolve(plain, &[("K8S_CLIENT_QPS", "fast")]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "envconfig.Process: assigning CALICO_K8S_CLIENT_QPS to K8sClientQPS: converting 'fast' to type float32. details: strconv.ParseFloat: parsing \"fast\": invalid syntax"
+        );
+        assert!(resolve(plain, &[("CALICO_K8S_CLIENT_BURST", "")]).is_err());
+        assert!(resolve(plain, &[("K8S_CLIENT_BURST", "1.5")]).is_err());
+        assert!(resolve(plain, &[("K8S_CLIENT_QPS", "1e39")]).is_err());
+        // The plugin's own client keeps client-go's defaults whatever the datastore's are.
+        let k = DatastoreSettings::plugin_kube(&NetConf::parse(conf.as_bytes()).unwrap());
+        assert_eq!(k.rate, RateLimit::CLIENT_GO);
+    }
+
+    #[test]
+    fn go_integers_and_floats() {
+        assert_eq!(parse_go_int("-0b101"), Ok(-5));
+        assert_eq!(parse_go_int("0o17"), Ok(15));
+        assert_eq!(parse_go_int("1_000"), Err("invalid syntax"));
+        assert_eq!(parse_go_int("0x1_0"), Ok(16));
+        assert_eq!(
+            parse_go_int("9223372036854775808"),
+            Err("value out of range")
+        );
+        assert_eq!(parse_go_int("-9223372036854775808"), Ok(i64::MIN));
+        assert_eq!(parse_go_int(""), Err("invalid syntax"));
+        assert_eq!(parse_go_f32("+Inf"), Ok(f32::INFINITY));
+        assert!(parse_go_f32("NaN").unwrap().is_nan());
+        assert_eq!(parse_go_f32(" 1"), Err("invalid syntax"));
     }
 }

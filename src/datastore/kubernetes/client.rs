@@ -13,6 +13,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tower::ServiceBuilder;
 
+use super::ratelimit::{RateLimit, RateLimiter, Refused};
 use super::transport::OneConnection;
 use crate::datastore::DatastoreError;
 
@@ -29,6 +30,8 @@ pub struct KubeSettings {
     pub key_file: String,
     pub insecure_skip_tls_verify: bool,
     pub context: String,
+    /// The client-side rate limit (`ratelimit`); no limit by default.
+    pub rate: RateLimit,
 }
 
 impl std::fmt::Debug for KubeSettings {
@@ -49,6 +52,7 @@ impl std::fmt::Debug for KubeSettings {
             .field("key_file", &self.key_file)
             .field("insecure_skip_tls_verify", &self.insecure_skip_tls_verify)
             .field("context", &self.context)
+            .field("rate", &self.rate)
             .finish()
     }
 }
@@ -57,6 +61,13 @@ impl KubeSettings {
     /// Neither a kubeconfig nor a server: only an in-cluster configuration can serve.
     pub fn is_empty(&self) -> bool {
         self.kubeconfig.is_empty() && self.server.is_empty()
+    }
+
+    /// Whether `other` reaches the same API server the same way (the rate limit aside).
+    pub fn same_server(&self, other: &KubeSettings) -> bool {
+        let mut a = self.clone();
+        a.rate = other.rate;
+        a == *other
     }
 }
 
@@ -124,6 +135,7 @@ pub struct KubeClient {
     client: kube::Client,
     transport: OneConnection,
     timeout: Duration,
+    limiter: RateLimiter,
 }
 
 fn config_error(e: impl std::fmt::Display) -> DatastoreError {
@@ -224,6 +236,7 @@ fn read_certs(path: &str) -> Result<Vec<Vec<u8>>, DatastoreError> {
 impl KubeClient {
     /// Builds the client; nothing is sent until the first request.
     pub async fn new(s: &KubeSettings, timeout: Duration) -> Result<KubeClient, DatastoreError> {
+        s.rate.check().map_err(config_error)?;
         let cfg = load_config(s).await?;
         let tls = if cfg.cluster_url.scheme_str() == Some("http") {
             None
@@ -246,6 +259,24 @@ impl KubeClient {
             client: kube::Client::new(service, cfg.default_namespace.clone()),
             transport,
             timeout,
+            limiter: RateLimiter::new(s.rate),
+        })
+    }
+
+    /// This client's connection, as another client with its own rate limit: upstream's
+    /// plugin reads pods through a client of its own, with client-go's default limit, where
+    /// this one shares the datastore's connection.
+    pub fn with_rate(&self, rate: RateLimit) -> Result<KubeClient, DatastoreError> {
+        rate.check().map_err(config_error)?;
+        Ok(KubeClient {
+            settings: KubeSettings {
+                rate,
+                ..self.settings.clone()
+            },
+            client: self.client.clone(),
+            transport: self.transport.clone(),
+            timeout: self.timeout,
+            limiter: RateLimiter::new(rate),
         })
     }
 
@@ -336,6 +367,7 @@ impl KubeClient {
         };
         let waiting = || format!("waiting for the Kubernetes API server ({method} {path})");
         crate::deadline::check(waiting())?;
+        self.throttle(method, path).await?;
         let (until, capped) = crate::deadline::cap_at(self.timeout);
         let sent = std::time::Instant::now();
         match tokio::time::timeout_at(until, exchange).await {
@@ -352,6 +384,27 @@ impl KubeClient {
                 "{method} {path}: context deadline exceeded (no answer within {:?})",
                 self.timeout
             ))),
+        }
+    }
+
+    /// Waits for the request's token (`ratelimit`), before its own timeout starts, as
+    /// client-go does; a wait that would end past the deadline is not begun.
+    async fn throttle(&self, method: &Method, path: &str) -> Result<(), DatastoreError> {
+        let wait = self
+            .limiter
+            .reserve(path, std::time::Instant::now(), crate::deadline::limit());
+        match wait {
+            Ok(wait) if wait.is_zero() => Ok(()),
+            Ok(wait) => {
+                tracing::debug!(%method, path, ?wait, "client-side throttling");
+                tokio::time::sleep(wait).await;
+                Ok(())
+            }
+            Err(Refused::PastDeadline) => Err(crate::deadline::expired(format!(
+                "waiting for the client-side rate limit ({method} {path})"
+            ))
+            .into()),
+            Err(e @ Refused::OverBurst(_)) => Err(DatastoreError::Other(e.to_string())),
         }
     }
 

@@ -26,14 +26,19 @@ pub fn pod_path(namespace: &str, name: &str) -> String {
     format!("/api/v1/namespaces/{namespace}/pods/{name}")
 }
 
-/// The API client for the plugins' own reads: the datastore's when it is the Kubernetes
-/// datastore reached the same way (one connection for everything), else a new one from the
-/// NetConf (`kubernetes.kubeconfig`, `policy.k8s_*`).
+/// The API client for the plugins' own reads: the datastore's connection when it is the
+/// Kubernetes datastore reached the same way (one connection for everything), else a new one
+/// from the NetConf (`kubernetes.kubeconfig`, `policy.k8s_*`). Either way with the rate
+/// limit of upstream's own client for these reads (client-go's default), not the
+/// datastore's.
 pub async fn client_for(conf: &NetConf, ds: &Backend) -> Result<Arc<KubeClient>, DatastoreError> {
     let wanted = DatastoreSettings::plugin_kube(conf);
     if let Some(c) = ds.kube_client() {
-        if c.settings() == &wanted || wanted.is_empty() {
-            return Ok(c.clone());
+        if c.settings().same_server(&wanted) || wanted.is_empty() {
+            if c.settings().rate == wanted.rate {
+                return Ok(c.clone());
+            }
+            return Ok(Arc::new(c.with_rate(wanted.rate)?));
         }
     }
     Ok(Arc::new(KubeClient::new(&wanted, DATASTORE_TIMEOUT).await?))

@@ -15,6 +15,7 @@ pub mod core_objects;
 pub mod crd;
 pub mod names;
 pub mod pods;
+pub mod ratelimit;
 pub mod transport;
 
 use std::collections::HashMap;
