@@ -52,7 +52,6 @@ impl Deadline {
     pub fn cleanup_at(&self) -> Instant {
         self.at() + GRACE
     }
-
 }
 
 /// The call ran out of time. Its text names the budget, where it comes from and what the
@@ -134,7 +133,11 @@ pub fn extend(extra: Duration) {
     if let Ok(mut s) = STATE.write() {
         if let Some(state) = s.as_mut() {
             let budget = state.deadline.budget.saturating_add(extra).min(MAX_BUDGET);
-            tracing::debug!(?budget, ?extra, "call deadline extended for configured waits");
+            tracing::debug!(
+                ?budget,
+                ?extra,
+                "call deadline extended for configured waits"
+            );
             state.deadline.budget = budget;
         }
     }

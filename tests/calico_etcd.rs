@@ -465,11 +465,13 @@ fn del_without_the_nodename_file_does_all_it_can() {
 fn mesos_labels_become_endpoint_labels_and_namespace() {
     let w = World::new();
     let pod = w.pod();
-    let conf = w.conf(json!({"args": {"org.apache.mesos": {"network_info": {"labels": {"labels": [
-        {"key": "projectcalico.org/namespace", "value": "team/a"},
-        {"key": "app$$name", "value": "web  server"},
-        {"key": "projectcalico.org.namespace", "value": "not-the-namespace"},
-    ]}}}}}));
+    let conf = w.conf(
+        json!({"args": {"org.apache.mesos": {"network_info": {"labels": {"labels": [
+            {"key": "projectcalico.org/namespace", "value": "team/a"},
+            {"key": "app$$name", "value": "web  server"},
+            {"key": "projectcalico.org.namespace", "value": "not-the-namespace"},
+        ]}}}}}),
+    );
     let inv = Invocation::new("ADD", "mesos1", pod.path());
     w.calico(&inv, &conf).assert_ok();
     let wep = w.get(&format!("{WEP_PREFIX}team.a/node1-cni-mesos1-eth0"));

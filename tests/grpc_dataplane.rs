@@ -164,7 +164,11 @@ fn addresses_are_kept_until_the_agent_removed_the_interface() {
     assert_eq!(err["msg"], "grpc dataplane error: vpp restarting");
     let kept = || {
         assert!(w.keys(WEP_PREFIX).is_empty(), "the endpoint goes first");
-        assert_eq!(w.keys("/calico/ipam/v2/handle/").len(), 1, "the addresses stay");
+        assert_eq!(
+            w.keys("/calico/ipam/v2/handle/").len(),
+            1,
+            "the addresses stay"
+        );
     };
     kept();
     // The agent gone altogether: the same.

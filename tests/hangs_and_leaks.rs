@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::time::Duration;
 
 use common::cni::{Invocation, Outcome, FAST};
@@ -508,6 +508,21 @@ fn fifos_named_by_the_input_never_block_a_call() {
     let out = w.calico(&add.as_del(), &conf);
     quick(&out);
     out.assert_ok();
+    w.assert_clean();
+
+    // log_file_path a FIFO (no reader): nothing is written to it, the call goes on.
+    let log_fifo = fifo("cni-fifo.log");
+    let conf = w.conf(json!({"log_file_path": log_fifo}));
+    let pod = w.pod();
+    let add = Invocation::new("ADD", "fifo-log", pod.path()).k8s("default", "fifo-log");
+    let out = w.calico(&add, &conf);
+    quick(&out);
+    out.assert_ok();
+    assert!(out.stderr.contains("not a regular file"), "{}", out.stderr);
+    let out = w.calico(&add.as_del(), &conf);
+    quick(&out);
+    out.assert_ok();
+    assert!(std::fs::metadata(&log_fifo).unwrap().file_type().is_fifo());
     w.assert_clean();
 
     // nodename_file a FIFO: read as no file (the node name comes from `hostname`).

@@ -183,8 +183,10 @@ fn policy_setup_timeout_waits_for_the_status_file() {
     // A wait longer than the call's deadline is not cut short by it: the deadline grows to
     // cover it (here 2 s of budget, a 6 s wait, Felix done after 3 s).
     std::fs::remove_file(&status_file).unwrap();
-    let conf = w.conf(json!({"policy_setup_timeout_seconds": 6, "call_timeout_seconds": 2,
-        "endpoint_status_dir": dir.display().to_string()}));
+    let conf = w.conf(
+        json!({"policy_setup_timeout_seconds": 6, "call_timeout_seconds": 2,
+        "endpoint_status_dir": dir.display().to_string()}),
+    );
     let felix = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_secs(3));
         std::fs::write(&status_file, "").unwrap();

@@ -364,7 +364,7 @@ fn open_append(path: &Path, mode: u32) -> io::Result<(File, u64)> {
             Ok((file, 0))
         }
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            let file = OpenOptions::new().append(true).open(path)?;
+            let file = crate::input_file::open(path, OpenOptions::new().append(true))?;
             let len = file.metadata()?.len();
             Ok((file, len))
         }
@@ -473,13 +473,18 @@ impl RotatingFile {
         let size = match fs::metadata(&self.path) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(open_err(&self.path, e)),
+            // A FIFO (or anything else not a regular file) is not opened: it could block
+            // the call (`crate::input_file`); nor is it moved aside. The lines are dropped.
+            Ok(m) if !m.is_file() => {
+                return Err(open_err(&self.path, crate::input_file::not_regular()))
+            }
             Ok(m) => Some(i64::try_from(m.len()).unwrap_or(i64::MAX)),
         };
         match size {
             Some(size) if size.saturating_add(len) >= max => {
                 self.rotate(|size| size.saturating_add(len) >= max, report)
             }
-            Some(_) => match OpenOptions::new().append(true).open(&self.path) {
+            Some(_) => match crate::input_file::open(&self.path, OpenOptions::new().append(true)) {
                 Ok(f) => {
                     self.size = f
                         .metadata()

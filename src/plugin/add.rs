@@ -327,9 +327,7 @@ fn configured_waits(conf: &crate::config::NetConf) -> std::time::Duration {
     let gates = u32::try_from(conf.readiness_gates.len()).unwrap_or(u32::MAX);
     readiness::MAX_WAIT_PER_GATE
         .saturating_mul(gates)
-        .saturating_add(endpoint_status::max_wait(
-            conf.policy_setup_timeout_seconds,
-        ))
+        .saturating_add(endpoint_status::max_wait(conf.policy_setup_timeout_seconds))
 }
 
 /// A `%` in the interface name is the kernel's name template (`eth%d` becomes `eth0`): the

@@ -124,13 +124,7 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
         let mut released = Failures::default();
         let (endpoint, ()) = tokio::join!(
             endpoint,
-            release_once_torn_down(
-                &ipam,
-                args,
-                &mut teardown,
-                host_veth_gone,
-                &mut released,
-            )
+            release_once_torn_down(&ipam, args, &mut teardown, host_veth_gone, &mut released,)
         );
         failures.add(endpoint);
         failures.0.extend(released.0);
