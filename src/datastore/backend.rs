@@ -13,6 +13,7 @@ use super::kubernetes::crd::Group;
 use super::kubernetes::KubeDatastore;
 use super::settings::DatastoreSettings;
 use super::{srv, Datastore, DatastoreError, Key, KvPair, ListKind, Revision};
+use crate::config::NetConf;
 
 /// Per-request (and connect) timeout: a dead datastore fails a call instead of hanging it.
 pub const DATASTORE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -36,6 +37,27 @@ impl Backend {
 
     pub fn is_kubernetes(&self) -> bool {
         matches!(self, Backend::Kubernetes(_))
+    }
+
+    /// The API client for the plugins' own reads (pods, namespaces, nodes): this
+    /// datastore's connection when it is the Kubernetes datastore reached the same way (one
+    /// connection for everything), else a new one from the NetConf (`kubernetes.kubeconfig`,
+    /// `policy.k8s_*`). Either way with the rate limit of upstream's own client for these
+    /// reads (client-go's default), not the datastore's.
+    pub async fn plugin_kube_client(
+        &self,
+        conf: &NetConf,
+    ) -> Result<Arc<KubeClient>, DatastoreError> {
+        let wanted = DatastoreSettings::plugin_kube(conf);
+        if let Some(c) = self.kube_client() {
+            if c.settings().same_server(&wanted) || wanted.is_empty() {
+                if c.settings().rate == wanted.rate {
+                    return Ok(c.clone());
+                }
+                return Ok(Arc::new(c.with_rate(wanted.rate)?));
+            }
+        }
+        Ok(Arc::new(KubeClient::new(&wanted, DATASTORE_TIMEOUT).await?))
     }
 }
 

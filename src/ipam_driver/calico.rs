@@ -166,9 +166,7 @@ pub async fn namespace_labels(
         return Ok(BTreeMap::new());
     }
     let fail = || format!("failed to get namespace {namespace}");
-    let client = core_objects::client_for(conf, ds)
-        .await
-        .with_context(fail)?;
+    let client = ds.plugin_kube_client(conf).await.with_context(fail)?;
     let ns = core_objects::namespace(&client, namespace)
         .await
         .with_context(fail)?;

@@ -196,7 +196,7 @@ async fn read(
     for_del: bool,
 ) -> Result<Detected> {
     let ns = ids.namespace.as_str();
-    let client = core_objects::client_for(conf, ds).await?;
+    let client = ds.plugin_kube_client(conf).await?;
     let pod_vmi = match known {
         Some(known) => known,
         None => {

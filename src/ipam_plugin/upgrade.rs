@@ -148,9 +148,7 @@ pub fn run(opts: Options, env: &dyn Fn(&str) -> Option<String>) -> u8 {
             error!(node = %nodename, "failed to initialize api client");
             return false;
         };
-        let Ok(kube) =
-            crate::datastore::kubernetes::core_objects::client_for(&NetConf::default(), &ds).await
-        else {
+        let Ok(kube) = ds.plugin_kube_client(&NetConf::default()).await else {
             error!(node = %nodename, "failed to initialize api client");
             return false;
         };

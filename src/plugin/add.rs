@@ -31,7 +31,6 @@ use crate::cluster_ready::check_datastore_ready;
 use crate::dataplane::grpc::GrpcDataplane;
 use crate::dataplane::{AddressRequest, Families, Selected, VethRequest};
 use crate::datastore::backend::Backend;
-use crate::datastore::kubernetes::core_objects;
 use crate::datastore::model::{Profile, WorkloadEndpoint};
 use crate::datastore::validate;
 use crate::datastore::Datastore;
@@ -155,7 +154,7 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
             if !policy_k8s {
                 return Ok(None);
             }
-            let client = core_objects::client_for(conf, &call.ds).await?;
+            let client = call.ds.plugin_kube_client(conf).await?;
             k8s_pod::read(
                 &client,
                 &call.ids.namespace,

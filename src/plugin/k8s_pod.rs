@@ -34,7 +34,7 @@ pub async fn node_pod_cidrs(call: &crate::plugin::Call) -> Result<(String, Strin
     } else {
         conf.kubernetes.node_name.clone()
     };
-    let client = core_objects::client_for(conf, &call.ds).await?;
+    let client = call.ds.plugin_kube_client(conf).await?;
     let n = core_objects::node(&client, &node).await?;
     let cidrs = n.spec.and_then(|s| s.pod_cidrs).unwrap_or_default();
     if cidrs.is_empty() {

@@ -3,15 +3,10 @@
 //! namespace for `policy.type: k8s`, the node's pod CIDRs for host-local's `usePodCidr`, the
 //! namespace's labels for IP pools' `namespaceSelector`, and the upgrade's node and pods.
 
-use std::sync::Arc;
-
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use serde::de::DeserializeOwned;
 
-use crate::config::NetConf;
-use crate::datastore::backend::{Backend, DATASTORE_TIMEOUT};
 use crate::datastore::kubernetes::client::{ApiResponse, KubeClient};
-use crate::datastore::settings::DatastoreSettings;
 use crate::datastore::DatastoreError;
 
 pub fn node_path(name: &str) -> String {
@@ -24,24 +19,6 @@ pub fn namespace_path(name: &str) -> String {
 
 pub fn pod_path(namespace: &str, name: &str) -> String {
     format!("/api/v1/namespaces/{namespace}/pods/{name}")
-}
-
-/// The API client for the plugins' own reads: the datastore's connection when it is the
-/// Kubernetes datastore reached the same way (one connection for everything), else a new one
-/// from the NetConf (`kubernetes.kubeconfig`, `policy.k8s_*`). Either way with the rate
-/// limit of upstream's own client for these reads (client-go's default), not the
-/// datastore's.
-pub async fn client_for(conf: &NetConf, ds: &Backend) -> Result<Arc<KubeClient>, DatastoreError> {
-    let wanted = DatastoreSettings::plugin_kube(conf);
-    if let Some(c) = ds.kube_client() {
-        if c.settings().same_server(&wanted) || wanted.is_empty() {
-            if c.settings().rate == wanted.rate {
-                return Ok(c.clone());
-            }
-            return Ok(Arc::new(c.with_rate(wanted.rate)?));
-        }
-    }
-    Ok(Arc::new(KubeClient::new(&wanted, DATASTORE_TIMEOUT).await?))
 }
 
 /// GETs one object: an answer other than 2xx is the API server's message, as upstream's
