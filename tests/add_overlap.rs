@@ -3,6 +3,9 @@
 //! the real binary. Each leaves nothing behind (no veth, no route, no allocation or handle,
 //! no WorkloadEndpoint) and exits promptly; what the call did not make survives.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::cni::{Invocation, Outcome};

@@ -5,6 +5,9 @@
 //! test, removed afterwards), DEL names the recorded address and subnet and forgets the
 //! endpoint, and a DEL with nothing recorded is not sent to the plugin.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::os::unix::fs::PermissionsExt;

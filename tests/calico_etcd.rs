@@ -5,6 +5,9 @@
 //! host-local, dual stack, pools, bad input, readiness, ...) are in shared_scenarios.rs, run
 //! on etcd and on the Kubernetes datastore.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::Duration;

@@ -14,6 +14,9 @@
 //! `etcd_with_policy_k8s_assigns_while_the_pod_is_read` (the same latency, to see what is in
 //! etcd while the pod's answer is held back).
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::Duration;

@@ -1,5 +1,8 @@
 //! The binary's own contract: argv[0] dispatch, flags, VERSION, the about text, `-t`.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::process::{Command, Stdio};

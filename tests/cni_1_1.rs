@@ -4,6 +4,9 @@
 //! (`cni.dev/valid-attachments` on GC's stdin).
 //! The Kubernetes-datastore half runs on the real kube-apiserver (common/real_k8s.rs).
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::{Duration, Instant};

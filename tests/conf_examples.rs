@@ -11,6 +11,9 @@
 //! `install` renders every one of Calico v3.32.1's eight manifest templates as upstream's
 //! installer does.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::path::Path;

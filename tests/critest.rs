@@ -22,6 +22,9 @@
 //! After critest, nothing of its sandboxes may be left: no veth, no host route, no IPAM
 //! handle or allocation.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::BTreeMap;

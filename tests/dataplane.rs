@@ -3,6 +3,9 @@
 //! netns, calls the library from a thread inside the host netns, and checks the result with
 //! `ip` and `/proc/sys`.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::{Duration, Instant};

@@ -4,6 +4,9 @@
 //! suite twice on one store, which proves the checks clean up after themselves and do not
 //! depend on a fresh store; then the store must hold nothing the suite wrote.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::sync::Arc;

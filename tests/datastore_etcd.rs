@@ -1,6 +1,9 @@
 //! The etcd backend against a real etcd: key paths, create/CAS update/CAS delete semantics,
 //! what is stored byte for byte, and bounded failure when etcd is down.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::{Duration, Instant};

@@ -6,6 +6,9 @@
 //!
 //! The calls run with `call_timeout_seconds: 3` so the suite stays fast.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::{Duration, Instant};

@@ -5,6 +5,9 @@
 //! DelRequest; every failure of the agent (refusal, absence, silence) fails the ADD with
 //! nothing left behind, within its timeout.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::Duration;

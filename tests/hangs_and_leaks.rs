@@ -3,6 +3,9 @@
 //! `PLUGIN_TIMEOUT`), exits with a CNI error, and leaves nothing behind — while what the
 //! call did not create (a pod's running interface, another call's addresses) survives.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};

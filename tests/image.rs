@@ -8,6 +8,9 @@
 //! builds the image before the suites run; run by hand without it, these tests say SKIPPED
 //! (and fail in CI, where the image must be there).
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::path::{Path, PathBuf};

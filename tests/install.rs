@@ -3,6 +3,9 @@
 //! node's own conflist is never replaced or shadowed). The test installs the binary this test
 //! run built (`BIN=`), so no release build is needed.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::path::Path;

@@ -5,6 +5,9 @@
 //! are tests/common/ipam_churn.rs, shared with kdd_concurrency.rs; this file has the etcd
 //! fixture.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::sync::Mutex;

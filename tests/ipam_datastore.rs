@@ -2,6 +2,9 @@
 //! (libcalico-go's `model` for blocks, handles, affinities and IPAMConfig): a /29 block filled to its last address through the real
 //! binary and emptied again, the handle and affinity objects, IPAMConfig defaults.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use common::cni::{run_plugin, Bin, Invocation, TempDir};

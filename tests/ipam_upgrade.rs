@@ -4,6 +4,9 @@
 //! The host paths (host-local's data dir, the CNI binaries it deletes) are moved into a
 //! scratch directory with the binary's test-only variables.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::BTreeMap;

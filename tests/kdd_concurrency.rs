@@ -17,6 +17,9 @@
 //! block; and after DEL of everything, no handle and no allocation. This file has the
 //! Kubernetes fixture and the API server's request counts.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::BTreeMap;

@@ -19,6 +19,9 @@
 //! so it keeps the handle (over-counting, which DEL cleans) rather than decrement it and
 //! risk an address no handle counts (which no DEL could find) should the write land later.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::BTreeMap;

@@ -3,6 +3,9 @@
 //! server, whose requests to one API group are spaced by 1/qps once the burst is spent, and
 //! whose wait is refused at once when it would end past the call's deadline.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::BTreeMap;

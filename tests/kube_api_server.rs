@@ -2,6 +2,9 @@
 //! and HTTP/1.1, bearer auth), the REST semantics and error texts a Calico client relies on,
 //! and fault injection. Driven with curl, the way an outside client sees the server.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::process::Command;

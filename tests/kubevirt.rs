@@ -9,6 +9,9 @@
 //! target, deleting the VM frees it, CNI GC never collects it, and concurrent ADDs for one
 //! VM never give it two addresses.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::BTreeSet;

@@ -10,6 +10,9 @@
 //! The node has iptables but no ip6tables on the runtime's PATH ([`ipv4_only_path`]: Debian's
 //! portmap 1.1.1 fails every CHECK where ip6tables works).
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::fs::File;

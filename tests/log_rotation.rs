@@ -4,6 +4,9 @@
 //! `log_file_max_age` days. `log_file_max_size` counts MiB (1 is its least), so the file is
 //! filled before the call.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;

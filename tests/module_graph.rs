@@ -4,6 +4,9 @@
 //! connected component of more than one file. A circle means two layers each need the
 //! other: what both need belongs below them.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 

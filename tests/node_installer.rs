@@ -4,6 +4,9 @@
 //! anything, and its exit codes. The kubeconfig with a TokenRequest token is tested against
 //! the real API server in `tests/real_k8s_install.rs`; the image itself in `tests/image.rs`.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::fs;

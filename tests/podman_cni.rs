@@ -16,6 +16,9 @@
 //! Where podman, runc or a static busybox cannot be installed, the test says so on stderr and
 //! skips.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -2,6 +2,9 @@
 //! token is the plugin's, its RBAC is upstream's, the audit log counts its requests, and
 //! freezing holds its answers back.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::{Duration, Instant};

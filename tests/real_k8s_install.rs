@@ -6,6 +6,9 @@
 //! with the installed conflist and kubeconfig. The image's own `install` under podman is in
 //! tests/image.rs.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::fs;

@@ -15,6 +15,9 @@
 //!
 //! Without the kube-apiserver + kubelet bundle it prints `SKIPPED <why>` and passes.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -6,6 +6,9 @@
 //! result. Both orchestrator modes on etcd, the k8s mode on the Kubernetes datastore too (its
 //! endpoint is the pod, which the later write would silently win), several rounds each.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::net::Ipv4Addr;

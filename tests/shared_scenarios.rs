@@ -7,6 +7,9 @@
 //! as upstream), and so do the assertions on exact keys and JSON (calico_etcd.rs,
 //! calico_kdd.rs, ipam_datastore.rs).
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::time::{Duration, Instant};

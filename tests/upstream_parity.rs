@@ -1,6 +1,9 @@
 //! Behaviour that must match Calico v3.32.1 (issue 6, items 8–25), from the real binary:
 //! exit codes, error texts, stored keys and JSON, interfaces and routes.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::io::{Read, Write};
