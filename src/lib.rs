@@ -27,6 +27,7 @@ pub mod net;
 pub mod plugin;
 pub mod skel;
 #[cfg(test)]
+#[cfg(test)]
 mod test_support;
 pub mod timefmt;
 

@@ -8,6 +8,7 @@
 pub mod backend;
 pub mod etcd;
 pub mod kubernetes;
+#[cfg(any(test, feature = "test-util"))]
 pub mod memory;
 pub mod model;
 pub mod resources;
