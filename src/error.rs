@@ -14,6 +14,7 @@ use crate::identifiers::IdentifierError;
 use crate::ipam::allocator::IpamError;
 use crate::ipam::verify::VerifyError;
 use crate::ipam_driver::azure::AzureError;
+use crate::net::ParseIpNetError;
 use crate::skel::error::CODE_TRY_AGAIN_LATER;
 use crate::skel::CniError;
 
@@ -47,6 +48,19 @@ pub enum Error {
     /// JSON that does not parse (a config being rewritten, say).
     #[error(transparent)]
     Json(#[from] serde_json::Error),
+    /// A JSON value given by a user (an annotation's, say) that does not parse, in Go's words.
+    #[error(transparent)]
+    JsonValue(#[from] JsonValueError),
+    /// A CIDR that does not parse (Go's `invalid CIDR address: <s>`).
+    #[error(transparent)]
+    Cidr(#[from] ParseIpNetError),
+    /// An IP address that does not parse (Go's `invalid IP format: <s>`).
+    #[error("invalid IP format: {input}")]
+    InvalidIp {
+        input: String,
+        #[source]
+        source: std::net::AddrParseError,
+    },
     /// The call's deadline passed (`crate::deadline`).
     #[error(transparent)]
     Deadline(#[from] Expired),
@@ -67,6 +81,27 @@ pub enum Error {
     /// Several independent failures of one call (DEL runs every step), joined with "; ".
     #[error("{}", join(.0))]
     List(Vec<Error>),
+}
+
+/// Go's `json.Unmarshal` refusing a value given as text (a pod annotation's):
+/// `failed to parse '<raw>' as JSON: <Go's reason>`, serde's error kept as the cause.
+#[derive(Debug, thiserror::Error)]
+#[error("failed to parse '{raw}' as JSON: {}", go_json_text(.source))]
+pub struct JsonValueError {
+    pub raw: String,
+    #[source]
+    pub source: serde_json::Error,
+}
+
+/// Go's `json.Unmarshal` error text for the common cases (the values parsed so are lists
+/// of strings).
+fn go_json_text(e: &serde_json::Error) -> &'static str {
+    match e.classify() {
+        serde_json::error::Category::Data => {
+            "json: cannot unmarshal into Go value of type []string"
+        }
+        _ => "invalid character in JSON",
+    }
 }
 
 fn join(errors: &[Error]) -> String {

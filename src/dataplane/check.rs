@@ -17,8 +17,8 @@ use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteHeader, Rou
 use rtnetlink::{Handle, RouteMessageBuilder};
 
 use super::netns::{Netns, OpenError};
-use super::nl::{link_mac, lookup, nl_text};
-use super::sys::{open_netns, NsOpenError};
+use super::nl::{link_mac, lookup};
+use super::sys::open_netns;
 use super::{DataplaneError, Families, HOST_SIDE_LL, HOST_SIDE_MAC, IPV4_GATEWAY};
 use crate::net::{format_mac, IpNet};
 
@@ -59,28 +59,31 @@ fn mismatch(msg: impl Into<String>) -> DataplaneError {
 /// on the call's runtime (the pod side through the call's pod handle, `netns.rs`), from a
 /// thread in the host netns.
 pub async fn verify(e: &Expected) -> Result<()> {
-    let pod_ns = open_netns(&e.netns_path).map_err(|err| match err {
-        NsOpenError::NotExist(_) => mismatch(format!("netns {} does not exist", e.netns_path)),
-        NsOpenError::Other(m) => DataplaneError::EnterNetns(m),
+    let pod_ns = open_netns(&e.netns_path).map_err(|err| match err.is_not_exist() {
+        true => mismatch(format!("netns {} does not exist", e.netns_path)),
+        false => DataplaneError::EnterNetns(err),
     })?;
     let ns = Netns::open(&e.netns_path, pod_ns, Families::default())
         .await
         .map_err(|err| match err {
             OpenError::Host(m) => DataplaneError::HostHandle(m),
             OpenError::Enter(m) => DataplaneError::EnterNetns(m),
-            OpenError::Pod(m) => DataplaneError::Internal(m),
+            OpenError::Pod(m) => DataplaneError::Thread(m),
         })?;
     pod_side(&ns.pod, e).await?;
     host_side(&ns.host, e).await
 }
 
 async fn pod_side(h: &Handle, e: &Expected) -> Result<()> {
-    let link = lookup(h, &e.ifname).await.map_err(|why| {
-        mismatch(format!(
-            "container interface {:?} in netns {}: {why}",
-            e.ifname, e.netns_path
-        ))
-    })?;
+    let link = lookup(h, &e.ifname)
+        .await
+        .map_err(|source| DataplaneError::CheckLink {
+            what: format!(
+                "container interface {:?} in netns {}",
+                e.ifname, e.netns_path
+            ),
+            source,
+        })?;
     is_veth(&link, &e.ifname)?;
     let index = link.header.index;
     if let Some(want) = &e.container_mac {
@@ -153,7 +156,10 @@ async fn host_side(h: &Handle, e: &Expected) -> Result<()> {
     let hv = e.host_veth.as_str();
     let link = lookup(h, hv)
         .await
-        .map_err(|why| mismatch(format!("host veth {hv:?}: {why}")))?;
+        .map_err(|source| DataplaneError::CheckLink {
+            what: format!("host veth {hv:?}"),
+            source,
+        })?;
     is_veth(&link, hv)?;
     let mac = link_mac(&link).unwrap_or_default();
     if mac != HOST_SIDE_MAC {
@@ -228,7 +234,10 @@ async fn addresses(h: &Handle, index: u32) -> Result<Vec<IpNet>> {
         .execute()
         .try_collect()
         .await
-        .map_err(|err| DataplaneError::Internal(format!("listing addresses: {}", nl_text(&err))))?;
+        .map_err(|source| DataplaneError::Dump {
+            what: "listing addresses",
+            source,
+        })?;
     Ok(msgs
         .iter()
         .filter(|m| m.header.index == index)
@@ -269,13 +278,16 @@ async fn routes(h: &Handle, v4: bool) -> Result<Vec<Route>> {
     } else {
         RouteMessageBuilder::<std::net::Ipv6Addr>::new().build()
     };
-    let msgs: Vec<RouteMessage> = h
-        .route()
-        .get(req)
-        .execute()
-        .try_collect()
-        .await
-        .map_err(|err| DataplaneError::Internal(format!("listing routes: {}", nl_text(&err))))?;
+    let msgs: Vec<RouteMessage> =
+        h.route()
+            .get(req)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(|source| DataplaneError::Dump {
+                what: "listing routes",
+                source,
+            })?;
     Ok(msgs.iter().filter_map(|m| route(m, v4)).collect())
 }
 

@@ -242,10 +242,9 @@ impl GrpcDataplane {
             Err(_) => {
                 warn!(rpc, timeout = ?TIMEOUT, "request to grpc dataplane timed out");
                 // What grpc-go reports when the request's context times out.
-                Err(DataplaneError::GrpcStatus {
-                    code: "DeadlineExceeded",
-                    message: "context deadline exceeded".into(),
-                })
+                Err(DataplaneError::GrpcStatus(
+                    tonic::Status::deadline_exceeded("context deadline exceeded"),
+                ))
             }
         }
     }
@@ -266,7 +265,10 @@ impl GrpcDataplane {
         let channel = Endpoint::from_static("http://localhost")
             .connect_with_connector(connector)
             .await
-            .map_err(|e| DataplaneError::GrpcConnect(connect_text(&self.path, &e)))?;
+            .map_err(|source| DataplaneError::GrpcConnect {
+                path: self.path.clone(),
+                source,
+            })?;
         Ok(CniDataplaneClient::new(channel))
     }
 }
@@ -313,10 +315,16 @@ pub fn parse_mac(raw: &str) -> Result<String, DataplaneError> {
     Ok(out.join(":"))
 }
 
-/// A gRPC status as grpc-go renders it (`rpc error: code = Unavailable desc = ...`).
+/// A failed request's status, rendered as grpc-go renders it
+/// (`rpc error: code = Unavailable desc = ...`).
 fn status_error(s: tonic::Status) -> DataplaneError {
+    DataplaneError::GrpcStatus(s)
+}
+
+/// grpc-go's name of a status code.
+pub(super) fn code_name(code: tonic::Code) -> &'static str {
     use tonic::Code;
-    let code = match s.code() {
+    match code {
         Code::Ok => "OK",
         Code::Cancelled => "Canceled",
         Code::Unknown => "Unknown",
@@ -334,16 +342,12 @@ fn status_error(s: tonic::Status) -> DataplaneError {
         Code::Unavailable => "Unavailable",
         Code::DataLoss => "DataLoss",
         Code::Unauthenticated => "Unauthenticated",
-    };
-    DataplaneError::GrpcStatus {
-        code,
-        message: s.message().to_string(),
     }
 }
 
 /// Why connecting failed, as Go words a failed dial (`dial unix <path>: connect: <errno>`)
 /// when the cause is an OS error, else the transport's own chain.
-fn connect_text(path: &std::path::Path, e: &tonic::transport::Error) -> String {
+pub(super) fn connect_text(path: &std::path::Path, e: &tonic::transport::Error) -> String {
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
     let mut chain = Vec::new();
     while let Some(c) = cause {

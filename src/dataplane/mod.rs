@@ -20,6 +20,7 @@
 //! ends at the call's deadline (`crate::deadline`).
 
 pub mod check;
+mod error;
 pub mod grpc;
 pub mod link_watch;
 mod netns;
@@ -28,14 +29,19 @@ mod route;
 mod sys;
 mod veth;
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use crate::net::IpNet;
 use netns::{Netns, OpenError, Target};
-use nl::nl_text;
 use sys::{block_on, connect, open_netns};
 
+#[cfg(test)]
+pub(crate) use error::netlink_errno;
+pub use error::{
+    DataplaneError, DelLinkError, HostHandleError, HostRouteError, LookupError, NsError,
+    PodSysctlError, SetSysctlError, SysctlError, ThreadError,
+};
 pub use netns::Teardown;
 
 /// MAC given to every host-side veth.
@@ -81,88 +87,6 @@ pub struct NetworkingResult {
     pub container_mac: String,
     /// The ifindex of the container end this call created (see `remove_created_interface`).
     pub container_index: u32,
-}
-
-/// Errors, with upstream's (Calico v3.32 `dataplane_linux.go`) texts. OS and netlink causes are
-/// rendered as Go renders them (`file exists`, `open <path>: no such file or directory`).
-#[derive(Debug, thiserror::Error)]
-pub enum DataplaneError {
-    #[error("failed to create host netlink handle: {0}")]
-    HostHandle(String),
-    #[error("failed to delete old hostVeth {name}: {reason}")]
-    DeleteOldHostVeth { name: String, reason: String },
-    /// The pod netns could not be entered (containernetworking `ns` package texts).
-    #[error("{0}")]
-    Netns(String),
-    /// Creating the veth pair failed; upstream returns the bare netlink error.
-    #[error("{0}")]
-    CreateVeth(String),
-    #[error("failed to lookup {name:?}: {reason}")]
-    Lookup { name: String, reason: String },
-    #[error("timed out waiting for host veth {0:?} to accept MAC ee:ee:ee:ee:ee:ee")]
-    MacTimeout(String),
-    #[error("failed to disable DAD for {name}: {reason}")]
-    DisableDad { name: String, reason: String },
-    /// `reason` is e.g. `failed to set net.ipv4.conf.<h>.proxy_arp=1: <e>`.
-    #[error("error configuring sysctls for interface: {iface}, error: {reason}")]
-    HostSysctls { iface: String, reason: String },
-    #[error("failed to set {name:?} up: {reason}")]
-    LinkUp { name: String, reason: String },
-    /// Upstream uses this text for both halves of the link-local "toggle" (down and up).
-    #[error("failed to set {name:?} down: {reason}")]
-    LinkDown { name: String, reason: String },
-    #[error("failed to set container veth MAC to {mac} as requested via cni.projectcalico.org/hwAddr: {reason}")]
-    ContainerMac { mac: String, reason: String },
-    #[error("failed to add route inside the container: {0}")]
-    GatewayRoute(String),
-    #[error("failed to add IPv{version} route for {dst} via {gw}: {reason}")]
-    ContainerRoute {
-        version: u8,
-        dst: IpNet,
-        gw: IpAddr,
-        reason: String,
-    },
-    #[error("failed to set net.ipv6.conf.{conf}.disable_ipv6=0: {reason}")]
-    ContainerEnableIpv6 { conf: &'static str, reason: String },
-    #[error("failed to get IPv6 addresses for host side of the veth pair")]
-    NoHostIpv6,
-    #[error("host-side veth got wrong link-local IP address: {0}")]
-    WrongLinkLocal(Ipv6Addr),
-    /// Upstream formats the whole Go link struct with `%q`; we print the interface name.
-    #[error("failed to add IP addr to {name:?}: {reason}")]
-    AddAddr { name: String, reason: String },
-    #[error("error configuring sysctls for the container netns, error: {0}")]
-    ContainerSysctls(String),
-    /// `reason` is one of the `SetupRoutes` texts (`route (...) already exists for ...`).
-    #[error("error adding host side routes for interface: {iface}, error: {reason}")]
-    HostRoutes { iface: String, reason: String },
-    #[error("failed to enter netns: {0}")]
-    EnterNetns(String),
-    #[error("failed to clean up workload's veth inside netns: {0}")]
-    CleanUpLink(String),
-    #[error("timed out deleting device in netns {0}")]
-    CleanUpTimeout(String),
-    /// CHECK found the kernel different from the previous result (`check.rs`).
-    #[error("CHECK: {0}")]
-    Check(String),
-    /// The gRPC dataplane could not be reached (`grpc.rs`).
-    #[error("cannot connect to grpc dataplane: {0}")]
-    GrpcConnect(String),
-    /// A gRPC request failed (or timed out), as grpc-go renders its status.
-    #[error("rpc error: code = {code} desc = {message}")]
-    GrpcStatus { code: &'static str, message: String },
-    /// The gRPC dataplane answered, unsuccessfully.
-    #[error("grpc dataplane error: {0}")]
-    GrpcReply(String),
-    /// The gRPC dataplane's container MAC (Go's `net.ParseMAC` text).
-    #[error("address {0}: invalid MAC address")]
-    GrpcMac(String),
-    /// The call's deadline passed during a wait (`crate::deadline`).
-    #[error(transparent)]
-    Deadline(#[from] crate::deadline::Expired),
-    /// Thread or runtime failures that have no upstream counterpart.
-    #[error("{0}")]
-    Internal(String),
 }
 
 type Result<T, E = DataplaneError> = std::result::Result<T, E>;
@@ -305,14 +229,13 @@ impl Linux {
     pub fn open(netns_path: String, expected: Option<Families>) -> Linux {
         let forwarding = expected.unwrap_or(Families { v4: true, v6: true });
         let handles = tokio::spawn(async move {
-            let pod_ns =
-                open_netns(&netns_path).map_err(|e| DataplaneError::Netns(e.into_message()))?;
+            let pod_ns = open_netns(&netns_path).map_err(DataplaneError::Netns)?;
             Netns::open(&netns_path, pod_ns, forwarding)
                 .await
                 .map_err(|e| match e {
                     OpenError::Host(e) => DataplaneError::HostHandle(e),
                     OpenError::Enter(e) => DataplaneError::Netns(e),
-                    OpenError::Pod(e) => internal(format!("failed to open netlink in netns: {e}")),
+                    OpenError::Pod(e) => DataplaneError::PodHandle(e),
                 })
         });
         Linux { handles }
@@ -326,10 +249,10 @@ impl Dataplane for Linux {
     /// needs no address (`veth.rs`). Must run on the call's runtime, from a thread in the
     /// host netns.
     async fn prepare(self, req: VethRequest) -> Result<VethPair> {
-        let ns = self
-            .handles
-            .await
-            .map_err(|e| internal(format!("opening the netlink handles: {e}")))??;
+        let ns = self.handles.await.map_err(|source| ThreadError::Task {
+            context: "opening the netlink handles",
+            source,
+        })??;
         VethPair::build(ns, req).await
     }
 }
@@ -586,9 +509,10 @@ impl CleanUp {
     pub async fn finish(self) -> Result<()> {
         match self {
             CleanUp::Linux(t) => t.finish().await,
-            CleanUp::Grpc(task) => task
-                .await
-                .map_err(|e| internal(format!("the gRPC Del task failed: {e}")))?,
+            CleanUp::Grpc(task) => task.await.map_err(|source| ThreadError::Task {
+                context: "the gRPC Del task failed",
+                source,
+            })?,
         }
     }
 }
@@ -611,10 +535,10 @@ pub fn do_networking(req: &NetworkingRequest) -> Result<NetworkingResult> {
                 let linux = Linux::open(veth.netns_path.clone(), veth.families);
                 linux.prepare(veth).await?.finish(&addrs, &pod).await
             })
-            .map_err(internal)?
+            .map_err(ThreadError::Runtime)?
         })
         .join()
-        .unwrap_or_else(|_| Err(internal("dataplane thread panicked")))
+        .unwrap_or_else(|_| Err(ThreadError::Panicked("dataplane").into()))
     })
 }
 
@@ -638,9 +562,11 @@ pub fn start_clean_up(netns_path: &str, ifname: &str) -> Teardown {
 /// `start_clean_up` and its outcome, for callers outside a tokio runtime.
 pub fn clean_up_namespace(netns_path: &str, ifname: &str) -> Result<()> {
     std::thread::scope(|s| {
-        s.spawn(|| block_on(start_clean_up(netns_path, ifname).finish()).map_err(internal)?)
-            .join()
-            .unwrap_or_else(|_| Err(internal("netns cleanup thread panicked")))
+        s.spawn(|| {
+            block_on(start_clean_up(netns_path, ifname).finish()).map_err(ThreadError::Runtime)?
+        })
+        .join()
+        .unwrap_or_else(|_| Err(ThreadError::Panicked("netns cleanup").into()))
     })
 }
 
@@ -649,24 +575,21 @@ pub fn host_link_exists(name: &str) -> Result<bool> {
     std::thread::scope(|s| {
         s.spawn(|| {
             block_on(async {
-                let h = connect().map_err(|e| DataplaneError::HostHandle(e.to_string()))?;
+                let h = connect()
+                    .map_err(|e| DataplaneError::HostHandle(HostHandleError::Netlink(e)))?;
                 nl::link_by_name(&h, name)
                     .await
                     .map(|l| l.is_some())
                     .map_err(|e| DataplaneError::Lookup {
                         name: name.to_string(),
-                        reason: nl_text(&e),
+                        source: LookupError::Netlink(e),
                     })
             })
-            .map_err(internal)?
+            .map_err(ThreadError::Runtime)?
         })
         .join()
-        .unwrap_or_else(|_| Err(internal("netlink thread panicked")))
+        .unwrap_or_else(|_| Err(ThreadError::Panicked("netlink").into()))
     })
-}
-
-fn internal(msg: impl Into<String>) -> DataplaneError {
-    DataplaneError::Internal(msg.into())
 }
 
 #[cfg(test)]
@@ -698,8 +621,15 @@ mod tests {
         );
         let e = DataplaneError::HostSysctls {
             iface: "cali1".into(),
-            reason: "failed to set net.ipv4.conf.cali1.proxy_arp=1: open /x: permission denied"
-                .into(),
+            source: SetSysctlError {
+                key: "net.ipv4.conf.cali1.proxy_arp".into(),
+                value: "1",
+                source: SysctlError {
+                    op: "open",
+                    path: "/x".into(),
+                    source: std::io::Error::from_raw_os_error(libc::EACCES),
+                },
+            },
         };
         assert_eq!(
             e.to_string(),
@@ -709,8 +639,8 @@ mod tests {
         let e = DataplaneError::ContainerRoute {
             version: 4,
             dst: "0.0.0.0/0".parse().unwrap(),
-            gw: IpAddr::V4(IPV4_GATEWAY),
-            reason: "file exists".into(),
+            gw: std::net::IpAddr::V4(IPV4_GATEWAY),
+            source: netlink_errno(libc::EEXIST),
         };
         assert_eq!(
             e.to_string(),
@@ -723,10 +653,20 @@ mod tests {
         assert_eq!(
             DataplaneError::LinkUp {
                 name: "eth0".into(),
-                reason: "no such device".into()
+                source: netlink_errno(libc::ENODEV),
             }
             .to_string(),
             "failed to set \"eth0\" up: no such device"
+        );
+        // The cause is kept with its type, under the same text.
+        let e = DataplaneError::CreateVeth(netlink_errno(libc::EEXIST));
+        assert_eq!(e.to_string(), "file exists");
+        let source = std::error::Error::source(&e).and_then(|s| s.downcast_ref());
+        assert!(matches!(source, Some(rtnetlink::Error::NetlinkError(_))));
+        let e = DataplaneError::CleanUpLink(DelLinkError::Kernel(nix::errno::Errno::EBUSY));
+        assert_eq!(
+            e.to_string(),
+            "failed to clean up workload's veth inside netns: device or resource busy"
         );
     }
 
@@ -738,8 +678,9 @@ mod tests {
             v6: false,
         };
         let err = veth::host_sysctls("calidoesnotexist", v4).unwrap_err();
+        assert_eq!(err.source.source.kind(), std::io::ErrorKind::NotFound);
         assert_eq!(
-            err,
+            err.to_string(),
             "failed to set net.ipv4.conf.calidoesnotexist.route_localnet=1: open \
              /proc/sys/net/ipv4/conf/calidoesnotexist/route_localnet: no such file or directory"
         );

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use futures::channel::oneshot;
 use rtnetlink::Handle;
 
-use super::sys::{self, open_netns, NsOpenError, SysctlFile};
-use super::{internal, nl, DataplaneError, Families, Result};
+use super::sys::{self, open_netns, SysctlFile};
+use super::{nl, DataplaneError, Families, HostHandleError, NsError, Result, ThreadError};
 
 /// How long a link deletion may take (and the call's deadline).
 const DELETE_TIMEOUT: Duration = Duration::from_secs(20);
@@ -42,30 +42,31 @@ pub(crate) struct Netns {
 #[derive(Debug)]
 pub(crate) enum OpenError {
     /// The host netns or its netlink socket.
-    Host(String),
+    Host(HostHandleError),
     /// Entering the pod netns.
-    Enter(String),
+    Enter(NsError),
     /// The pod's netlink socket, or the thread that opens it.
-    Pod(String),
+    Pod(ThreadError),
 }
 
 impl Netns {
     /// Opens both handles; must be called on the runtime that will drive them, from a thread
     /// in the host netns. `forwarding`: which forwarding sysctls of the pod to open.
     pub async fn open(path: &str, pod_ns: File, forwarding: Families) -> Result<Netns, OpenError> {
-        let host_ns = sys::current_thread_netns().map_err(OpenError::Host)?;
-        let host = sys::connect().map_err(|e| OpenError::Host(e.to_string()))?;
+        let host_ns =
+            sys::current_thread_netns().map_err(|e| OpenError::Host(HostHandleError::Netns(e)))?;
+        let host = sys::connect().map_err(|e| OpenError::Host(HostHandleError::Netlink(e)))?;
         let runtime = tokio::runtime::Handle::current();
         let ns = pod_ns
             .try_clone()
-            .map_err(|e| OpenError::Pod(e.to_string()))?;
+            .map_err(|e| OpenError::Pod(ThreadError::Os(e)))?;
         let p = path.to_string();
         let opened = spawn("calico-netns", move || {
             sys::enter_netns(&ns, &p).map_err(OpenError::Enter)?;
             // The socket registers with the caller's runtime, which drives it from now on.
             let _runtime = runtime.enter();
             let (conn, pod, _) =
-                rtnetlink::new_connection().map_err(|e| OpenError::Pod(e.to_string()))?;
+                rtnetlink::new_connection().map_err(|e| OpenError::Pod(ThreadError::Os(e)))?;
             let v4 = forwarding
                 .v4
                 .then(|| SysctlFile::open("/proc/sys/net/ipv4/ip_forward"));
@@ -74,10 +75,10 @@ impl Netns {
                 .then(|| SysctlFile::open("/proc/sys/net/ipv6/conf/all/forwarding"));
             Ok((conn, pod, v4, v6))
         })
-        .map_err(|e| OpenError::Pod(format!("failed to spawn a thread: {e}")))?;
+        .map_err(|e| OpenError::Pod(ThreadError::Spawn(e)))?;
         let (conn, pod, forwarding_v4, forwarding_v6) = opened
             .await
-            .unwrap_or_else(|_| Err(OpenError::Pod("netns thread panicked".into())))?;
+            .unwrap_or_else(|_| Err(OpenError::Pod(ThreadError::Panicked("netns"))))?;
         tokio::spawn(conn);
         Ok(Netns {
             path: path.to_string(),
@@ -94,27 +95,23 @@ impl Netns {
     pub async fn in_pod<T: Send + 'static>(
         &self,
         f: impl FnOnce() -> T + Send + 'static,
-    ) -> Result<T> {
-        let ns = self
-            .pod_ns
-            .try_clone()
-            .map_err(|e| internal(e.to_string()))?;
+    ) -> Result<T, ThreadError> {
+        let ns = self.pod_ns.try_clone().map_err(ThreadError::Os)?;
         let path = self.path.clone();
         let done = spawn("calico-netns", move || {
-            sys::enter_netns(&ns, &path)?;
+            sys::enter_netns(&ns, &path).map_err(ThreadError::Enter)?;
             Ok(f())
         })
-        .map_err(|e| internal(format!("failed to spawn a thread: {e}")))?;
+        .map_err(ThreadError::Spawn)?;
         done.await
-            .unwrap_or_else(|_| Err("netns thread panicked".to_string()))
-            .map_err(internal)
+            .unwrap_or_else(|_| Err(ThreadError::Panicked("netns")))
     }
 
     /// Starts deleting the link with ifindex `index` (`ifname` for messages) in the pod netns.
     pub fn start_delete(&self, ifname: &str, index: u32) -> Teardown {
         match self.pod_ns.try_clone() {
             Ok(ns) => start_delete(Target::Open(ns), &self.path, ifname, index),
-            Err(e) => Teardown::failed(internal(e.to_string())),
+            Err(e) => Teardown::failed(ThreadError::Os(e).into()),
         }
     }
 }
@@ -137,7 +134,7 @@ pub(crate) fn start_delete(target: Target, path: &str, ifname: &str, index: u32)
             ifname: ifname.to_string(),
             state: State::Running(rx),
         },
-        Err(e) => Teardown::failed(internal(format!("failed to spawn a thread: {e}"))),
+        Err(e) => Teardown::failed(ThreadError::Spawn(e).into()),
     }
 }
 
@@ -189,7 +186,7 @@ impl Teardown {
                 }
                 r
             }
-            Ok(Err(_)) => Err(internal("netns cleanup thread panicked")),
+            Ok(Err(_)) => Err(ThreadError::Panicked("netns cleanup").into()),
             Err(_) if capped => Err(crate::deadline::expired(format!(
                 "deleting device {:?} in netns {}",
                 self.ifname, self.path
@@ -206,11 +203,11 @@ fn delete(target: Target, path: &str, ifname: &str, index: u32) -> Result<()> {
         Target::Open(f) => f,
         Target::Path => match open_netns(path) {
             Ok(f) => f,
-            Err(NsOpenError::NotExist(_)) => {
+            Err(e) if e.is_not_exist() => {
                 tracing::info!("Workload's netns already gone.  Nothing to do.");
                 return Ok(());
             }
-            Err(NsOpenError::Other(m)) => return Err(DataplaneError::EnterNetns(m)),
+            Err(e) => return Err(DataplaneError::EnterNetns(e)),
         },
     };
     sys::enter_netns(&ns, path).map_err(DataplaneError::EnterNetns)?;

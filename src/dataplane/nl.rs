@@ -13,7 +13,8 @@ use netlink_packet_route::route::{
 use netlink_packet_route::AddressFamily;
 use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 
-use crate::gocompat::{errno_text, io_error_text};
+use super::{DelLinkError, LookupError};
+use crate::gocompat::errno_text;
 use crate::net::IpNet;
 
 /// The errno carried by a netlink error reply, as a positive number.
@@ -32,9 +33,6 @@ pub(crate) fn nl_text(e: &rtnetlink::Error) -> String {
     }
 }
 
-/// Text of vishvananda/netlink's `LinkNotFoundError`.
-pub(crate) const LINK_NOT_FOUND: &str = "Link not found";
-
 /// Looks a link up by name; `Ok(None)` when the kernel says ENODEV.
 pub(crate) async fn link_by_name(
     h: &Handle,
@@ -48,12 +46,12 @@ pub(crate) async fn link_by_name(
     }
 }
 
-/// Looks a link up by name, rendering failures as Go does (`Link not found` / errno text).
-pub(crate) async fn lookup(h: &Handle, name: &str) -> Result<LinkMessage, String> {
+/// Looks a link up by name; its failures render as Go's (`Link not found` / errno text).
+pub(crate) async fn lookup(h: &Handle, name: &str) -> Result<LinkMessage, LookupError> {
     match link_by_name(h, name).await {
         Ok(Some(m)) => Ok(m),
-        Ok(None) => Err(LINK_NOT_FOUND.to_string()),
-        Err(e) => Err(nl_text(&e)),
+        Ok(None) => Err(LookupError::NotFound),
+        Err(e) => Err(LookupError::Netlink(e)),
     }
 }
 
@@ -108,15 +106,16 @@ pub(crate) async fn set_down(h: &Handle, index: u32) -> Result<(), rtnetlink::Er
 /// Deletes a link on a blocking netlink socket of the calling thread's netns, by `index`
 /// or, when it is 0, by `name`: one RTM_DELLINK and its answer, no runtime. The kernel does
 /// the whole teardown before it answers. `Ok(false)`: there is no such link.
-pub(crate) fn del_link_blocking(name: &str, index: u32) -> Result<bool, String> {
+pub(crate) fn del_link_blocking(name: &str, index: u32) -> Result<bool, DelLinkError> {
     use netlink_packet_route::RouteNetlinkMessage;
     use rtnetlink::packet_core::{NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_REQUEST};
     use rtnetlink::sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
-    let io_text = |e: std::io::Error| io_error_text(&e);
-    let mut socket = Socket::new(NETLINK_ROUTE).map_err(io_text)?;
-    socket.bind_auto().map_err(io_text)?;
-    socket.connect(&SocketAddr::new(0, 0)).map_err(io_text)?;
+    let mut socket = Socket::new(NETLINK_ROUTE).map_err(DelLinkError::Socket)?;
+    socket.bind_auto().map_err(DelLinkError::Socket)?;
+    socket
+        .connect(&SocketAddr::new(0, 0))
+        .map_err(DelLinkError::Socket)?;
 
     let mut link = LinkMessage::default();
     link.header.index = index;
@@ -130,19 +129,19 @@ pub(crate) fn del_link_blocking(name: &str, index: u32) -> Result<bool, String> 
     req.finalize();
     let mut buf = vec![0; req.buffer_len()];
     req.serialize(&mut buf);
-    socket.send(&buf, 0).map_err(io_text)?;
+    socket.send(&buf, 0).map_err(DelLinkError::Socket)?;
     loop {
-        let (data, _) = socket.recv_from_full().map_err(io_text)?;
+        let (data, _) = socket.recv_from_full().map_err(DelLinkError::Socket)?;
         let mut rest = &data[..];
         while !rest.is_empty() {
             let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(rest)
-                .map_err(|e| format!("decoding a netlink answer: {e}"))?;
+                .map_err(DelLinkError::Decode)?;
             let len = (msg.header.length as usize).next_multiple_of(4);
             if let NetlinkPayload::Error(e) = msg.payload {
-                return match e.code.map(|c| c.get().abs()) {
+                return match e.code.map(|c| nix::errno::Errno::from_raw(c.get().abs())) {
                     None => Ok(true),
-                    Some(libc::ENODEV) => Ok(false),
-                    Some(code) => Err(errno_text(code)),
+                    Some(nix::errno::Errno::ENODEV) => Ok(false),
+                    Some(errno) => Err(DelLinkError::Kernel(errno)),
                 };
             }
             if len == 0 || len >= rest.len() {

@@ -5,19 +5,18 @@
 use netlink_packet_route::route::RouteScope;
 use rtnetlink::Handle;
 
-use super::nl::{
-    link_name_by_index, main_table_routes, nl_errno, nl_text, route_message, scope_name,
-};
+use super::nl::{link_name_by_index, main_table_routes, nl_errno, route_message, scope_name};
+use super::HostRouteError;
 use crate::net::IpNet;
 
-/// Adds `<ip>/32|/128 dev <host_veth> scope link proto boot` for every address. Returns the
-/// inner error text; the caller wraps it in `error adding host side routes for interface: ...`.
+/// Adds `<ip>/32|/128 dev <host_veth> scope link proto boot` for every address. The caller
+/// wraps a failure in `error adding host side routes for interface: ...`.
 pub(crate) async fn setup_host_routes(
     h: &Handle,
     host_veth: &str,
     host_index: u32,
     ips: &[IpNet],
-) -> Result<(), String> {
+) -> Result<(), HostRouteError> {
     for ip in ips {
         let dst = IpNet::host(ip.addr);
         let msg = route_message(dst, None, host_index, RouteScope::Link);
@@ -29,16 +28,18 @@ pub(crate) async fn setup_host_routes(
             Err(e) => e,
         };
         if nl_errno(&err) != Some(libc::EEXIST) {
-            return Err(format!(
-                "failed to add route (Ifindex: {host_index}, Dst: {dst}, Scope: link, Iface: {host_veth}): {}",
-                nl_text(&err)
-            ));
+            return Err(HostRouteError::Add {
+                index: host_index,
+                dst,
+                iface: host_veth.to_string(),
+                source: err,
+            });
         }
 
         // The destination is taken. Fine if it is exactly our route on our link.
         let routes = main_table_routes(h, dst.is_ipv4())
             .await
-            .map_err(|e| format!("error listing routes: {}", nl_text(&e)))?;
+            .map_err(HostRouteError::List)?;
         let ours = routes.iter().any(|r| {
             r.oif == host_index
                 && r.dst.is_some_and(|d| d.addr == dst.addr)
@@ -70,9 +71,12 @@ pub(crate) async fn setup_host_routes(
                 scope_name(r.scope)
             );
         }
-        return Err(format!(
-            "route (Ifindex: {host_index}, Dst: {dst}, Scope: link) already exists for an interface other than '{host_veth}': {conflict}"
-        ));
+        return Err(HostRouteError::Conflict {
+            index: host_index,
+            dst,
+            iface: host_veth.to_string(),
+            conflict,
+        });
     }
     Ok(())
 }
@@ -157,10 +161,10 @@ mod tests {
             .unwrap()
         })
         .unwrap();
-        assert_eq!(same, Ok(()));
-        assert_eq!(fresh, Ok(()));
+        assert!(same.is_ok(), "{same:?}");
+        assert!(fresh.is_ok(), "{fresh:?}");
         assert_eq!(
-            other.unwrap_err(),
+            other.unwrap_err().to_string(),
             format!(
                 "route (Ifindex: {b_idx}, Dst: 10.65.0.5/32, Scope: link) already exists for an \
                  interface other than 'calitestb': route (Ifindex: {a_idx}, Dst: 10.65.0.5/32, \

@@ -13,12 +13,14 @@ use nix::sched::CloneFlags;
 use nix::sys::statfs::{statfs, NSFS_MAGIC, PROC_SUPER_MAGIC};
 use rtnetlink::Handle;
 
-use crate::gocompat::{errno_text, path_error};
+#[cfg(test)]
+use super::ThreadError;
+use super::{NsError, SysctlError};
 
 /// Sets a sysctl through `/proc/sys`, unless it already holds `value` (read before write).
 /// `/proc/sys/net` resolves against the network namespace of the *calling thread*, so the
 /// caller must be on a thread inside the right netns.
-pub(crate) fn set_sysctl(path: &str, value: &str) -> Result<(), String> {
+pub(crate) fn set_sysctl(path: &str, value: &str) -> Result<(), SysctlError> {
     SysctlFile::open(path).set(value)
 }
 
@@ -29,16 +31,12 @@ pub(crate) fn set_sysctl(path: &str, value: &str) -> Result<(), String> {
 #[derive(Debug)]
 pub(crate) struct SysctlFile {
     path: String,
-    file: Result<File, String>,
+    file: Result<File, io::Error>,
 }
 
 impl SysctlFile {
     pub(crate) fn open(path: &str) -> SysctlFile {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(|e| path_error("open", path, &e));
+        let file = OpenOptions::new().read(true).write(true).open(path);
         SysctlFile {
             path: path.to_string(),
             file,
@@ -47,10 +45,15 @@ impl SysctlFile {
 
     /// Writes `value` unless the sysctl holds it already (a value that cannot be read is
     /// written).
-    pub(crate) fn set(&self, value: &str) -> Result<(), String> {
+    pub(crate) fn set(&self, value: &str) -> Result<(), SysctlError> {
         use std::os::unix::fs::FileExt;
 
-        let file = self.file.as_ref().map_err(Clone::clone)?;
+        let error = |op, source| SysctlError {
+            op,
+            path: self.path.clone(),
+            source,
+        };
+        let file = self.file.as_ref().map_err(|e| error("open", copy_io(e)))?;
         let mut buf = [0u8; 64];
         if let Ok(n) = file.read_at(&mut buf, 0) {
             if buf[..n].trim_ascii() == value.as_bytes() {
@@ -59,63 +62,55 @@ impl SysctlFile {
         }
         file.write_at(value.as_bytes(), 0)
             .map(|_| ())
-            .map_err(|e| path_error("write", &self.path, &e))
+            .map_err(|e| error("write", e))
     }
 }
 
-/// Why a netns path could not be opened (containernetworking's `ns.GetNS`).
-#[derive(Debug)]
-pub(crate) enum NsOpenError {
-    /// The path does not exist (`ns.NSPathNotExistErr`); DEL treats this as success.
-    NotExist(String),
-    /// Anything else: not a namespace file, permission problems, ...
-    Other(String),
-}
-
-impl NsOpenError {
-    pub(crate) fn into_message(self) -> String {
-        match self {
-            NsOpenError::NotExist(m) | NsOpenError::Other(m) => m,
-        }
+/// The same OS error again (`io::Error` is not `Clone`): an open failure is reported by
+/// every `set`.
+fn copy_io(e: &io::Error) -> io::Error {
+    match e.raw_os_error() {
+        Some(code) => io::Error::from_raw_os_error(code),
+        None => io::Error::new(e.kind(), e.to_string()),
     }
 }
 
 /// Opens a network namespace file after checking, like `ns.GetNS`, that it lives on nsfs or
-/// procfs (a leftover plain file under /run/netns is rejected).
-pub(crate) fn open_netns(path: &str) -> Result<File, NsOpenError> {
-    let st = statfs(path).map_err(|errno| {
-        let msg = format!("failed to Statfs {path:?}: {}", errno_text(errno as i32));
-        if errno == nix::errno::Errno::ENOENT {
-            NsOpenError::NotExist(msg)
-        } else {
-            NsOpenError::Other(msg)
-        }
+/// procfs (a leftover plain file under /run/netns is rejected). A path that does not exist
+/// is `NsError::is_not_exist`.
+pub(crate) fn open_netns(path: &str) -> Result<File, NsError> {
+    let st = statfs(path).map_err(|source| NsError::Statfs {
+        path: path.to_string(),
+        source,
     })?;
     let fs_type = st.filesystem_type();
     if fs_type != NSFS_MAGIC && fs_type != PROC_SUPER_MAGIC {
-        return Err(NsOpenError::Other(format!(
-            "unknown FS magic on {path:?}: {:x}",
-            fs_type.0
-        )));
+        // The field's width differs between libcs; `{:x}` prints the same digits.
+        #[allow(clippy::unnecessary_cast)]
+        let magic = fs_type.0 as u64;
+        return Err(NsError::FsMagic {
+            path: path.to_string(),
+            magic,
+        });
     }
-    File::open(path).map_err(|e| NsOpenError::Other(path_error("open", path, &e)))
+    File::open(path).map_err(|source| NsError::Open {
+        path: path.to_string(),
+        source,
+    })
 }
 
 /// Opens the network namespace of the calling thread (not the thread-group leader's, which
 /// is what `/proc/self/ns/net` would give).
-pub(crate) fn current_thread_netns() -> Result<File, String> {
+pub(crate) fn current_thread_netns() -> io::Result<File> {
     File::open("/proc/thread-self/ns/net")
-        .map_err(|e| format!("Failed to open current namespace: {e}"))
 }
 
 /// Moves the calling thread into the network namespace `ns`. Only ever called on threads that
 /// this module spawned and that exit when their work is done.
-pub(crate) fn enter_netns(ns: &File, path: &str) -> Result<(), String> {
-    nix::sched::setns(ns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|errno| {
-        format!(
-            "error switching to ns {path}: Error switching to ns {path}: {}",
-            errno_text(errno as i32)
-        )
+pub(crate) fn enter_netns(ns: &File, path: &str) -> Result<(), NsError> {
+    nix::sched::setns(ns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|source| NsError::Enter {
+        path: path.to_string(),
+        source,
     })
 }
 
@@ -127,24 +122,23 @@ pub(crate) fn run_in_netns<T: Send>(
     ns: &File,
     path: &str,
     f: impl FnOnce() -> T + Send,
-) -> Result<T, String> {
+) -> Result<T, ThreadError> {
     std::thread::scope(|s| {
         s.spawn(|| {
-            enter_netns(ns, path)?;
+            enter_netns(ns, path).map_err(ThreadError::Enter)?;
             Ok(f())
         })
         .join()
-        .unwrap_or_else(|_| Err("netns thread panicked".to_string()))
+        .unwrap_or_else(|_| Err(ThreadError::Panicked("netns")))
     })
 }
 
 /// Builds a current-thread runtime on the calling (dedicated) thread and drives `fut` on it
 /// (the blocking entry points used outside the plugin's own runtime).
-pub(crate) fn block_on<F: Future>(fut: F) -> Result<F::Output, String> {
+pub(crate) fn block_on<F: Future>(fut: F) -> io::Result<F::Output> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()
-        .map_err(|e| format!("failed to start a netlink runtime: {e}"))?;
+        .build()?;
     Ok(rt.block_on(fut))
 }
 
@@ -163,7 +157,11 @@ mod tests {
     #[test]
     fn path_errors_match_go() {
         let err = set_sysctl("/nonexistent-dir/file", "1").unwrap_err();
-        assert_eq!(err, "open /nonexistent-dir/file: no such file or directory");
+        assert_eq!(err.source.kind(), io::ErrorKind::NotFound);
+        assert_eq!(
+            err.to_string(),
+            "open /nonexistent-dir/file: no such file or directory"
+        );
     }
 
     #[test]
@@ -186,7 +184,7 @@ mod tests {
         // An open failure is reported by `set`, as Go's write would report it.
         let missing = SysctlFile::open("/proc/sys/net/ipv4/conf/calinotthere/forwarding");
         assert_eq!(
-            missing.set("1").unwrap_err(),
+            missing.set("1").unwrap_err().to_string(),
             "open /proc/sys/net/ipv4/conf/calinotthere/forwarding: no such file or directory"
         );
     }
@@ -194,15 +192,16 @@ mod tests {
     #[test]
     fn netns_open_errors() {
         match open_netns("/nonexistent/netns/path") {
-            Err(NsOpenError::NotExist(m)) => assert_eq!(
-                m,
+            Err(e) if e.is_not_exist() => assert_eq!(
+                e.to_string(),
                 "failed to Statfs \"/nonexistent/netns/path\": no such file or directory"
             ),
             other => panic!("unexpected {other:?}"),
         }
         // A directory that is neither nsfs nor procfs.
         match open_netns("/dev") {
-            Err(NsOpenError::Other(m)) => {
+            Err(e @ NsError::FsMagic { .. }) => {
+                let m = e.to_string();
                 assert!(m.starts_with("unknown FS magic on \"/dev\": "), "{m}")
             }
             other => panic!("unexpected {other:?}"),

@@ -26,9 +26,9 @@ use super::netns::Netns;
 use super::nl::{self, link_mac, lookup, nl_text, route_message};
 use super::sys::{set_sysctl, SysctlFile};
 use super::{
-    route, AddressRequest, DataplaneError, Families, NetworkingResult, Result, VethRequest,
-    HOST_SIDE_LL, HOST_SIDE_MAC, IPV4_GATEWAY, LL_ATTEMPTS, LL_RETRY_INTERVAL, MAC_RETRY_INTERVAL,
-    MAC_TIMEOUT,
+    route, AddressRequest, DataplaneError, Families, LookupError, NetworkingResult, PodSysctlError,
+    Result, SetSysctlError, VethRequest, HOST_SIDE_LL, HOST_SIDE_MAC, IPV4_GATEWAY, LL_ATTEMPTS,
+    LL_RETRY_INTERVAL, MAC_RETRY_INTERVAL, MAC_TIMEOUT,
 };
 use crate::net::{format_mac, IpNet};
 
@@ -76,9 +76,9 @@ pub(super) async fn delete_old_host_link(host: &Handle, hv: &str) -> Result<()> 
             .del(old.header.index)
             .execute()
             .await
-            .map_err(|e| DataplaneError::DeleteOldHostVeth {
+            .map_err(|source| DataplaneError::DeleteOldHostVeth {
                 name: hv.to_string(),
-                reason: nl_text(&e),
+                source,
             })?;
         tracing::info!("Cleaning old hostVeth: {hv}");
     }
@@ -187,7 +187,7 @@ async fn create_veth(cx: &Ctx<'_>) -> Result<()> {
         .build();
     cx.ns.pod.link().add(msg).execute().await.map_err(|e| {
         tracing::error!("Error adding veth {}/{}: {e}", req.ifname, req.host_veth);
-        DataplaneError::CreateVeth(nl_text(&e))
+        DataplaneError::CreateVeth(e)
     })
 }
 
@@ -251,19 +251,19 @@ async fn link_up(cx: &Ctx<'_>, made: &Made, families: Families) -> Result<Linked
     }
 
     // 6. Host-side sysctls: this (the runtime's) thread is in the host netns.
-    host_sysctls(hv, families).map_err(|reason| DataplaneError::HostSysctls {
+    host_sysctls(hv, families).map_err(|source| DataplaneError::HostSysctls {
         iface: hv.to_string(),
-        reason,
+        source,
     })?;
 
     // 7. Both ends up.
     nl::set_up(host, made.host_idx)
         .await
-        .map_err(|e| up_err(hv, &e))?;
+        .map_err(|e| up_err(hv, e))?;
     let cont_link = lookup(pod, cv).await.map_err(|r| lookup_err(cv, r))?;
     nl::set_up(pod, made.cont_idx)
         .await
-        .map_err(|e| up_err(cv, &e))?;
+        .map_err(|e| up_err(cv, e))?;
 
     // 8. Container MAC: the annotated one, else the kernel's.
     let container_mac = match cx.req.container_mac {
@@ -287,9 +287,9 @@ async fn link_up(cx: &Ctx<'_>, made: &Made, families: Families) -> Result<Linked
 async fn set_annotated_mac(cx: &Ctx<'_>, cont_idx: u32, mac: &[u8; 6]) -> Result<String> {
     nl::set_mac(&cx.ns.pod, cont_idx, mac)
         .await
-        .map_err(|e| DataplaneError::ContainerMac {
+        .map_err(|source| DataplaneError::ContainerMac {
             mac: format_mac(mac),
-            reason: nl_text(&e),
+            source,
         })?;
     tracing::info!(
         "successfully configured container veth MAC to {} as requested via cni.projectcalico.org/hwAddr",
@@ -332,7 +332,7 @@ async fn address(
             .add(route_message(gw_net, None, cont_idx, RouteScope::Link))
             .execute()
             .await
-            .map_err(|e| DataplaneError::GatewayRoute(nl_text(&e)))?;
+            .map_err(DataplaneError::GatewayRoute)?;
         for r in addrs.routes.iter().filter(|r| r.is_ipv4()) {
             add_container_route(pod, cont_idx, *r, IpAddr::V4(IPV4_GATEWAY)).await?;
         }
@@ -351,9 +351,9 @@ async fn address(
             .add(cont_idx, ip.addr, ip.prefix)
             .execute()
             .await
-            .map_err(|e| DataplaneError::AddAddr {
+            .map_err(|source| DataplaneError::AddAddr {
                 name: cv.to_string(),
-                reason: nl_text(&e),
+                source,
             })?;
     }
 
@@ -369,9 +369,9 @@ async fn address(
     } else {
         route::setup_host_routes(host, hv, host_link.header.index, &ips)
             .await
-            .map_err(|reason| DataplaneError::HostRoutes {
+            .map_err(|source| DataplaneError::HostRoutes {
                 iface: hv.to_string(),
-                reason,
+                source: Box::new(source),
             })?;
     }
 
@@ -390,11 +390,11 @@ async fn add_container_route(pod: &Handle, cont_idx: u32, dst: IpNet, gw: IpAddr
         .add(route_message(dst, Some(gw), cont_idx, RouteScope::Universe))
         .execute()
         .await
-        .map_err(|e| DataplaneError::ContainerRoute {
+        .map_err(|source| DataplaneError::ContainerRoute {
             version: dst.version(),
             dst,
             gw,
-            reason: nl_text(&e),
+            source,
         })
 }
 
@@ -436,9 +436,9 @@ async fn wait_host_link_local(
             tracing::warn!(
                 "Host-side veth received unexpected link-local IP; toggling it down/up to reset the IP."
             );
-            let down_err = |e: rtnetlink::Error| DataplaneError::LinkDown {
+            let down_err = |source| DataplaneError::LinkDown {
                 name: hv.to_string(),
-                reason: nl_text(&e),
+                source,
             };
             nl::set_down(host, host_idx).await.map_err(down_err)?;
             if nl::set_mac(host, host_idx, &HOST_SIDE_MAC).await.is_err() {
@@ -474,25 +474,28 @@ async fn ipv6_addresses(host: &Handle, index: u32) -> Vec<Ipv6Addr> {
 /// a thread in the pod netns.
 fn pod_ipv6_sysctls(cv: &str) -> Result<()> {
     let path = format!("/proc/sys/net/ipv6/conf/{cv}/accept_dad");
-    set_sysctl(&path, "0").map_err(|reason| DataplaneError::DisableDad {
+    set_sysctl(&path, "0").map_err(|source| DataplaneError::DisableDad {
         name: cv.to_string(),
-        reason,
+        source,
     })?;
     for conf in ["all", "default", "lo"] {
         let path = format!("/proc/sys/net/ipv6/conf/{conf}/disable_ipv6");
         set_sysctl(&path, "0")
-            .map_err(|reason| DataplaneError::ContainerEnableIpv6 { conf, reason })?;
+            .map_err(|source| DataplaneError::ContainerEnableIpv6 { conf, source })?;
     }
     Ok(())
 }
 
-/// Host-side sysctls for the host veth (`configureSysctls`); returns the inner error text.
+/// Host-side sysctls for the host veth (`configureSysctls`); the error is the inner one.
 /// Must run on a thread in the host netns.
-pub(super) fn host_sysctls(hv: &str, families: Families) -> Result<(), String> {
-    let set = |family: &str, kind: &str, key: &str, value: &str| {
+pub(super) fn host_sysctls(hv: &str, families: Families) -> Result<(), SetSysctlError> {
+    let set = |family: &str, kind: &str, key: &str, value: &'static str| {
         let path = format!("/proc/sys/net/{family}/{kind}/{hv}/{key}");
-        set_sysctl(&path, value)
-            .map_err(|e| format!("failed to set net.{family}.{kind}.{hv}.{key}={value}: {e}"))
+        set_sysctl(&path, value).map_err(|source| SetSysctlError {
+            key: format!("net.{family}.{kind}.{hv}.{key}"),
+            value,
+            source,
+        })
     };
     if families.v4 {
         set("ipv4", "conf", "route_localnet", "1")?;
@@ -516,7 +519,11 @@ pub(super) fn host_sysctls(hv: &str, families: Families) -> Result<(), String> {
 
 /// Forwarding inside the pod (`configureContainerSysctls`), through the files `Netns` opened
 /// in the pod netns (a thread goes in for a family it did not open them for).
-async fn container_sysctls(ns: &Netns, families: Families, allow: bool) -> Result<(), String> {
+async fn container_sysctls(
+    ns: &Netns,
+    families: Families,
+    allow: bool,
+) -> Result<(), PodSysctlError> {
     let value = if allow { "1" } else { "0" };
     if families.v4 {
         set_in_pod(
@@ -539,26 +546,26 @@ async fn set_in_pod(
     file: &Option<SysctlFile>,
     path: &'static str,
     value: &'static str,
-) -> Result<(), String> {
+) -> Result<(), PodSysctlError> {
     match file {
-        Some(f) => f.set(value),
-        None => ns
+        Some(f) => Ok(f.set(value)?),
+        None => Ok(ns
             .in_pod(move || set_sysctl(path, value))
             .await
-            .map_err(|e| e.to_string())?,
+            .map_err(PodSysctlError::Thread)??),
     }
 }
 
-pub(super) fn lookup_err(name: &str, reason: String) -> DataplaneError {
+pub(super) fn lookup_err(name: &str, source: LookupError) -> DataplaneError {
     DataplaneError::Lookup {
         name: name.to_string(),
-        reason,
+        source,
     }
 }
 
-fn up_err(name: &str, e: &rtnetlink::Error) -> DataplaneError {
+fn up_err(name: &str, source: rtnetlink::Error) -> DataplaneError {
     DataplaneError::LinkUp {
         name: name.to_string(),
-        reason: nl_text(e),
+        source,
     }
 }

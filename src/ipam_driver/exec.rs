@@ -396,7 +396,7 @@ fn rewrite_pod_cidr_subnets(
             )))
         }
     }
-    serde_json::to_vec(&conf).map_err(|e| Error::msg(e.to_string()))
+    Ok(serde_json::to_vec(&conf)?)
 }
 
 #[cfg(test)]

@@ -36,9 +36,10 @@ use crate::datastore::kubernetes::client::KubeClient;
 use crate::datastore::model::ClusterInformation;
 use crate::datastore::resources::{get_resource, update_resource};
 use crate::datastore::settings::DatastoreSettings;
-use crate::datastore::{Datastore, Key, Kind};
-use crate::gocompat::{io_error_text, parse_bool, path_error};
+use crate::datastore::{Datastore, DatastoreError, Key, Kind};
+use crate::gocompat::{errno_text, io_error_text, parse_bool, path_error};
 use crate::ipam::allocator::{Ipam, IpamError};
+use crate::net::ParseIpNetError;
 
 /// host-local's data dir for Calico's network (`ipAllocPath`).
 pub const HOST_LOCAL_DIR: &str = "/var/lib/cni/networks/k8s-pod-network";
@@ -110,16 +111,124 @@ impl Options {
     }
 }
 
-/// A failed migration step, with upstream's text.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct MigrateError(pub String);
+/// A failed migration step, with upstream's text; the cause under it kept as its source.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    #[error("failed to open host-local IPAM data dir dir: {0}")]
+    OpenDataDir(#[source] PathError),
+    /// The empty data dir could not be removed (upstream returns the bare error).
+    #[error("{0}")]
+    RemoveEmptyDataDir(#[source] PathError),
+    #[error("failed to read host-local IPAM data dir names: {0}")]
+    ReadDataDirNames(#[source] PathError),
+    #[error("failed to remove binary {}: {source}", .source.path.display())]
+    RemoveBinary {
+        #[source]
+        source: PathError,
+    },
+    #[error("failed to initialize host-local IPAM: {0}")]
+    InitHostLocal(#[source] DiskError),
+    #[error("failed to acquire lock on host-local IPAM: {0}")]
+    LockHostLocal(#[source] DiskError),
+    /// Every attempt to disable the cluster conflicted: there is nothing to re-enable.
+    #[error("failed to re-enable cluster: ClusterInformation update conflicted 5 times")]
+    ReenableConflicted,
+    #[error("failed to re-enable cluster: {0}")]
+    Reenable(#[source] DatastoreError),
+    #[error("failed to get calico node resource: {0}")]
+    GetCalicoNode(#[source] DatastoreError),
+    /// The Calico Node's tunnel address, derived from a podCIDR that does not parse.
+    #[error("failed to get calico node resource: {0}")]
+    CalicoNodeCidr(#[source] ParseIpNetError),
+    #[error("failed to get k8s node resource: {0}")]
+    GetK8sNode(#[source] DatastoreError),
+    /// The API server refused the read (its message).
+    #[error("failed to get k8s node resource: {0}")]
+    GetK8sNodeRefused(String),
+    #[error("PodCIDR {cidr} did not parse successfully: {source}")]
+    PodCidr {
+        cidr: String,
+        #[source]
+        source: ParseIpNetError,
+    },
+    #[error("cannot pick an IPv4 tunnel address from the given CIDR: {0}")]
+    NotIpv4PodCidr(String),
+    #[error("failed to get add IPIP tunnel addr {ip}: {source}")]
+    AssignTunnel {
+        ip: Ipv4Addr,
+        #[source]
+        source: IpamError,
+    },
+    #[error("failed to update node: {0}")]
+    UpdateNode(#[source] DatastoreError),
+    #[error("failed to fetch cluster information: {0}")]
+    FetchClusterInfo(#[source] DatastoreError),
+    #[error("failed to disable cluster: {0}")]
+    DisableCluster(#[source] DatastoreError),
+    #[error("failed to list pods: {0}")]
+    ListPods(#[source] DatastoreError),
+    /// The API server refused the list (its message).
+    #[error("failed to list pods: {0}")]
+    ListPodsRefused(String),
+    #[error("failed to read path {}: {source}", .source.path.display())]
+    ReadDataDir {
+        #[source]
+        source: PathError,
+    },
+    #[error("failed to remove file {}: {source}", .source.path.display())]
+    RemoveFile {
+        #[source]
+        source: PathError,
+    },
+    #[error("failed to parse IP {name}: {source}")]
+    ParseIp {
+        name: String,
+        #[source]
+        source: ParseIpNetError,
+    },
+    #[error("failed to read file {}: {source}", .source.path.display())]
+    ReadFile {
+        #[source]
+        source: PathError,
+    },
+    #[error("failed to assign IP to calico backend: {0}")]
+    Assign(#[source] IpamError),
+}
+
+/// Go's `*os.PathError`: `<op> <path>: <errno text>`.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", path_error(.op, .path, .source))]
+pub struct PathError {
+    pub op: &'static str,
+    pub path: PathBuf,
+    #[source]
+    pub source: io::Error,
+}
+
+impl PathError {
+    fn new(op: &'static str, path: &Path, source: io::Error) -> PathError {
+        PathError {
+            op,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// host-local's lock file (`disk.New`, `FileLock`), as Go words its failures.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    #[error(transparent)]
+    Path(#[from] PathError),
+    /// Opening the lock file (upstream prints the bare errno text).
+    #[error("{}", io_error_text(.0))]
+    Open(#[source] io::Error),
+    /// `flock` failed.
+    #[error("{}", errno_text(*.0 as i32))]
+    Flock(#[source] nix::errno::Errno),
+}
 
 type Result<T> = std::result::Result<T, MigrateError>;
-
-fn fail(msg: impl Into<String>) -> MigrateError {
-    MigrateError(msg.into())
-}
 
 // ------------------------------------------------------------------ the -upgrade flag
 
@@ -233,12 +342,7 @@ pub async fn migrate<D: Datastore>(
     assign_ipip_tunnel_address(ds, kube, nodename, opts).await?;
 
     info!("checking if host-local IPAM data dir is empty...");
-    File::open(dir).map_err(|e| {
-        fail(format!(
-            "failed to open host-local IPAM data dir dir: {}",
-            path_error("open", dir, &e)
-        ))
-    })?;
+    File::open(dir).map_err(|e| MigrateError::OpenDataDir(PathError::new("open", dir, e)))?;
     let first = fs::read_dir(dir).and_then(|mut entries| entries.next().transpose());
     match first {
         Ok(Some(_)) => {}
@@ -246,17 +350,18 @@ pub async fn migrate<D: Datastore>(
             info!("host-local IPAM data dir empty; no migration necessary...");
             info!("removing host-local IPAM data directory...");
             if let Err(e) = go_remove(dir) {
-                let e = path_error("remove", dir, &e);
+                let e = PathError::new("remove", dir, e);
                 error!(error = %e, "failed to remove host-local IPAM data dir directory");
-                return Err(fail(e));
+                return Err(MigrateError::RemoveEmptyDataDir(e));
             }
             info!("successfully removed host-local IPAM data directory!");
             return Ok(());
         }
         Err(e) => {
-            return Err(fail(format!(
-                "failed to read host-local IPAM data dir names: {}",
-                path_error("readdirent", dir, &e)
+            return Err(MigrateError::ReadDataDirNames(PathError::new(
+                "readdirent",
+                dir,
+                e,
             )))
         }
     }
@@ -268,11 +373,9 @@ pub async fn migrate<D: Datastore>(
     for binary in &opts.binaries_to_disable {
         match go_remove(binary) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => {
-                return Err(fail(format!(
-                    "failed to remove binary {}: {}",
-                    binary.display(),
-                    path_error("remove", binary, &e)
-                )))
+                return Err(MigrateError::RemoveBinary {
+                    source: PathError::new("remove", binary, e),
+                })
             }
             _ => {}
         }
@@ -281,10 +384,8 @@ pub async fn migrate<D: Datastore>(
     tokio::time::sleep(opts.settle).await;
 
     info!("acquiring lock on host-local IPAM");
-    let mut lock = HostLocalLock::open(dir)
-        .map_err(|e| fail(format!("failed to initialize host-local IPAM: {e}")))?;
-    lock.lock()
-        .map_err(|e| fail(format!("failed to acquire lock on host-local IPAM: {e}")))?;
+    let mut lock = HostLocalLock::open(dir).map_err(MigrateError::InitHostLocal)?;
+    lock.lock().map_err(MigrateError::LockHostLocal)?;
     info!("successfully acquired lock on host-local IPAM");
     // Upstream's `defer Unlock()`: whichever way this function returns from here on.
     let mut lock = DeferredUnlock(lock);
@@ -302,14 +403,12 @@ pub async fn migrate<D: Datastore>(
     // Upstream dereferences a nil ClusterInformation here (a crash) when all five disable
     // attempts conflicted; this attempt fails instead and the next one starts over.
     let Some(ci) = cluster_info.as_mut() else {
-        return Err(fail(
-            "failed to re-enable cluster: ClusterInformation update conflicted 5 times",
-        ));
+        return Err(MigrateError::ReenableConflicted);
     };
     ci.spec.datastore_ready = Some(true);
     update_resource(ds, Kind::ClusterInformation, ci)
         .await
-        .map_err(|e| fail(format!("failed to re-enable cluster: {e}")))?;
+        .map_err(MigrateError::Reenable)?;
     info!("successfully set Calico datastore readiness to true!");
 
     info!("removing host-local IPAM data directory");
@@ -333,8 +432,8 @@ async fn assign_ipip_tunnel_address<D: Datastore>(
 ) -> Result<()> {
     info!("retrieving node for IPIP tunnel address");
     let node = get_calico_node(kube, nodename).await?;
-    let current = calico_ipip_tunnel_addr(&node, opts.use_pod_cidr)
-        .map_err(|e| fail(format!("failed to get calico node resource: {e}")))?;
+    let current =
+        calico_ipip_tunnel_addr(&node, opts.use_pod_cidr).map_err(MigrateError::CalicoNodeCidr)?;
     if !current.is_empty() {
         return Ok(());
     }
@@ -343,24 +442,20 @@ async fn assign_ipip_tunnel_address<D: Datastore>(
     let resp = kube
         .get(&node_path(nodename))
         .await
-        .map_err(|e| fail(format!("failed to get k8s node resource: {e}")))?;
+        .map_err(MigrateError::GetK8sNode)?;
     if !resp.ok() {
-        return Err(fail(format!(
-            "failed to get k8s node resource: {}",
-            resp.status_object().message
-        )));
+        return Err(MigrateError::GetK8sNodeRefused(
+            resp.status_object().message,
+        ));
     }
-    let k8s_node = resp
-        .json()
-        .map_err(|e| fail(format!("failed to get k8s node resource: {e}")))?;
+    let k8s_node = resp.json().map_err(MigrateError::GetK8sNode)?;
     let pod_cidr = k8s_node
         .pointer("/spec/podCIDR")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let cidr = parse_go_cidr(pod_cidr).map_err(|e| {
-        fail(format!(
-            "PodCIDR {pod_cidr} did not parse successfully: {e}"
-        ))
+    let cidr = parse_go_cidr(pod_cidr).map_err(|source| MigrateError::PodCidr {
+        cidr: pod_cidr.to_string(),
+        source,
     })?;
     if !cidr.network_is_v4 {
         info!("IPv6 podCIDR - no need to migrate IPIP address");
@@ -368,11 +463,7 @@ async fn assign_ipip_tunnel_address<D: Datastore>(
     }
     let tunnel = match cidr.ip {
         IpAddr::V4(v4) => first_address(v4),
-        IpAddr::V6(_) => {
-            return Err(fail(format!(
-                "cannot pick an IPv4 tunnel address from the given CIDR: {pod_cidr}"
-            )))
-        }
+        IpAddr::V6(_) => return Err(MigrateError::NotIpv4PodCidr(pod_cidr.to_string())),
     };
 
     let handle = format!("ipip-tunnel-addr-{nodename}");
@@ -389,10 +480,8 @@ async fn assign_ipip_tunnel_address<D: Datastore>(
         Err(e) if is_already_exists(&e) => {
             info!("IPIP tunnel address already assigned in IPAM, continuing...")
         }
-        Err(e) => {
-            return Err(fail(format!(
-                "failed to get add IPIP tunnel addr {tunnel}: {e}"
-            )))
+        Err(source) => {
+            return Err(MigrateError::AssignTunnel { ip: tunnel, source });
         }
     }
 
@@ -412,7 +501,7 @@ async fn assign_ipip_tunnel_address<D: Datastore>(
                 &node,
             )
             .await
-            .map_err(|e| fail(format!("failed to update node: {e}")))?;
+            .map_err(MigrateError::UpdateNode)?;
         if resp.ok() {
             break;
         }
@@ -422,7 +511,7 @@ async fn assign_ipip_tunnel_address<D: Datastore>(
             tokio::time::sleep(opts.conflict_backoff).await;
             continue;
         }
-        return Err(fail(format!("failed to update node: {e}")));
+        return Err(MigrateError::UpdateNode(e));
     }
     // Upstream logs the Node as first read here: an empty address, or a nil dereference
     // (a crash, then a restart) when that Node had no BGP annotations at all.
@@ -442,7 +531,7 @@ async fn disable_cluster<D: Datastore>(
         let mut ci: ClusterInformation =
             get_resource(ds, Kind::ClusterInformation, None, "default")
                 .await
-                .map_err(|e| fail(format!("failed to fetch cluster information: {e}")))?;
+                .map_err(MigrateError::FetchClusterInfo)?;
         // Already false: read again, up to 5 times, without writing (as upstream).
         if ci.spec.datastore_ready.unwrap_or(true) {
             ci.spec.datastore_ready = Some(false);
@@ -457,7 +546,7 @@ async fn disable_cluster<D: Datastore>(
                     tokio::time::sleep(opts.conflict_backoff).await;
                     continue;
                 }
-                Err(e) => return Err(fail(format!("failed to disable cluster: {e}"))),
+                Err(e) => return Err(MigrateError::DisableCluster(e)),
             }
         }
         cluster_info = Some(ci);
@@ -480,19 +569,11 @@ async fn pods_by_ip(kube: &KubeClient, nodename: &str) -> Result<HashMap<String,
         "/api/v1/pods?fieldSelector={}",
         query_escape(&format!("spec.nodeName={nodename}"))
     );
-    let resp = kube
-        .get(&path)
-        .await
-        .map_err(|e| fail(format!("failed to list pods: {e}")))?;
+    let resp = kube.get(&path).await.map_err(MigrateError::ListPods)?;
     if !resp.ok() {
-        return Err(fail(format!(
-            "failed to list pods: {}",
-            resp.status_object().message
-        )));
+        return Err(MigrateError::ListPodsRefused(resp.status_object().message));
     }
-    let list = resp
-        .json()
-        .map_err(|e| fail(format!("failed to list pods: {e}")))?;
+    let list = resp.json().map_err(MigrateError::ListPods)?;
     let mut map = HashMap::new();
     for pod in list
         .get("items")
@@ -526,12 +607,8 @@ async fn migrate_files<D: Datastore>(
     pods: &HashMap<String, PodRef>,
 ) -> Result<()> {
     info!("reading files from host-local IPAM data dir...");
-    let read_err = |e: io::Error| {
-        fail(format!(
-            "failed to read path {}: {}",
-            dir.display(),
-            path_error("open", dir, &e)
-        ))
+    let read_err = |e: io::Error| MigrateError::ReadDataDir {
+        source: PathError::new("open", dir, e),
     };
     let mut names = Vec::new();
     for entry in fs::read_dir(dir).map_err(read_err)? {
@@ -549,11 +626,9 @@ async fn migrate_files<D: Datastore>(
         info!(file = %name, "processing file...");
         let fname = dir.join(&name);
         let remove = |what: &Path| match go_remove(what) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(fail(format!(
-                "failed to remove file {}: {}",
-                what.display(),
-                path_error("remove", what, &e)
-            ))),
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(MigrateError::RemoveFile {
+                source: PathError::new("remove", what, e),
+            }),
             _ => Ok(()),
         };
         match classify(&name) {
@@ -569,10 +644,11 @@ async fn migrate_files<D: Datastore>(
             }
             FileKind::Allocation => {}
         }
-        let ip =
-            parse_file_ip(&name).map_err(|e| fail(format!("failed to parse IP {name}: {e}")))?;
-        let contents = read_file(&fname)
-            .map_err(|e| fail(format!("failed to read file {}: {e}", fname.display())))?;
+        let ip = parse_file_ip(&name).map_err(|source| MigrateError::ParseIp {
+            name: name.clone(),
+            source,
+        })?;
+        let contents = read_file(&fname).map_err(|source| MigrateError::ReadFile { source })?;
         let container_id = container_id(&contents);
         let Some(pod) = pods.get(&name) else {
             info!(file = %name, ip = %name, "pod not found for IP, deleting and continuing");
@@ -588,11 +664,11 @@ async fn migrate_files<D: Datastore>(
         info!(file = %name, "assigning pod IP to Calico IPAM...");
         match ipam.assign_ip(ip, &handle, &attrs, None).await {
             Ok(_) => {}
-            Err(e) if is_already_exists(&e) || e.to_string().contains("already assigned") => {
+            Err(e) if is_already_exists(&e) => {
                 // Likely assigned by an earlier attempt that failed to delete the file.
                 warn!(file = %name, "pod IP already assigned, skipping");
             }
-            Err(e) => return Err(fail(format!("failed to assign IP to calico backend: {e}"))),
+            Err(e) => return Err(MigrateError::Assign(e)),
         }
         info!(file = %name, "pod IP assigned in Calico IPAM");
         info!(file = %name, "removing host-local allocation file");
@@ -636,7 +712,7 @@ fn container_id(contents: &[u8]) -> String {
 
 /// The address a file is named by: upstream parses `<name>/32` as a CIDR (so an IPv6 name
 /// parses too, and an IPv4-mapped one becomes IPv4).
-fn parse_file_ip(name: &str) -> std::result::Result<IpAddr, String> {
+fn parse_file_ip(name: &str) -> std::result::Result<IpAddr, ParseIpNetError> {
     parse_go_cidr(&format!("{name}/32")).map(|c| c.ip)
 }
 
@@ -651,8 +727,8 @@ struct GoCidr {
     is_network_address: bool,
 }
 
-fn parse_go_cidr(s: &str) -> std::result::Result<GoCidr, String> {
-    let invalid = || format!("invalid CIDR address: {s}");
+fn parse_go_cidr(s: &str) -> std::result::Result<GoCidr, ParseIpNetError> {
+    let invalid = || ParseIpNetError(s.to_string());
     let (addr, mask) = s.split_once('/').ok_or_else(invalid)?;
     let ip: IpAddr = addr.parse().map_err(|_| invalid())?;
     let bits: u32 = if ip.is_ipv4() { 32 } else { 128 };
@@ -711,7 +787,7 @@ fn valid_ipv4_network(s: &str) -> bool {
 fn calico_ipip_tunnel_addr(
     node: &Value,
     use_pod_cidr: bool,
-) -> std::result::Result<String, String> {
+) -> std::result::Result<String, ParseIpNetError> {
     let pod_cidr = node
         .pointer("/spec/podCIDR")
         .and_then(Value::as_str)
@@ -766,15 +842,17 @@ fn node_path(nodename: &str) -> String {
 
 /// The core Node, read as the Calico Node is (errors in libcalico-go's terms).
 async fn get_calico_node(kube: &KubeClient, nodename: &str) -> Result<Value> {
-    let wrap = |e: String| fail(format!("failed to get calico node resource: {e}"));
     let resp = kube
         .get(&node_path(nodename))
         .await
-        .map_err(|e| wrap(e.to_string()))?;
+        .map_err(MigrateError::GetCalicoNode)?;
     if !resp.ok() {
-        return Err(wrap(api_error(&node_key(nodename), &resp).to_string()));
+        return Err(MigrateError::GetCalicoNode(api_error(
+            &node_key(nodename),
+            &resp,
+        )));
     }
-    resp.json().map_err(|e| wrap(e.to_string()))
+    resp.json().map_err(MigrateError::GetCalicoNode)
 }
 
 fn is_already_exists(e: &IpamError) -> bool {
@@ -817,18 +895,19 @@ fn go_remove(path: &Path) -> io::Result<()> {
 /// Go's `os.ReadFile` (`open …` / `read …` errors: a directory opens, and its read fails),
 /// except that what is neither a file nor a directory (a FIFO would block) is refused at
 /// the open (`crate::input_file`).
-fn read_file(path: &Path) -> std::result::Result<Vec<u8>, String> {
+fn read_file(path: &Path) -> std::result::Result<Vec<u8>, PathError> {
     let mut f = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
-        .map_err(|e| path_error("open", path, &e))?;
+        .map_err(|e| PathError::new("open", path, e))?;
     if !f.metadata().is_ok_and(|m| m.is_file() || m.is_dir()) {
-        return Err(path_error("open", path, &crate::input_file::not_regular()));
+        let e = crate::input_file::not_regular();
+        return Err(PathError::new("open", path, e));
     }
     let mut buf = Vec::new();
     f.read_to_end(&mut buf)
-        .map_err(|e| path_error("read", path, &e))?;
+        .map_err(|e| PathError::new("read", path, e))?;
     Ok(buf)
 }
 
@@ -842,13 +921,13 @@ enum HostLocalLock {
 }
 
 impl HostLocalLock {
-    fn open(dir: &Path) -> std::result::Result<HostLocalLock, String> {
+    fn open(dir: &Path) -> std::result::Result<HostLocalLock, DiskError> {
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o755)
             .create(dir)
-            .map_err(|e| path_error("mkdir", dir, &e))?;
-        let meta = fs::metadata(dir).map_err(|e| path_error("stat", dir, &e))?;
+            .map_err(|e| PathError::new("mkdir", dir, e))?;
+        let meta = fs::metadata(dir).map_err(|e| PathError::new("stat", dir, e))?;
         let path = if meta.is_dir() {
             dir.join("lock")
         } else {
@@ -861,14 +940,15 @@ impl HostLocalLock {
             .custom_flags(libc::O_CREAT | libc::O_NONBLOCK)
             .mode(0o750)
             .open(&path)
-            .map_err(|e| io_error_text(&e))?;
+            .map_err(DiskError::Open)?;
         if !f.metadata().is_ok_and(|m| m.is_file()) {
-            return Err(path_error("open", &path, &crate::input_file::not_regular()));
+            let e = crate::input_file::not_regular();
+            return Err(PathError::new("open", &path, e).into());
         }
         Ok(HostLocalLock::Unlocked(f))
     }
 
-    fn lock(&mut self) -> std::result::Result<(), String> {
+    fn lock(&mut self) -> std::result::Result<(), DiskError> {
         match std::mem::replace(self, HostLocalLock::Gone) {
             HostLocalLock::Unlocked(f) => match Flock::lock(f, FlockArg::LockExclusive) {
                 Ok(l) => {
@@ -877,7 +957,7 @@ impl HostLocalLock {
                 }
                 Err((f, e)) => {
                     *self = HostLocalLock::Unlocked(f);
-                    Err(io_error_text(&io::Error::from(e)))
+                    Err(DiskError::Flock(e))
                 }
             },
             other => {
@@ -887,7 +967,7 @@ impl HostLocalLock {
         }
     }
 
-    fn unlock(&mut self) -> std::result::Result<(), String> {
+    fn unlock(&mut self) -> std::result::Result<(), DiskError> {
         match std::mem::replace(self, HostLocalLock::Gone) {
             HostLocalLock::Locked(l) => match l.unlock() {
                 Ok(f) => {
@@ -896,7 +976,7 @@ impl HostLocalLock {
                 }
                 Err((l, e)) => {
                     *self = HostLocalLock::Locked(l);
-                    Err(io_error_text(&io::Error::from(e)))
+                    Err(DiskError::Flock(e))
                 }
             },
             other => {
@@ -949,7 +1029,7 @@ mod tests {
             "10.0.0.9".parse::<IpAddr>().unwrap()
         );
         assert_eq!(
-            parse_file_ip("garbage").unwrap_err(),
+            parse_file_ip("garbage").unwrap_err().to_string(),
             "invalid CIDR address: garbage/32"
         );
         // Go refuses leading zeros in IPv4 literals, as Rust does.
@@ -980,7 +1060,7 @@ mod tests {
             "x/24",
         ] {
             assert_eq!(
-                parse_go_cidr(bad).unwrap_err(),
+                parse_go_cidr(bad).unwrap_err().to_string(),
                 format!("invalid CIDR address: {bad}")
             );
         }
@@ -1007,7 +1087,7 @@ mod tests {
         let bad = node(json!({}), "nope");
         assert_eq!(
             calico_ipip_tunnel_addr(&bad, true).unwrap_err(),
-            "invalid CIDR address: nope"
+            ParseIpNetError("nope".into())
         );
         let a = node(json!({IPIP_ANNOTATION: "10.244.1.1"}), "");
         assert_eq!(calico_ipip_tunnel_addr(&a, false).unwrap(), "10.244.1.1");
@@ -1134,11 +1214,48 @@ mod tests {
             go_remove(&dir.join("sub")).unwrap_err().kind(),
             io::ErrorKind::NotFound
         );
+        let e = read_file(&dir).unwrap_err();
+        assert_eq!(e.source.raw_os_error(), Some(libc::EISDIR));
         assert_eq!(
-            read_file(&dir).unwrap_err(),
+            e.to_string(),
             format!("read {}: is a directory", dir.display())
         );
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn migrate_errors_keep_their_cause() {
+        let file = Path::new("/d/10.0.0.1");
+        let e = MigrateError::RemoveFile {
+            source: PathError::new("remove", file, io::Error::from_raw_os_error(libc::EACCES)),
+        };
+        assert_eq!(
+            e.to_string(),
+            "failed to remove file /d/10.0.0.1: remove /d/10.0.0.1: permission denied"
+        );
+        let cause = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<PathError>());
+        assert_eq!(
+            cause.map(|p| p.source.kind()),
+            Some(io::ErrorKind::PermissionDenied)
+        );
+        let e = MigrateError::ParseIp {
+            name: "garbage".into(),
+            source: parse_file_ip("garbage").unwrap_err(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "failed to parse IP garbage: invalid CIDR address: garbage/32"
+        );
+        let e = MigrateError::LockHostLocal(DiskError::Flock(nix::errno::Errno::EINTR));
+        assert_eq!(
+            e.to_string(),
+            "failed to acquire lock on host-local IPAM: interrupted system call"
+        );
+        // An address already assigned is told by its type, not by its text.
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        assert!(is_already_exists(&IpamError::AddressInUse(ip)));
+        let lookalike = IpamError::Other("Address already assigned in block".into());
+        assert!(!is_already_exists(&lookalike));
     }
 
     #[test]

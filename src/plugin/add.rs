@@ -864,9 +864,7 @@ pub(crate) fn k8s_routes(conf: &crate::config::NetConf) -> Result<Vec<IpNet>> {
                 "invalid IPAM routes section; expecting 'dst' to be a string, not: {dst}"
             )));
         };
-        let net: IpNet = dst
-            .parse()
-            .map_err(|_| Error::msg(format!("invalid CIDR address: {dst}")))?;
+        let net: IpNet = dst.parse().map_err(Error::Cidr)?;
         custom.push(net.masked());
     }
     if custom.is_empty() {

@@ -411,7 +411,7 @@ mod tests {
 
     use super::*;
     use crate::config::NetConf;
-    use crate::dataplane::{DataplaneError, NetworkingResult};
+    use crate::dataplane::{netlink_errno, DataplaneError, NetworkingResult};
     use crate::datastore::memory::{Fault, KeyClass, MemoryDatastore};
     use crate::datastore::Key;
     use crate::identifiers::WepIdentifiers;
@@ -442,7 +442,7 @@ mod tests {
         async fn prepare(self, _req: VethRequest) -> Result<FakeInterface, DataplaneError> {
             self.log.borrow_mut().push("prepare");
             match self.fail_prepare {
-                true => Err(DataplaneError::CreateVeth("file exists".into())),
+                true => Err(DataplaneError::CreateVeth(netlink_errno(libc::EEXIST))),
                 false => Ok(FakeInterface(self)),
             }
         }
@@ -456,9 +456,9 @@ mod tests {
         ) -> Result<NetworkingResult, DataplaneError> {
             self.0.log.borrow_mut().push("finish");
             match self.0.fail_finish {
-                true => Err(DataplaneError::GatewayRoute(
-                    "network is unreachable".into(),
-                )),
+                true => Err(DataplaneError::GatewayRoute(netlink_errno(
+                    libc::ENETUNREACH,
+                ))),
                 false => Ok(NetworkingResult {
                     host_veth: "cali0123456789a".into(),
                     container_mac: FINISHED_MAC.to_uppercase(),

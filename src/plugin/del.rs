@@ -419,7 +419,7 @@ mod tests {
     use crate::skel::error::CODE_TRY_AGAIN_LATER;
     use crate::skel::CniError;
 
-    use crate::dataplane::{CleanUp, DataplaneError};
+    use crate::dataplane::{CleanUp, DataplaneError, DelLinkError};
     use crate::ipam_driver::fake::FakeIpam;
 
     /// `release_once_torn_down` with a removal that ends with `torn` (as the gRPC agent's
@@ -447,7 +447,7 @@ mod tests {
     /// pod); a retried DEL releases them.
     #[test]
     fn a_failed_removal_keeps_the_addresses() {
-        let e = DataplaneError::CleanUpLink("device or resource busy".into());
+        let e = DataplaneError::CleanUpLink(DelLinkError::Kernel(nix::errno::Errno::EBUSY));
         let (log, failures) = release_after(Err(e));
         assert!(log.is_empty(), "{log:?}");
         assert_eq!(

@@ -14,7 +14,7 @@ use crate::config::NetConf;
 use crate::datastore::kubernetes::client::KubeClient;
 use crate::datastore::kubernetes::{core_objects, pods};
 use crate::datastore::model::WorkloadEndpoint;
-use crate::error::{Error, Result};
+use crate::error::{Error, JsonValueError, Result};
 use crate::ipam_driver::kubevirt::{self, PodVmi};
 use crate::ipam_driver::IpamKind;
 
@@ -42,9 +42,7 @@ pub async fn node_pod_cidrs(call: &crate::plugin::Call) -> Result<(String, Strin
     }
     let (mut v4, mut v6) = (String::new(), String::new());
     for c in &cidrs {
-        let net: crate::net::IpNet = c
-            .parse()
-            .map_err(|_| Error::msg(format!("invalid CIDR address: {c}")))?;
+        let net: crate::net::IpNet = c.parse().map_err(Error::Cidr)?;
         if net.version() == 4 {
             v4 = c.clone();
         } else {
@@ -132,13 +130,12 @@ impl PodInfo {
         if v4.is_empty() && v6.is_empty() && families.is_empty() {
             return Ok(None);
         }
-        let mut data: Value =
-            serde_json::from_slice(stdin).map_err(|e| Error::msg(e.to_string()))?;
+        let mut data: Value = serde_json::from_slice(stdin)?;
         let Some(ipam) = data.get_mut("ipam").and_then(Value::as_object_mut) else {
             return Err(Error::msg("data on stdin was of unexpected type"));
         };
         let list = |raw: &str| -> Result<Vec<String>> {
-            serde_json::from_str(raw).map_err(|e| Error::msg(go_json_error(raw, &e)))
+            serde_json::from_str(raw).map_err(|e| Error::from(json_value(raw, e)))
         };
         if !v4.is_empty() {
             ipam.insert("ipv4_pools".into(), serde_json::json!(list(&v4)?));
@@ -158,9 +155,7 @@ impl PodInfo {
             ipam.insert("assign_ipv4".into(), Value::String(a4.into()));
             ipam.insert("assign_ipv6".into(), Value::String(a6.into()));
         }
-        serde_json::to_vec(&data)
-            .map(Some)
-            .map_err(|e| Error::msg(e.to_string()))
+        Ok(Some(serde_json::to_vec(&data)?))
     }
 
     /// Where the addresses come from.
@@ -216,12 +211,7 @@ impl PodInfo {
         if !conf.feature_control.floating_ips {
             return Err(Error::msg("requested feature is not enabled: floating_ips"));
         }
-        serde_json::from_str(raw).map_err(|e| {
-            Error::msg(format!(
-                "failed to parse '{raw}' as JSON: {}",
-                go_json_text(&e)
-            ))
-        })
+        serde_json::from_str(raw).map_err(|e| json_value(raw, e).into())
     }
 
     /// `allowedSourcePrefixes`.
@@ -267,27 +257,21 @@ pub enum AddressSource {
     NoIpam(Vec<IpAddr>),
 }
 
-/// Go's `json.Unmarshal` error text for the common cases.
-fn go_json_text(e: &serde_json::Error) -> String {
-    match e.classify() {
-        serde_json::error::Category::Data => {
-            "json: cannot unmarshal into Go value of type []string".into()
-        }
-        _ => "invalid character in JSON".into(),
+/// `raw` refused by the JSON parser (Go's text: `failed to parse '<raw>' as JSON: ...`).
+fn json_value(raw: &str, source: serde_json::Error) -> JsonValueError {
+    JsonValueError {
+        raw: raw.to_string(),
+        source,
     }
-}
-
-fn go_json_error(raw: &str, e: &serde_json::Error) -> String {
-    format!("failed to parse '{raw}' as JSON: {}", go_json_text(e))
 }
 
 /// `validateAndExtractIPs`: a JSON list of at most one IPv4 and one IPv6 address.
 fn addresses(raw: &str, annotation: &str) -> Result<Vec<IpAddr>> {
     let list: Vec<String> = serde_json::from_str(raw).map_err(|e| {
-        Error::msg(format!(
-            "failed to parse IPs {raw} for annotation \"{annotation}\": {}",
-            go_json_error(raw, &e)
-        ))
+        Error::chain(
+            format!("failed to parse IPs {raw} for annotation \"{annotation}\""),
+            json_value(raw, e),
+        )
     })?;
     if list.is_empty() {
         return Err(Error::msg(format!(
@@ -297,9 +281,10 @@ fn addresses(raw: &str, annotation: &str) -> Result<Vec<IpAddr>> {
     let (mut v4, mut v6) = (false, false);
     let mut out = Vec::new();
     for s in &list {
-        let ip: IpAddr = s
-            .parse()
-            .map_err(|_| Error::msg(format!("invalid IP format: {s}")))?;
+        let ip: IpAddr = s.parse().map_err(|source| Error::InvalidIp {
+            input: s.clone(),
+            source,
+        })?;
         let seen = if ip.is_ipv4() { &mut v4 } else { &mut v6 };
         if *seen {
             return Err(Error::msg(format!(
@@ -316,6 +301,26 @@ fn addresses(raw: &str, annotation: &str) -> Result<Vec<IpAddr>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Upstream's texts, the parser's error kept under them.
+    #[test]
+    fn address_annotation_errors_keep_their_cause() {
+        let e = addresses("[nope", ANN_IP_ADDRS).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "failed to parse IPs [nope for annotation \"{ANN_IP_ADDRS}\": failed to parse \
+                 '[nope' as JSON: invalid character in JSON"
+            )
+        );
+        let Error::Chain { source, .. } = &e else {
+            panic!("not a chain: {e:?}");
+        };
+        assert!(matches!(**source, Error::JsonValue(_)), "{source:?}");
+        let e = addresses(r#"["10.0.0.300"]"#, ANN_IP_ADDRS).unwrap_err();
+        assert_eq!(e.to_string(), "invalid IP format: 10.0.0.300");
+        assert!(matches!(e, Error::InvalidIp { .. }), "{e:?}");
+    }
 
     fn info(pod: &[(&str, &str)], ns: &[(&str, &str)]) -> PodInfo {
         let m = |kv: &[(&str, &str)]| {
