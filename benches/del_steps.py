@@ -9,14 +9,17 @@ milestones are the log messages named in STEPS; the API requests are listed with
 plugin saw each take. Medians over RUNS pairs.
 
 Usage: BENCH_KUBE_API_BIN=<real_k8s_harness test binary> \
-       benches/del_steps.py LABEL=path/to/calico [LABEL=path ...] [runs]
+       benches/del_steps.py LABEL=path/to/calico [LABEL=path] [runs]
 """
 import os, re, shutil, statistics, sys, tempfile, time
 from datetime import datetime
 
 builds = [a.split("=", 1) for a in sys.argv[1:] if "=" in a]
 RUNS = int(next((a for a in sys.argv[1:] if a.isdigit()), "20"))
-if not builds:
+# Each build runs as a node of its own (its own affine block and lock file, as two versions
+# only ever meet): the harness seeds two.
+NODES = ["bench-node", "bench-node-before"]
+if not builds or len(builds) > len(NODES):
     raise SystemExit(__doc__)
 # bench.py reads its binary from argv at import; it is only used for its helpers here.
 sys.argv = [sys.argv[0], builds[0][1]]
@@ -59,7 +62,7 @@ def main():
         bench.sh("ip", "netns", "exec", bench.HOST, "ip", "link", "set", "lo", "up")
         api = bench.KubeApi(work, RUNS + 10)
         sides = []
-        for label, path in builds:
+        for (label, path), node in zip(builds, NODES):
             d = f"{work}/{label}"
             os.makedirs(d)
             shutil.copy2(path, f"{d}/calico")
@@ -67,9 +70,9 @@ def main():
             conf = ('{"cniVersion":"1.0.0","name":"k8s-pod-network","type":"calico",'
                     '"datastore_type":"kubernetes","kubernetes":{"kubeconfig":"%s"},'
                     '"calico_api_group":"crd.projectcalico.org/v1","policy":{"type":"k8s"},'
-                    '"nodename":"bench-node","nodename_file_optional":true,"mtu":1440,'
+                    '"nodename":"%s","nodename_file_optional":true,"mtu":1440,'
                     '"log_level":"debug","log_file_path":"%s/cni.log","ipam_lock_file":"%s/ipam.lock",'
-                    '"ipam":{"type":"calico-ipam"}}') % (api.kubeconfig, d, d)
+                    '"ipam":{"type":"calico-ipam"}}') % (api.kubeconfig, node, d, d)
             sides.append({"label": label, "dir": d, "conf": conf, "calls": {"ADD": [], "DEL": []}})
         for i in range(RUNS + 2):
             for s in bench.rotated(sides, i):
