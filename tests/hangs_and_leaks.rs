@@ -501,30 +501,29 @@ fn fifos_named_by_the_input_never_block_a_call() {
     w.assert_clean();
 
     // ipam_lock_file a FIFO: no lock, and nothing left after the DEL.
-    let conf = w.conf(json!({"ipam_lock_file": fifo("fifo.lock")}));
-    let pod = w.pod();
-    let add = Invocation::new("ADD", "fifo-lock", pod.path()).k8s("default", "fifo-lock");
-    let out = w.calico(&add, &conf);
-    quick(&out);
-    out.assert_ok();
-    assert!(out.stderr.contains("not a regular file"), "{}", out.stderr);
-    let out = w.calico(&add.as_del(), &conf);
-    quick(&out);
-    out.assert_ok();
+    // An ADD then a DEL of a fresh pod: both succeed, quickly; the ADD's stderr.
+    let add_then_del = |conf: &str, id: &str| {
+        let pod = w.pod();
+        let add = Invocation::new("ADD", id, pod.path()).k8s("default", id);
+        let out = w.calico(&add, conf);
+        quick(&out);
+        out.assert_ok();
+        let del = w.calico(&add.as_del(), conf);
+        quick(&del);
+        del.assert_ok();
+        out.stderr
+    };
+    let stderr = add_then_del(
+        &w.conf(json!({"ipam_lock_file": fifo("fifo.lock")})),
+        "fifo-lock",
+    );
+    assert!(stderr.contains("not a regular file"), "{stderr}");
     w.assert_clean();
 
     // log_file_path a FIFO (no reader): nothing is written to it, the call goes on.
     let log_fifo = fifo("cni-fifo.log");
-    let conf = w.conf(json!({"log_file_path": log_fifo}));
-    let pod = w.pod();
-    let add = Invocation::new("ADD", "fifo-log", pod.path()).k8s("default", "fifo-log");
-    let out = w.calico(&add, &conf);
-    quick(&out);
-    out.assert_ok();
-    assert!(out.stderr.contains("not a regular file"), "{}", out.stderr);
-    let out = w.calico(&add.as_del(), &conf);
-    quick(&out);
-    out.assert_ok();
+    let stderr = add_then_del(&w.conf(json!({"log_file_path": log_fifo})), "fifo-log");
+    assert!(stderr.contains("not a regular file"), "{stderr}");
     assert!(std::fs::metadata(&log_fifo).unwrap().file_type().is_fifo());
     w.assert_clean();
 
@@ -534,14 +533,7 @@ fn fifos_named_by_the_input_never_block_a_call() {
         "nodename_file": fifo("nodename"),
         "hostname": NODE,
     }));
-    let pod = w.pod();
-    let add = Invocation::new("ADD", "fifo-nodename", pod.path());
-    let out = w.calico(&add, &conf);
-    quick(&out);
-    out.assert_ok();
-    let out = w.calico(&add.as_del(), &conf);
-    quick(&out);
-    out.assert_ok();
+    add_then_del(&conf, "fifo-nodename");
     w.assert_clean();
 
     // The etcd TLS files FIFOs: an error naming the file.

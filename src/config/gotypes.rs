@@ -212,7 +212,7 @@ pub fn check_netconf(v: &Value) -> Result<(), String> {
 }
 
 /// Go's name for a JSON value in a type error.
-fn json_kind(v: &Value) -> &'static str {
+pub(crate) fn json_kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "bool",

@@ -8,7 +8,7 @@
 //! off them (`fields`), and a test ties Go's type schema (`gotypes`) to them.
 
 mod fields;
-mod gotypes;
+pub(crate) mod gotypes;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -367,22 +367,10 @@ fn read_object(path: &Path, go_type: &str) -> Result<Option<Map<String, Value>>>
     }
 }
 
-/// Go's name for a JSON value's kind in its type errors.
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "bool",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
-}
-
 fn type_error(path: &Path, found: &Value, target: String) -> AzureError {
     AzureError::Type {
         path: path.to_path_buf(),
-        found: kind(found),
+        found: crate::config::gotypes::json_kind(found),
         target,
     }
 }
