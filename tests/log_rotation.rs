@@ -7,11 +7,12 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::fs;
-use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant, SystemTime};
+use std::process::Command;
+use std::time::{Duration, SystemTime};
 
 use calico_cni::logging::rotate::{format_time, recognise};
 
@@ -47,31 +48,25 @@ fn a_full_log_file_is_rotated_compressed_and_old_backups_pruned() {
         "datastore_type": "kubernetes", "kubernetes": {"k8s_api_root": "http://127.0.0.1:1"},
     });
     let before = SystemTime::now();
-    let started = Instant::now();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_calico"))
-        .env_clear()
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_calico"));
+    cmd.env_clear()
         .env("PATH", "/usr/bin:/bin")
         .env("CNI_COMMAND", "DEL")
         .env("CNI_CONTAINERID", "rotation")
         .env("CNI_NETNS", "/nonexistent/netns")
         .env("CNI_IFNAME", "eth0")
-        .env("CNI_PATH", "/nonexistent")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(conf.to_string().as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let took = started.elapsed();
+        .env("CNI_PATH", "/nonexistent");
+    // Bounded: a call still running after the limit is killed and the test fails.
+    let out = common::cni::run_command_within(
+        cmd,
+        &conf.to_string(),
+        Duration::from_secs(60),
+        "calico DEL",
+    );
+    let took = out.elapsed;
     let after = SystemTime::now();
     // The DEL itself fails (no API server): only its logging matters here.
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = &out.stderr;
     assert!(!stderr.contains("Failed to write to log"), "{stderr}");
     assert!(!stderr.contains("timberjack:"), "{stderr}");
 
