@@ -11,7 +11,7 @@
 //! server stalls the handshake instead, see `kdd_bad_credentials_and_a_frozen_api_server_
 //! fail_cleanly`), `kdd_round_trips_of_an_add_into_an_affine_block` (a latency added to
 //! every answer, to count sequential round trips, and the handshake count) and
-//! `etcd_with_policy_k8s_assigns_while_the_pod_is_read` (the same latency, to see what is in
+//! `etcd_with_policy_k8s_builds_the_interface_while_the_pod_is_read` (the same latency, to see what is in
 //! etcd while the pod's answer is held back).
 
 // Test code: a failed unwrap is a failed test.
@@ -1507,17 +1507,16 @@ fn kdd_api_group_discovery() {
     assert!(w.api.list(&format!("{V3}/ipamhandles")).is_empty());
 }
 
-/// FAKE SERVER: etcd with policy type k8s. Calico IPAM assigns while the pod is read from
-/// the API server (`plugin::early`), so the address is in etcd before the pod's answer
-/// comes, and the pod's interface has it, with its routes; the pod then decides. Asking for
-/// nothing else, it keeps that address and interface; a pool annotation, `ipAddrs` or a
-/// refusal takes the interface down and gives the address back; an `hwAddr` MAC has the
-/// pair built again with it. With a pool that has a namespaceSelector, nothing is assigned
-/// before the namespace's labels are known. The test server holds every answer back (a
-/// latency a real server cannot be made to add), so what is in etcd and on the links
-/// meanwhile can be seen.
+/// FAKE SERVER: etcd with policy type k8s. While the pod is read from the API server only
+/// the pod's interface is built (`plugin::add::speculative`); nothing is assigned before the
+/// pod has said where its addresses come from. Asking for nothing else, the pod gets an
+/// address of the default pool on the interface built ahead; a pool annotation or `ipAddrs`
+/// gets theirs; an `hwAddr` MAC is applied to it; a refusal, or a route that cannot be
+/// added, removes it and leaves nothing. Killed while the pod's answer is held back, the
+/// runtime's DEL leaves nothing. The test server holds every answer back (a latency a real
+/// server cannot be made to add), so what is in etcd and on the links meanwhile can be seen.
 #[test]
-fn etcd_with_policy_k8s_assigns_while_the_pod_is_read() {
+fn etcd_with_policy_k8s_builds_the_interface_while_the_pod_is_read() {
     require_root();
     let w = common::world::World::new();
     w.seed_pool("other", "10.66.0.0/16", 26);
@@ -1541,7 +1540,6 @@ fn etcd_with_policy_k8s_assigns_while_the_pod_is_read() {
         "bad",
         json!({"cni.projectcalico.org/allowedSourcePrefixes":"[\"nope\"]"}),
     );
-    pod("later", json!({}));
     pod("clash", json!({}));
     pod(
         "mac",
@@ -1551,6 +1549,7 @@ fn etcd_with_policy_k8s_assigns_while_the_pod_is_read() {
         "badpools",
         json!({"cni.projectcalico.org/ipv4pools":"[not json"}),
     );
+    pod("killed", json!({}));
     let kc = api.kubeconfig().display().to_string();
     let conf = w.conf(json!({"policy":{"type":"k8s"},"kubernetes":{"kubeconfig":kc}}));
     let handle = |cid: &str| format!("/calico/ipam/v2/handle/net1.{cid}");
@@ -1565,6 +1564,10 @@ fn etcd_with_policy_k8s_assigns_while_the_pod_is_read() {
             })
             .sum()
     };
+    // Whether the pod has an eth0.
+    let has_eth0 = |pod: &common::netns::Netns| {
+        pod.sh("ip -o link show | grep -c ' eth0@' || true").trim() == "1"
+    };
     // The IPv4 address on the pod's eth0, if the host also has its /32 route to the pod.
     let networked = |pod: &common::netns::Netns| -> Option<String> {
         let addr = pod.sh("ip -4 -o addr show dev eth0 2>/dev/null | awk '{print $4}'");
@@ -1572,97 +1575,82 @@ fn etcd_with_policy_k8s_assigns_while_the_pod_is_read() {
         let route = w.host_sh(&format!("ip route show {ip}"));
         route.contains("dev cali").then_some(ip)
     };
-    // The host's routes to `ip`.
-    let routes_to = |ip: &str| w.host_sh(&format!("ip route show {ip}")).trim().to_string();
     // ADDs `inv` while the API server holds its answers back for 1.5 s: whether `cid`'s
-    // handle was in etcd within the first second, while the ADD waited for the pod, and
-    // the address the pod's interface had meanwhile (with the host's route to it).
+    // handle was in etcd, and whether the pod had its eth0, while the ADD waited for the pod
+    // (polled for up to a second, until the interface is seen).
     let add_held_back = |inv: &Invocation, cid: &str, pod: &common::netns::Netns| {
         api.set_latency(Duration::from_millis(1500));
-        let (out, early, ahead) = std::thread::scope(|s| {
+        let (out, assigned, built) = std::thread::scope(|s| {
             let add = s.spawn(|| w.calico(inv, &conf));
             let started = std::time::Instant::now();
-            let (mut early, mut ahead) = (false, None);
-            while started.elapsed() < Duration::from_secs(1) && !add.is_finished() {
-                early = early || !w.keys(&handle(cid)).is_empty();
-                if early {
-                    ahead = networked(pod);
-                    if ahead.is_some() {
-                        break;
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(20));
+            let (mut assigned, mut built) = (false, false);
+            while started.elapsed() < Duration::from_secs(1) && !add.is_finished() && !built {
+                assigned = assigned || !w.keys(&handle(cid)).is_empty();
+                built = has_eth0(pod);
+                std::thread::sleep(Duration::from_millis(10));
             }
+            assigned = assigned || !w.keys(&handle(cid)).is_empty();
             assert!(!add.is_finished(), "the ADD did not wait for the pod");
-            (add.join().expect("the ADD's thread"), early, ahead)
+            (add.join().expect("the ADD's thread"), assigned, built)
         });
         api.set_latency(Duration::ZERO);
-        (out, early, ahead)
+        (out, assigned, built)
     };
 
-    // Nothing else asked for: the address assigned meanwhile, and the interface finished
-    // for it, are the pod's.
+    // Nothing else asked for: the interface built meanwhile gets an address of the default
+    // pool.
     let p1 = w.pod();
     let plain = Invocation::new("ADD", "plain0000001", p1.path()).k8s("default", "plain");
-    let (out, early, ahead) = add_held_back(&plain, "plain0000001", &p1);
+    let (out, assigned, built) = add_held_back(&plain, "plain0000001", &p1);
     out.assert_ok();
-    assert!(early, "no address was assigned while the pod was read");
+    assert!(!assigned, "an address was assigned before the pod was read");
+    assert!(built, "the interface was not built while the pod was read");
     let ip = ip_of(&out.json());
     assert!(ip.starts_with("10.65."), "{}", out.json());
-    assert_eq!(
-        ahead.as_deref(),
-        Some(ip.as_str()),
-        "not networked while the pod was read"
-    );
     assert_eq!(networked(&p1).as_deref(), Some(ip.as_str()));
     assert_eq!(in_default_pool(), 1);
 
-    // The early interface fails (the next address is routed elsewhere on the host): it is
-    // built again once the pod is read, fails the same way, and nothing is left.
+    // The interface cannot be finished (the next address is routed elsewhere on the host):
+    // it is removed and the address given back; nothing is left.
     let next = route_conflict::route_next_elsewhere(|c| w.host_sh(c), ip.parse().unwrap());
     let p9 = w.pod();
     let clash = Invocation::new("ADD", "clash0000001", p9.path()).k8s("default", "clash");
-    let (out, early, ahead) = add_held_back(&clash, "clash0000001", &p9);
+    let (out, assigned, built) = add_held_back(&clash, "clash0000001", &p9);
     route_conflict::assert_route_refused(&out.assert_err(), next);
-    assert!(early);
-    assert_eq!(ahead, None);
+    assert!(!assigned && built);
     assert!(w.keys(&handle("clash0000001")).is_empty());
     assert_eq!(in_default_pool(), 1);
-    assert_eq!(p9.sh("ip -o link show | grep -c eth0 || true").trim(), "0");
+    assert!(!has_eth0(&p9));
     route_conflict::unroute(|c| w.host_sh(c));
 
-    // A pool annotation: the early interface goes down and the early address back; the
-    // pod's comes from its pool.
+    // A pool annotation: the address comes from its pool.
     let p2 = w.pod();
     let pooled = Invocation::new("ADD", "pooled000001", p2.path()).k8s("default", "pooled");
-    let (out, early, ahead) = add_held_back(&pooled, "pooled000001", &p2);
+    let (out, assigned, built) = add_held_back(&pooled, "pooled000001", &p2);
     out.assert_ok();
-    assert!(early);
+    assert!(!assigned && built);
     let ip = ip_of(&out.json());
     assert!(ip.starts_with("10.66."), "{}", out.json());
-    assert_eq!(in_default_pool(), 1, "the early address was not given back");
-    let ahead = ahead.expect("not networked while the pod was read");
-    assert!(ahead.starts_with("10.65."), "{ahead}");
-    assert_eq!(routes_to(&ahead), "", "a route to the address given back");
+    assert_eq!(in_default_pool(), 1);
     assert_eq!(networked(&p2).as_deref(), Some(ip.as_str()));
 
     // ipAddrs: the same.
     let p3 = w.pod();
     let fixed = Invocation::new("ADD", "fixed0000001", p3.path()).k8s("default", "fixed");
-    let (out, _, ahead) = add_held_back(&fixed, "fixed0000001", &p3);
+    let (out, _, built) = add_held_back(&fixed, "fixed0000001", &p3);
     out.assert_ok();
+    assert!(built);
     assert_eq!(ip_of(&out.json()), "10.66.0.7");
     assert_eq!(in_default_pool(), 1);
-    assert_eq!(routes_to(&ahead.expect("networked ahead")), "");
     assert_eq!(networked(&p3).as_deref(), Some("10.66.0.7"));
 
-    // An hwAddr MAC: the early address is kept, on a pair built again with that MAC.
+    // An hwAddr MAC: applied to the interface built ahead.
     let p7 = w.pod();
     let mac = Invocation::new("ADD", "mac000000001", p7.path()).k8s("default", "mac");
-    let (out, _, ahead) = add_held_back(&mac, "mac000000001", &p7);
+    let (out, _, built) = add_held_back(&mac, "mac000000001", &p7);
     out.assert_ok();
+    assert!(built);
     let ip = ip_of(&out.json());
-    assert_eq!(ahead.as_deref(), Some(ip.as_str()));
     assert_eq!(networked(&p7).as_deref(), Some(ip.as_str()));
     assert_eq!(
         p7.sh("cat /sys/class/net/eth0/address").trim(),
@@ -1670,60 +1658,40 @@ fn etcd_with_policy_k8s_assigns_while_the_pod_is_read() {
     );
     assert_eq!(in_default_pool(), 2);
 
-    // Refused once the pod is read: the early address and the early interface are undone.
+    // Refused once the pod is read: the interface built ahead is removed.
     let p4 = w.pod();
     let bad = Invocation::new("ADD", "bad000000001", p4.path()).k8s("default", "bad");
-    let (out, early, ahead) = add_held_back(&bad, "bad000000001", &p4);
+    let (out, assigned, built) = add_held_back(&bad, "bad000000001", &p4);
     let e = out.assert_err();
     assert_eq!(
         e["msg"],
         "failed to parse 'nope' as a CIDR: invalid CIDR address: nope"
     );
-    assert!(early);
+    assert!(!assigned && built);
     assert_eq!(in_default_pool(), 2);
     assert!(w.keys(&handle("bad000000001")).is_empty());
-    assert_eq!(p4.sh("ip -o link show | grep -c eth0 || true").trim(), "0");
-    assert_eq!(routes_to(&ahead.expect("networked ahead")), "");
+    assert!(!has_eth0(&p4));
     // A pool annotation that cannot be read: the same.
     let p6 = w.pod();
     let badpools = Invocation::new("ADD", "badpools0001", p6.path()).k8s("default", "badpools");
-    let (out, early, _) = add_held_back(&badpools, "badpools0001", &p6);
+    let (out, _, built) = add_held_back(&badpools, "badpools0001", &p6);
     out.assert_err();
-    assert!(early);
+    assert!(built);
     assert_eq!(in_default_pool(), 2);
     assert!(w.keys(&handle("badpools0001")).is_empty());
+    assert!(!has_eth0(&p6));
 
-    // A pool with a namespaceSelector: IPAM waits for the namespace's labels.
-    w.seed_pool_spec(
-        "selective",
-        json!({"cidr":"10.67.0.0/16","blockSize":26,"nodeSelector":"all()","namespaceSelector":"has(no-such-label)"}),
-    );
-    let p5 = w.pod();
-    let later = Invocation::new("ADD", "later0000001", p5.path()).k8s("default", "later");
-    let (out, early, ahead) = add_held_back(&later, "later0000001", &p5);
-    out.assert_ok();
-    assert!(!early, "assigned before the namespace's labels were known");
-    assert_eq!(ahead, None);
-    assert!(ip_of(&out.json()).starts_with("10.6"), "{}", out.json());
-    assert!(!ip_of(&out.json()).starts_with("10.67."), "{}", out.json());
-
-    // Killed after the early assignment, while the pod's answer is held back: the runtime's
-    // DEL leaves nothing (checked below, with the others').
-    w.seed_pool_spec(
-        "selective",
-        json!({"cidr":"10.67.0.0/16","blockSize":26,"nodeSelector":"all()","disabled":true}),
-    );
-    pod("killed", json!({}));
+    // Killed while the pod's answer is held back, its interface built: the runtime's DEL
+    // leaves nothing (checked below, with the others').
     let p8 = w.pod();
     let killed = Invocation::new("ADD", "killed000001", p8.path()).k8s("default", "killed");
     api.set_latency(Duration::from_secs(3));
     let mut child = w.bin.spawn("calico", w.host.name(), &killed, &conf);
     let started = std::time::Instant::now();
-    // Once the interface has the early address and the host its route.
-    while w.keys(&handle("killed000001")).is_empty() || networked(&p8).is_none() {
+    while !has_eth0(&p8) {
         assert!(
             started.elapsed() < Duration::from_secs(2),
-            "no early assignment and interface"
+            "no interface built ahead"
         );
         assert!(child.try_wait().expect("wait").is_none(), "the ADD ended");
         std::thread::sleep(Duration::from_millis(5));
@@ -1732,18 +1700,15 @@ fn etcd_with_policy_k8s_assigns_while_the_pod_is_read() {
     unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
     child.wait().expect("reap the killed ADD");
     api.set_latency(Duration::ZERO);
-    assert_eq!(
-        w.keys(&handle("killed000001")).len(),
-        1,
-        "for DEL to release"
-    );
+    assert!(w.keys(&handle("killed000001")).is_empty());
 
     for inv in [
-        &plain, &clash, &pooled, &fixed, &mac, &bad, &badpools, &later, &killed,
+        &plain, &clash, &pooled, &fixed, &mac, &bad, &badpools, &killed,
     ] {
         w.calico(&inv.as_del(), &conf).assert_ok();
     }
     w.assert_clean();
+    assert!(!has_eth0(&p8), "DEL removed the interface built ahead");
 }
 
 /// The `default` namespace, as put on an API server: its path and object.

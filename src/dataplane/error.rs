@@ -17,6 +17,9 @@ use crate::net::IpNet;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DataplaneError {
+    /// A step of ADD asked for out of order (a bug: never expected).
+    #[error("internal error: {0}")]
+    Internal(&'static str),
     #[error("failed to create host netlink handle: {0}")]
     HostHandle(#[source] HostHandleError),
     #[error("failed to delete old hostVeth {name}: {}", nl_text(.source))]

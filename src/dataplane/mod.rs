@@ -130,7 +130,7 @@ pub struct VethRequest {
 }
 
 /// The part of `NetworkingRequest` that needs the addresses: what `PodInterface::finish` adds.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AddressRequest {
     /// Container addresses; prefixes are forced to /32 and /128.
     pub ips: Vec<IpNet>,
@@ -179,7 +179,11 @@ pub trait Dataplane {
 
 /// A pod interface being made by one ADD.
 #[allow(async_fn_in_trait)]
-pub trait PodInterface {
+pub trait PodInterface: Sized {
+    /// Takes over an interface built before the pod was read (`prepare` with what the
+    /// configuration tells) for `req`, the request as the pod made it. A failure removes
+    /// what this call made.
+    async fn adopt(self, req: VethRequest) -> Result<Self>;
     /// Whether ADD's result gives the pod's addresses as host networks (/32, /128), as this
     /// dataplane puts them on the interface: upstream's Linux dataplane narrows IPAM's
     /// addresses so. Its gRPC dataplane does not, and its result keeps IPAM's prefix.
@@ -300,7 +304,7 @@ impl VethPair {
     /// the families, which `finish` reconciles with the addresses' as it does when IPAM
     /// answers with unexpected ones. A request differing in anything else (names, MTU,
     /// queues) has the pair built again. A failure removes what this call made.
-    pub async fn adopt(mut self, req: VethRequest) -> Result<VethPair> {
+    async fn adopt_request(mut self, req: VethRequest) -> Result<VethPair> {
         let same_link = (
             &req.netns_path,
             &req.ifname,
@@ -336,30 +340,9 @@ impl VethPair {
         Ok(self)
     }
 
-    /// Whether this call made the pair (no link had its host-side name).
-    pub fn is_made(&self) -> bool {
-        self.made.is_some()
-    }
-
-    /// Removes the pair this call made, with its addresses and routes, and keeps the
-    /// handles: a later `finish` builds it again (as for a pair whose host-side name was
-    /// taken). Used when a pair finished before the pod was read is not the one the pod
-    /// asks for. On failure the pair is kept, for `remove` to try again.
-    pub async fn reset(&mut self) -> Result<()> {
-        if let Some(made) = &self.made {
-            let cx = veth::Ctx {
-                req: &self.req,
-                ns: &self.ns,
-            };
-            veth::remove_pair(&cx, made.cont_idx).await?;
-            self.made = None;
-        }
-        Ok(())
-    }
-
     /// `PodInterface::finish`, which needs nothing of the pod on Linux. Never removes an
     /// interface that was there before (a pod's running `eth0`, another call's veth).
-    pub async fn finish_addresses(&mut self, addrs: &AddressRequest) -> Result<NetworkingResult> {
+    async fn finish_addresses(&mut self, addrs: &AddressRequest) -> Result<NetworkingResult> {
         let cx = veth::Ctx {
             req: &self.req,
             ns: &self.ns,
@@ -378,6 +361,10 @@ impl VethPair {
 }
 
 impl PodInterface for VethPair {
+    async fn adopt(self, req: VethRequest) -> Result<VethPair> {
+        self.adopt_request(req).await
+    }
+
     async fn finish(
         &mut self,
         addrs: &AddressRequest,
@@ -453,6 +440,13 @@ impl Dataplane for Selected {
 }
 
 impl PodInterface for AnyInterface {
+    async fn adopt(self, req: VethRequest) -> Result<AnyInterface> {
+        match self {
+            AnyInterface::Linux(l) => l.adopt(req).await.map(AnyInterface::Linux),
+            AnyInterface::Grpc(g) => g.adopt(req).await.map(AnyInterface::Grpc),
+        }
+    }
+
     async fn finish(
         &mut self,
         addrs: &AddressRequest,

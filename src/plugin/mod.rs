@@ -3,10 +3,8 @@
 //! points; ADD and DEL live in `add.rs` and `del.rs`.
 
 pub mod add;
-pub mod add_tail;
 pub mod check;
 pub mod del;
-pub mod early;
 pub mod endpoint;
 pub mod endpoint_status;
 pub mod gc;

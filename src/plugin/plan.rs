@@ -1,7 +1,8 @@
 //! The plan of one `calico` call, computed once from the NetConf, the CNI arguments, the
 //! identifiers and the datastore: which IPAM and where it runs, the orchestrator, the policy
-//! mode, the address families IPAM will return, the deadline. ADD, DEL, CHECK and GC read
-//! it instead of re-deriving each answer from strings at every step.
+//! mode, the address families IPAM will return, the deadline, and which of ADD's steps start
+//! early or go together (`AddSteps`). ADD, DEL, CHECK and GC read it instead of re-deriving
+//! each answer from strings at every step.
 
 use std::net::IpAddr;
 use std::time::Instant;
@@ -30,8 +31,38 @@ pub struct Plan {
     /// The families Calico IPAM's answer will have, as the configuration tells them
     /// (`None` for other IPAM plugins, or when annotations may change them).
     pub families: Option<Families>,
+    /// What ADD starts early and what goes together.
+    pub add: AddSteps,
     /// When the call must be done (`crate::deadline`; `None` when not armed).
     pub deadline: Option<Instant>,
+}
+
+/// ADD's decisions about its own order, made once: what joins the first round trip, and
+/// where a new endpoint is written. Every other step runs where it stands in `add`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AddSteps {
+    /// The pod's interface is built while the first reads are answered: a Kubernetes pod,
+    /// when no readiness gate may make the call wait (the interface would stand meanwhile)
+    /// and the dataplane options are valid (else the call is refused before anything).
+    pub interface_with_reads: bool,
+    /// Calico IPAM (in-process) makes its reads and takes the host's IPAM lock in the first
+    /// round trip: a Kubernetes pod without readiness gates (the lock would be held while
+    /// they wait).
+    pub ipam_reads_with_reads: bool,
+    /// How a new endpoint is written.
+    pub new_endpoint: EndpointWrite,
+}
+
+/// Where a new WorkloadEndpoint is written, relative to the other steps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndpointWrite {
+    /// With Calico IPAM's block write (the allocator's `WriteBeside`): on the Kubernetes
+    /// datastore a pod's endpoint is its address annotations, all known once the addresses
+    /// are. Only for a pod no ADD has networked yet.
+    WithAddresses,
+    /// While the interface is finished, when its MAC is known before (the Linux pair built
+    /// for the addresses' families: etcd's endpoint stores the MAC); else after it.
+    BesideInterface,
 }
 
 impl Plan {
@@ -39,14 +70,25 @@ impl Plan {
         let ipam = IpamKind::of(&conf.ipam.ipam_type);
         let k8s = ids.is_k8s();
         let policy_k8s = k8s && conf.policy.policy_type == "k8s";
+        let ipam_in_process = ipam_driver::runs_in_process(ipam, &conf.ipam.ipam_type, &args.path);
+        let no_gates = conf.readiness_gates.is_empty();
+        let new_endpoint = match k8s && kdd && ipam == IpamKind::Calico && ipam_in_process {
+            true => EndpointWrite::WithAddresses,
+            false => EndpointWrite::BesideInterface,
+        };
         Plan {
             ipam,
-            ipam_in_process: ipam_driver::runs_in_process(ipam, &conf.ipam.ipam_type, &args.path),
+            ipam_in_process,
             k8s,
             policy_k8s,
             endpoint_from_pod: policy_k8s && kdd,
             want_profile: conf.policy.policy_type.is_empty(),
             families: expected_families(ipam, conf, args),
+            add: AddSteps {
+                interface_with_reads: k8s && no_gates && conf.check_dataplane().is_ok(),
+                ipam_reads_with_reads: k8s && no_gates && ipam_in_process,
+                new_endpoint,
+            },
             deadline: crate::deadline::limit(),
         }
     }
@@ -77,5 +119,153 @@ pub fn families_of(ips: &[IpAddr]) -> Families {
     Families {
         v4: ips.iter().any(IpAddr::is_ipv4),
         v6: ips.iter().any(IpAddr::is_ipv6),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const K8S_ARGS: &str = "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=pod1";
+
+    /// ADD's decisions for each kind of configuration: what joins the first round trip,
+    /// where a new endpoint goes, and where the endpoint comes from.
+    #[test]
+    fn add_steps_for_each_configuration() {
+        // A CNI_PATH whose calico-ipam is this very executable (Calico IPAM in-process).
+        let dir = std::env::temp_dir().join(format!("plan-table-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let link = dir.join("calico-ipam");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink("/proc/self/exe", &link).unwrap();
+        let in_process = dir.display().to_string();
+
+        // (name, k8s, kdd, extra NetConf keys, CNI_PATH) → (interface with reads, IPAM
+        // reads with reads, new endpoint, endpoint from the pod, pod read)
+        use EndpointWrite::{BesideInterface as Beside, WithAddresses as WithIpam};
+        let cases = [
+            (
+                "kdd, policy k8s, calico-ipam in-process",
+                true,
+                true,
+                r#","policy":{"type":"k8s"}"#,
+                in_process.as_str(),
+                (true, true, WithIpam, true, true),
+            ),
+            (
+                "kdd, no policy",
+                true,
+                true,
+                "",
+                in_process.as_str(),
+                (true, true, WithIpam, false, false),
+            ),
+            (
+                "kdd, calico-ipam executed",
+                true,
+                true,
+                "",
+                "/nonexistent",
+                (true, false, Beside, false, false),
+            ),
+            (
+                "etcd, policy k8s",
+                true,
+                false,
+                r#","policy":{"type":"k8s"}"#,
+                in_process.as_str(),
+                (true, true, Beside, false, true),
+            ),
+            (
+                "etcd, no policy",
+                true,
+                false,
+                "",
+                in_process.as_str(),
+                (true, true, Beside, false, false),
+            ),
+            (
+                "etcd, readiness gate",
+                true,
+                false,
+                r#","readiness_gates":["http://127.0.0.1:1/"]"#,
+                in_process.as_str(),
+                (false, false, Beside, false, false),
+            ),
+            (
+                "kdd, readiness gate",
+                true,
+                true,
+                r#","readiness_gates":["http://127.0.0.1:1/"]"#,
+                in_process.as_str(),
+                (false, false, WithIpam, false, false),
+            ),
+            (
+                "etcd, bad dataplane options",
+                true,
+                false,
+                r#","dataplane_options":{"type":"nope"}"#,
+                in_process.as_str(),
+                (false, true, Beside, false, false),
+            ),
+            (
+                "etcd, host-local",
+                true,
+                false,
+                r#","ipam":{"type":"host-local"}"#,
+                in_process.as_str(),
+                (true, false, Beside, false, false),
+            ),
+            (
+                "kdd, host-local",
+                true,
+                true,
+                r#","ipam":{"type":"host-local"}"#,
+                in_process.as_str(),
+                (true, false, Beside, false, false),
+            ),
+            (
+                "plain CNI, etcd",
+                false,
+                false,
+                "",
+                in_process.as_str(),
+                (false, false, Beside, false, false),
+            ),
+            (
+                "plain CNI, kdd",
+                false,
+                true,
+                r#","policy":{"type":"k8s"}"#,
+                in_process.as_str(),
+                (false, false, Beside, false, false),
+            ),
+        ];
+        for (name, k8s, kdd, extra, path, want) in cases {
+            let ipam = if extra.contains("\"ipam\"") {
+                ""
+            } else {
+                r#","ipam":{"type":"calico-ipam"}"#
+            };
+            let stdin = format!(r#"{{"name":"net1","type":"calico"{ipam}{extra}}}"#);
+            let conf = NetConf::parse(stdin.as_bytes()).unwrap();
+            let cni_args = if k8s { K8S_ARGS } else { "" };
+            let ids = WepIdentifiers::from_cni_args("node1", "c1", "eth0", cni_args).unwrap();
+            let args = CmdArgs {
+                path: path.to_string(),
+                args: cni_args.to_string(),
+                ..Default::default()
+            };
+            let plan = Plan::new(&conf, &args, &ids, kdd);
+            let got = (
+                plan.add.interface_with_reads,
+                plan.add.ipam_reads_with_reads,
+                plan.add.new_endpoint,
+                plan.endpoint_from_pod,
+                plan.policy_k8s,
+            );
+            assert_eq!(got, want, "{name}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1,146 +1,37 @@
-//! ADD's tail, where everything it makes is made and, on failure, undone: IPAM alongside the
-//! pod's interface (`alongside`), then the addresses and routes, the WorkloadEndpoint and the
-//! result (`network_and_write`). A failure undoes exactly what this call made: the interface
-//! it created, the addresses it was given and an endpoint whose write may have landed
-//! unanswered, never a pre-existing interface, never an address another ADD of the same
-//! sandbox holds under the same handle.
+//! ADD's commit: IPAM alongside the pod's interface (`addresses_and_interface`), then the
+//! addresses and routes, the WorkloadEndpoint and the result (`finish_and_write`). Each
+//! step records what it made in the call's `Made`; a step that fails leaves the rest to the
+//! caller's one rollback (`rollback.rs`), which undoes exactly what this call made.
 //!
-//! On the Kubernetes datastore the endpoint of a pod no ADD has networked yet is the pod's
-//! address and container ID annotations, all known once IPAM has chosen the addresses: it
-//! is written with IPAM's block write (`EndpointBeside`), one round trip less. Until the
-//! call succeeds, a failure takes it back (as DEL would) before the addresses are given
-//! back; after a SIGKILL, the runtime's DEL removes it as any endpoint of its container.
-//! Any other new endpoint whose MAC is known before the interface is finished (the Linux
-//! pair, built in `prepare` for the addresses' families: etcd's endpoint stores the MAC)
-//! is written while it is finished, under the same rules.
+//! The endpoint goes out ahead of the interface where all it holds is known earlier
+//! (`plan::EndpointWrite`): on the Kubernetes datastore a pod's endpoint (its address and
+//! container ID annotations) goes with IPAM's block write, one round trip less; any other
+//! new endpoint whose MAC is known before the interface is finished (the Linux pair, built
+//! for the addresses' families: etcd's endpoint stores the MAC) is written while it is
+//! finished. Until the call succeeds, the rollback takes it back (as DEL would) before the
+//! addresses are given back; after a SIGKILL, the runtime's DEL removes it as any endpoint
+//! of its container.
 //!
-//! Generic over the datastore, the IPAM and the dataplane, so that every failure interleaving
-//! is unit-tested with the memory store and fakes (`tests` below), without root. The undo
-//! runs within the call's grace (`deadline::cleanup_bound`).
+//! Generic over the datastore, the IPAM and the dataplane, so that every failure
+//! interleaving is unit-tested with the memory store and fakes (`tests` below), without
+//! root.
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::IpAddr;
-use std::pin::Pin;
-use std::sync::Mutex;
 
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
-use crate::dataplane::{AddressRequest, Dataplane, PodFacts, PodInterface, VethRequest};
-use crate::datastore::model::{IpNat, WorkloadEndpoint, WorkloadEndpointSpec};
-use crate::datastore::resources::{delete_resource, get_resource};
-use crate::datastore::{Datastore, DatastoreError, Kind};
-use crate::deadline;
-use crate::error::{Error, Result};
-use crate::ipam::allocator::WriteBeside;
+use super::rollback::Made;
+use crate::dataplane::{AddressRequest, Dataplane, PodFacts, VethRequest};
+use crate::datastore::model::{IpNat, WorkloadEndpoint};
+use crate::datastore::Datastore;
+use crate::error::Result;
 use crate::ipam_driver::IpamDriver;
 use crate::net::IpNet;
 use crate::plugin::endpoint;
+use crate::plugin::plan::EndpointWrite;
 use crate::skel::{CmdArgs, CniResult};
-
-/// What ADD's tail works with.
-pub struct Tail<'a, D, I> {
-    pub ds: &'a D,
-    pub ipam: &'a I,
-    /// `container_settings.allow_ip_forwarding`.
-    pub allow_ip_forwarding: bool,
-    /// The endpoint IPAM writes with the addresses, if any.
-    pub beside: Option<&'a EndpointBeside<'a, D>>,
-}
-
-/// The endpoint written ahead of the interface: with IPAM's block write (`WriteBeside`),
-/// where all it holds is known once the addresses are (the Kubernetes datastore's, for a
-/// pod no ADD has networked yet), or while the interface is finished, its MAC known. What
-/// each write did is kept, for the tail to tell whether the endpoint is written (`holds`)
-/// or must be taken back (`take_back`).
-pub struct EndpointBeside<'a, D> {
-    ds: &'a D,
-    wep: WorkloadEndpoint,
-    /// The last write's addresses and outcome.
-    last: Mutex<Option<(Vec<String>, Written)>>,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Written {
-    Landed,
-    /// No answer: it may have landed.
-    Unknown,
-    Refused,
-}
-
-impl<'a, D: Datastore> EndpointBeside<'a, D> {
-    /// `wep` as it will be written, but for its addresses.
-    pub fn new(ds: &'a D, wep: &WorkloadEndpoint) -> Self {
-        EndpointBeside {
-            ds,
-            wep: wep.clone(),
-            last: Mutex::new(None),
-        }
-    }
-
-    fn last(&self) -> Option<(Vec<String>, Written)> {
-        self.last.lock().ok().and_then(|l| l.clone())
-    }
-
-    /// Whether the endpoint is stored with exactly these addresses.
-    fn holds(&self, ip_networks: &[String]) -> bool {
-        matches!(self.last(), Some((ips, Written::Landed)) if ips == ip_networks)
-    }
-
-    /// Whether `wep` is stored: its addresses, and its MAC if this write had one (the
-    /// Kubernetes datastore's endpoint has none).
-    fn holds_endpoint(&self, wep: &WorkloadEndpoint) -> bool {
-        self.holds(&wep.spec.ip_networks)
-            && (self.wep.spec.mac.is_empty() || self.wep.spec.mac == wep.spec.mac)
-    }
-
-    /// Removes the endpoint a write may have stored, if it is still this call's (same
-    /// container and addresses). Once: what it could not remove, DEL will.
-    async fn take_back(&self) {
-        let last = self.last.lock().ok().and_then(|mut l| l.take());
-        if let Some((ips, Written::Landed | Written::Unknown)) = last {
-            let mut wep = self.wep.clone();
-            wep.spec.ip_networks = ips;
-            remove_own_endpoint(self.ds, &wep).await;
-        }
-    }
-}
-
-impl<D: Datastore> WriteBeside for EndpointBeside<'_, D> {
-    fn write<'w>(&'w self, ips: &'w [IpNet]) -> Pin<Box<dyn Future<Output = ()> + 'w>> {
-        Box::pin(async move {
-            let mut wep = self.wep.clone();
-            wep.spec.ip_networks = ips
-                .iter()
-                .map(|n| IpNet::host(n.addr).to_string())
-                .collect();
-            // Another try, after a block write that lost: an endpoint stored with the same
-            // addresses stays; one with others (or unanswered) goes first.
-            if self.holds(&wep.spec.ip_networks) {
-                return;
-            }
-            self.take_back().await;
-            let outcome = match endpoint::write(self.ds, &mut wep).await {
-                Ok(()) => Written::Landed,
-                Err(e) if outcome_unknown(&e) => Written::Unknown,
-                Err(e) => {
-                    debug!(error = %e, "the endpoint written with the addresses was refused");
-                    Written::Refused
-                }
-            };
-            if let Ok(mut last) = self.last.lock() {
-                *last = Some((wep.spec.ip_networks, outcome));
-            }
-        })
-    }
-}
-
-/// Takes back the endpoint written with the addresses, if any.
-async fn take_back_beside<D: Datastore>(beside: Option<&EndpointBeside<'_, D>>) {
-    if let Some(b) = beside {
-        b.take_back().await;
-    }
-}
 
 /// What the annotations add to the interface and the endpoint.
 #[derive(Default)]
@@ -152,144 +43,110 @@ pub struct Extras {
     pub annotations: BTreeMap<String, String>,
 }
 
-/// Runs IPAM (`ipam`) and builds the veth pair at the same time. A failure of either undoes
-/// the other: addresses without a pair are given back, a pair without addresses is removed.
-/// When both fail, IPAM's error is the call's (it is what the sequential order reported).
-pub async fn alongside<D: Datastore, I: IpamDriver, P: Dataplane>(
-    tail: &Tail<'_, D, I>,
+/// What `finish_and_write` needs besides the addresses and the endpoint.
+pub struct Finish<'a> {
+    pub args: &'a CmdArgs,
+    /// The pod's route destinations.
+    pub routes: Vec<IpNet>,
+    pub extras: Extras,
+    pub mtu: u32,
+    /// `container_settings.allow_ip_forwarding`.
+    pub allow_ip_forwarding: bool,
+    /// How a new endpoint goes out ahead of its write after the interface (with the
+    /// addresses: already done by IPAM's block write).
+    pub endpoint_write: EndpointWrite,
+}
+
+/// Runs IPAM (`ipam`) and prepares the pod's interface for `veth` at the same time,
+/// recording what each made (the addresses under `args`' handle). When both fail, IPAM's
+/// error is the call's (it is what the sequential order reported).
+pub async fn addresses_and_interface<D: Datastore, I: IpamDriver, P: Dataplane>(
+    made: &Made<'_, D, I, P>,
     args: &CmdArgs,
-    dataplane: P,
     veth: VethRequest,
     ipam: impl Future<Output = Result<CniResult>>,
-) -> Result<(CniResult, P::Interface)> {
-    match tokio::join!(ipam, dataplane.prepare(veth)) {
-        (Ok(result), Ok(link)) => Ok((result, link)),
-        (Err(e), Ok(link)) => {
-            undo("removing the veth pair after IPAM failed", async {
-                if let Err(undo) = link.remove().await {
-                    warn!(error = %undo, "failed to remove the pod interface after IPAM failed");
-                }
-                take_back_beside(tail.beside).await;
-            })
-            .await;
-            Err(e)
-        }
+) -> Result<CniResult> {
+    let (assigned, prepared) = tokio::join!(ipam, made.prepare_interface(veth));
+    if let Ok(result) = &assigned {
+        made.addresses_given(args, &addresses_of(result));
+    }
+    match (assigned, prepared) {
+        (Ok(result), Ok(())) => Ok(result),
+        (Ok(_), Err(e)) => Err(e.into()),
+        (Err(e), Ok(())) => Err(e),
         (Err(e), Err(net)) => {
             warn!(error = %net, "the veth pair failed too (and was removed)");
-            undo(
-                "taking back the endpoint after IPAM failed",
-                take_back_beside(tail.beside),
-            )
-            .await;
             Err(e)
-        }
-        (Ok(result), Err(e)) => {
-            let assigned: Vec<IpAddr> = result.ips.iter().map(|ip| ip.address.addr).collect();
-            undo(
-                "releasing the addresses after a failed dataplane setup",
-                async {
-                    take_back_beside(tail.beside).await;
-                    tail.ipam.give_back(args, &assigned).await;
-                },
-            )
-            .await;
-            Err(e.into())
         }
     }
 }
 
-/// The common tail of both modes: finish the interface, write the endpoint, shape the
-/// result. A failure gives back this call's addresses and removes the veth pair it created.
-#[allow(clippy::too_many_arguments)]
-pub async fn network_and_write<D: Datastore, I: IpamDriver, L: PodInterface>(
-    tail: &Tail<'_, D, I>,
-    args: &CmdArgs,
+/// The addresses of an IPAM result.
+pub fn addresses_of(result: &CniResult) -> Vec<IpAddr> {
+    result.ips.iter().map(|ip| ip.address.addr).collect()
+}
+
+/// Finishes the interface with `result`'s addresses, writes the endpoint and shapes the
+/// result.
+pub async fn finish_and_write<D: Datastore, I: IpamDriver, P: Dataplane>(
+    made: &Made<'_, D, I, P>,
     mut result: CniResult,
-    mut link: L,
     mut wep: WorkloadEndpoint,
-    routes: Vec<IpNet>,
-    extras: Extras,
-    mtu: u32,
+    finish: Finish<'_>,
 ) -> Result<CniResult> {
-    let host_addresses = link.result_has_host_addresses();
+    let Finish {
+        args,
+        routes,
+        extras,
+        mtu,
+        allow_ip_forwarding,
+        endpoint_write,
+    } = finish;
     wep.spec.ip_networks = endpoint::ip_networks(&result);
     wep.spec.ip_nats = floating_nats(&result, &extras.floating_ips);
-    let assigned: Vec<IpAddr> = result.ips.iter().map(|ip| ip.address.addr).collect();
     let addrs = address_request(
         &result,
         routes,
-        tail.allow_ip_forwarding,
+        allow_ip_forwarding,
         extras.skip_host_routes,
     );
+    let writes = made.endpoint();
+    writes.plan(&wep);
+    // A new endpoint whose MAC is known before the interface is finished is written while
+    // it is: one write less on the call's path.
     let new_endpoint = wep.metadata.resource_version.is_empty();
-    // A new endpoint not written with the addresses, whose MAC is known before the
-    // interface is finished, is written while it is: one write less on the call's path.
-    let early_mac = match tail.beside {
-        None if new_endpoint => link.known_mac(&addrs),
+    let mac_ahead = match endpoint_write {
+        EndpointWrite::BesideInterface if new_endpoint => made.known_mac(&addrs),
         _ => None,
     };
-    let written_early = early_mac.map(|mac| {
-        let mut early = wep.clone();
-        early.spec.mac = mac;
-        EndpointBeside::new(tail.ds, &early)
-    });
-    let beside = tail.beside.or(written_early.as_ref());
     let pod = PodFacts {
         ips: &result.ips,
         endpoint: &wep,
         annotations: &extras.annotations,
     };
-    let finished = match &written_early {
-        Some(early) => {
-            let (finished, ()) = tokio::join!(link.finish(&addrs, &pod), early.write(&addrs.ips));
+    let finished = match mac_ahead {
+        Some(mac) => {
+            let (finished, ()) = tokio::join!(
+                made.finish_interface(&addrs, &pod),
+                writes.write_ahead(&addrs.ips, Some(mac))
+            );
             finished
         }
-        None => link.finish(&addrs, &pod).await,
+        None => made.finish_interface(&addrs, &pod).await,
     };
-    let net = match finished {
-        Ok(n) => n,
-        Err(e) => {
-            undo(
-                "releasing the addresses after a failed dataplane setup",
-                async {
-                    // The endpoint written with (or beside) the addresses goes before them.
-                    take_back_beside(beside).await;
-                    tail.ipam.give_back(args, &assigned).await;
-                },
-            )
-            .await;
-            return Err(e.into());
-        }
-    };
+    let net = finished?;
     info!(host_veth = %net.host_veth, mac = %net.container_mac, "Networked namespace");
     wep.spec.mac = net.container_mac.to_lowercase();
     wep.spec.interface_name = net.host_veth.clone();
-    if beside.is_some_and(|b| b.holds_endpoint(&wep)) {
-        info!(name = %wep.metadata.name, "Wrote endpoint to datastore (ahead of the interface)");
-    } else {
-        // One written with other addresses (its block write lost), another MAC, or
-        // unanswered goes first.
-        take_back_beside(beside).await;
-        if let Err(e) = endpoint::write(tail.ds, &mut wep).await {
-            undo("undoing a failed ADD", async {
-                // The interface first: it is local and always possible (and its host route
-                // must be gone before the address can go to another pod).
-                if let Err(undo) = link.remove().await {
-                    warn!(error = %undo, "failed to remove the pod interface after a failed ADD");
-                }
-                if new_endpoint && outcome_unknown(&e) {
-                    remove_own_endpoint(tail.ds, &wep).await;
-                }
-                tail.ipam.give_back(args, &assigned).await;
-            })
-            .await;
-            return Err(e);
+    match writes.write_final(&mut wep).await? {
+        true => {
+            info!(name = %wep.metadata.name, "Wrote endpoint to datastore (ahead of the interface)")
         }
-        info!(name = %wep.metadata.name, "Wrote endpoint to datastore");
+        false => info!(name = %wep.metadata.name, "Wrote endpoint to datastore"),
     }
     finish_result(
         &mut result,
-        host_addresses,
+        made.result_has_host_addresses(),
         &net.host_veth,
         &args.ifname,
         &net.container_mac,
@@ -316,49 +173,6 @@ pub fn address_request(
         routes,
         allow_ip_forwarding,
         skip_host_routes,
-    }
-}
-
-/// Runs one step of undoing a failed ADD within the call's grace; a step cut short is
-/// logged (what it could not undo, DEL will).
-pub async fn undo(what: &str, step: impl Future<Output = ()>) {
-    if let Err(e) = deadline::cleanup_bound(what, step).await {
-        warn!(error = %e, "the undo of a failed ADD was cut short; DEL will finish it");
-    }
-}
-
-/// Whether a failed write may have landed all the same (no answer, rather than a refusal).
-fn outcome_unknown(e: &Error) -> bool {
-    matches!(
-        e,
-        Error::Datastore(DatastoreError::Deadline(_) | DatastoreError::Unavailable(_))
-    )
-}
-
-/// After a failed ADD whose endpoint write landed, or went unanswered and may have: delete
-/// the endpoint if it is this call's (same container and addresses), so that no endpoint is
-/// left naming addresses that are being given back.
-async fn remove_own_endpoint<D: Datastore>(ds: &D, wep: &WorkloadEndpoint) {
-    let (ns, name) = (&wep.metadata.namespace, &wep.metadata.name);
-    let read =
-        get_resource::<_, WorkloadEndpointSpec>(ds, Kind::WorkloadEndpoint, Some(ns), name).await;
-    let stored = match read {
-        Ok(w) => w,
-        Err(e) if e.is_not_found() => return,
-        Err(e) => {
-            warn!(error = %e, name, "cannot tell whether the endpoint was written");
-            return;
-        }
-    };
-    if stored.spec.container_id != wep.spec.container_id
-        || stored.spec.ip_networks != wep.spec.ip_networks
-    {
-        return;
-    }
-    let rev = Some(stored.metadata.resource_version.as_str());
-    match delete_resource(ds, Kind::WorkloadEndpoint, Some(ns), name, rev).await {
-        Ok(()) => info!(name, "deleted the endpoint of a failed ADD"),
-        Err(e) => warn!(error = %e, name, "failed to delete the endpoint of a failed ADD"),
     }
 }
 
@@ -404,78 +218,22 @@ fn finish_result(
 /// reach, and the lost answer they cannot.
 #[cfg(test)]
 mod tests {
-    use std::cell::RefCell;
-    use std::rc::Rc;
-
     use serde_json::json;
 
     use super::*;
     use crate::config::NetConf;
-    use crate::dataplane::{netlink_errno, DataplaneError, NetworkingResult};
+    use crate::dataplane::DataplaneError;
     use crate::datastore::memory::{Fault, KeyClass, MemoryDatastore};
-    use crate::datastore::Key;
+    use crate::datastore::{Key, Kind};
+    use crate::error::Error;
     use crate::identifiers::WepIdentifiers;
+    use crate::ipam::allocator::WriteBeside;
     use crate::ipam_driver::calico::Known;
     use crate::ipam_driver::fake::FakeIpam;
     use crate::ipam_driver::{pick, Prepared};
+    use crate::plugin::add::speculative::tests::{FakeDataplane, FINISHED_MAC};
 
     const CNI_ARGS: &str = "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=pod1";
-
-    /// Where each step of the fake dataplane fails, and what it was asked to do.
-    #[derive(Clone, Default)]
-    struct FakeDataplane {
-        fail_prepare: bool,
-        fail_finish: bool,
-        /// The MAC the interface knows before `finish` (the Linux pair's, built for the
-        /// addresses' families).
-        known_mac: Option<&'static str>,
-        log: Rc<RefCell<Vec<&'static str>>>,
-    }
-
-    /// The MAC the fake's `finish` reports, as `known_mac` gives it.
-    const FINISHED_MAC: &str = "0a:58:0a:50:00:01";
-
-    struct FakeInterface(FakeDataplane);
-
-    impl Dataplane for FakeDataplane {
-        type Interface = FakeInterface;
-        async fn prepare(self, _req: VethRequest) -> Result<FakeInterface, DataplaneError> {
-            self.log.borrow_mut().push("prepare");
-            match self.fail_prepare {
-                true => Err(DataplaneError::CreateVeth(netlink_errno(libc::EEXIST))),
-                false => Ok(FakeInterface(self)),
-            }
-        }
-    }
-
-    impl PodInterface for FakeInterface {
-        async fn finish(
-            &mut self,
-            _addrs: &AddressRequest,
-            _pod: &PodFacts<'_>,
-        ) -> Result<NetworkingResult, DataplaneError> {
-            self.0.log.borrow_mut().push("finish");
-            match self.0.fail_finish {
-                true => Err(DataplaneError::GatewayRoute(netlink_errno(
-                    libc::ENETUNREACH,
-                ))),
-                false => Ok(NetworkingResult {
-                    host_veth: "cali0123456789a".into(),
-                    container_mac: FINISHED_MAC.to_uppercase(),
-                    container_index: 2,
-                }),
-            }
-        }
-
-        async fn remove(self) -> Result<(), DataplaneError> {
-            self.0.log.borrow_mut().push("remove");
-            Ok(())
-        }
-
-        fn known_mac(&self, _addrs: &AddressRequest) -> Option<String> {
-            self.0.known_mac.map(str::to_string)
-        }
-    }
 
     /// A node, a pool of one /29 block and a ready ClusterInformation.
     fn store() -> MemoryDatastore {
@@ -567,44 +325,90 @@ mod tests {
             ipam_fails: bool,
             beside: bool,
         ) -> Result<CniResult> {
+            self.add(
+                ds,
+                dp,
+                Script {
+                    ipam_fails,
+                    beside,
+                    ..Default::default()
+                },
+            )
+        }
+
+        /// An ADD as `cmd_add` runs it, from the interface built ahead (or not) to the
+        /// endpoint, as far as `script` lets it; on failure, the one rollback.
+        fn add(
+            &self,
+            ds: &MemoryDatastore,
+            dp: FakeDataplane,
+            script: Script,
+        ) -> Result<CniResult> {
             let known = Known {
                 conf: &self.conf,
                 ids: &self.ids,
             };
             let driver = pick(true, ds, known, &self.args.stdin_data);
-            let written_beside = EndpointBeside::new(ds, &self.endpoint());
-            let tail = Tail {
-                ds,
-                ipam: &driver,
-                allow_ip_forwarding: false,
-                beside: beside.then_some(&written_beside),
-            };
             crate::client::block_on(async {
-                let prepared = Prepared {
-                    beside: tail.beside.map(|b| b as &dyn WriteBeside),
-                    ..Default::default()
-                };
-                let ipam = async {
-                    match ipam_fails {
-                        true => Err(Error::msg("failed to request IPv4 addresses: no pool")),
-                        false => driver.add(&self.args, prepared).await,
+                let made = Made::new(ds, &driver, dp);
+                if script.ahead {
+                    made.build_interface_ahead(self.veth()).await;
+                }
+                let outcome = async {
+                    if script.pod_read_fails {
+                        return Err(Error::msg("pods \"pod1\" not found"));
                     }
-                };
-                let (result, link) = alongside(&tail, &self.args, dp, self.veth(), ipam).await?;
-                network_and_write(
-                    &tail,
-                    &self.args,
-                    result,
-                    link,
-                    self.endpoint(),
-                    vec!["0.0.0.0/0".parse().unwrap()],
-                    Extras::default(),
-                    1450,
-                )
-                .await
+                    let wep = self.endpoint();
+                    if script.beside {
+                        made.endpoint().plan(&wep);
+                    }
+                    let prepared = Prepared {
+                        beside: script.beside.then(|| made.endpoint() as &dyn WriteBeside),
+                        ..Default::default()
+                    };
+                    let ipam = async {
+                        match script.ipam_fails {
+                            true => Err(Error::msg("failed to request IPv4 addresses: no pool")),
+                            false => driver.add(&self.args, prepared).await,
+                        }
+                    };
+                    let result =
+                        addresses_and_interface(&made, &self.args, self.veth(), ipam).await?;
+                    finish_and_write(&made, result, wep, self.finish(script.beside)).await
+                }
+                .await;
+                if outcome.is_err() {
+                    made.rollback().await;
+                }
+                outcome
             })
             .unwrap()
         }
+
+        fn finish(&self, beside: bool) -> Finish<'_> {
+            Finish {
+                args: &self.args,
+                routes: vec!["0.0.0.0/0".parse().unwrap()],
+                extras: Extras::default(),
+                mtu: 1450,
+                allow_ip_forwarding: false,
+                endpoint_write: match beside {
+                    true => EndpointWrite::WithAddresses,
+                    false => EndpointWrite::BesideInterface,
+                },
+            }
+        }
+    }
+
+    /// What an ADD meets, step by step (`Fixture::add`).
+    #[derive(Clone, Copy, Debug, Default)]
+    struct Script {
+        /// The interface is built while the pod is read.
+        ahead: bool,
+        pod_read_fails: bool,
+        ipam_fails: bool,
+        /// The endpoint goes with IPAM's block write.
+        beside: bool,
     }
 
     /// How the endpoint goes out before its write after the interface.
@@ -970,27 +774,20 @@ mod tests {
             log: dp.log.clone(),
             ..Default::default()
         };
-        let tail = Tail {
-            ds,
-            ipam: &ipam,
-            allow_ip_forwarding: false,
-            beside: None,
-        };
         let out = crate::client::block_on(async {
-            let add = ipam.add(&f.args, Prepared::default());
-            let (result, link) = alongside(&tail, &f.args, dp.clone(), f.veth(), add).await?;
-            let routes = vec!["0.0.0.0/0".parse().unwrap(), "::/0".parse().unwrap()];
-            network_and_write(
-                &tail,
-                &f.args,
-                result,
-                link,
-                f.endpoint(),
-                routes,
-                Extras::default(),
-                1450,
-            )
-            .await
+            let made = Made::new(ds, &ipam, dp.clone());
+            let outcome = async {
+                let add = ipam.add(&f.args, Prepared::default());
+                let result = addresses_and_interface(&made, &f.args, f.veth(), add).await?;
+                let mut finish = f.finish(false);
+                finish.routes = vec!["0.0.0.0/0".parse().unwrap(), "::/0".parse().unwrap()];
+                finish_and_write(&made, result, f.endpoint(), finish).await
+            }
+            .await;
+            if outcome.is_err() {
+                made.rollback().await;
+            }
+            outcome
         })
         .unwrap();
         let log = dp.log.borrow().clone();
@@ -1037,5 +834,64 @@ mod tests {
         assert_eq!(log, ["ipam add", "prepare", "ipam give back"]);
         assert_eq!(given, vec!["10.9.0.8".parse::<IpAddr>().unwrap()]);
         assert_eq!(held(&ds), (false, 0, false));
+    }
+
+    /// Every interleaving of success and failure of the steps an ADD takes: the interface
+    /// built ahead (or not, or failing), the pod's read, IPAM's assignment, the interface
+    /// taken over or built, finished, and the endpoint's write (refused, lost, unavailable),
+    /// with the endpoint going with the addresses or beside the interface. A success holds
+    /// the handle, one address, the endpoint and one interface; a failure holds nothing, and
+    /// no interface stands.
+    #[test]
+    fn every_interleaving_holds_all_or_nothing() {
+        let wep = KeyClass::Resource(Kind::WorkloadEndpoint);
+        let faults = [
+            None,
+            Some(Fault::ConflictOnWrite(1)),
+            Some(Fault::LoseAnswerOfWrite(1)),
+            Some(Fault::UnavailableOnWrite(1)),
+        ];
+        let mut cases = 0;
+        for bits in 0u32..(1 << 8) {
+            let bit = |n: u32| bits & (1 << n) != 0;
+            let script = Script {
+                ahead: bit(0),
+                pod_read_fails: bit(1),
+                ipam_fails: bit(2),
+                beside: bit(3),
+            };
+            let dp = FakeDataplane {
+                fail_prepare: bit(4),
+                fail_adopt: bit(5),
+                fail_finish: bit(6),
+                known_mac: bit(7).then_some(FINISHED_MAC),
+                ..Default::default()
+            };
+            for fault in &faults {
+                cases += 1;
+                let f = Fixture::new(&format!("every-{bits}"));
+                let ds = store();
+                if let Some(fault) = fault {
+                    ds.inject(Fault::on(wep, *fault));
+                }
+                let standing = dp.standing.clone();
+                standing.set(0);
+                let out = f.add(&ds, dp.clone(), script);
+                let case = format!("{script:?}, {bits:#b}, {fault:?}: {out:?}");
+                let interfaces = standing.get();
+                match out {
+                    Ok(_) => {
+                        assert_eq!(held(&ds), (true, 1, true), "{case}");
+                        assert_eq!(interfaces, 1, "{case}");
+                    }
+                    Err(_) => {
+                        assert_eq!(held(&ds), (false, 0, false), "{case}");
+                        assert_eq!(interfaces, 0, "{case}");
+                    }
+                }
+                dp.log.borrow_mut().clear();
+            }
+        }
+        assert_eq!(cases, 1024);
     }
 }

@@ -1,0 +1,350 @@
+//! ADD for a Kubernetes pod (k8s.go CmdAddK8s): the endpoint from the pod (labels, ports,
+//! service account, annotations), the addresses from where the pod says
+//! (`k8s_pod::AddressSource`), the pod's routes, and the wait for Felix's policy.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use serde_json::Value;
+use tracing::info;
+
+use super::commit::{addresses_and_interface, addresses_of, finish_and_write, Extras, Finish};
+use super::{
+    endpoint_name, ipam_add, validate_and_ensure_profile, veth_request, AddCx, Answered, EarlyIpam,
+    Record,
+};
+use crate::dataplane::{Families, VethRequest};
+use crate::datastore::model::WorkloadEndpoint;
+use crate::error::{Context, Error, Result};
+use crate::ipam::allocator::WriteBeside;
+use crate::ipam_driver::exec::{host_local_add_stdin, uses_pod_cidr};
+use crate::ipam_driver::{calico, IpamDriver, IpamKind, Prepared};
+use crate::net::IpNet;
+use crate::plugin::endpoint;
+use crate::plugin::endpoint_status;
+use crate::plugin::k8s_pod::{self, AddressSource, PodInfo};
+use crate::plugin::plan::{families_of, EndpointWrite};
+use crate::plugin::Call;
+use crate::skel::result::IpConfig;
+use crate::skel::{CmdArgs, CniResult};
+
+/// Upstream's refusal of a Kubernetes pod's IPAM result without addresses.
+const MISSING_IP_CONFIG: &str = "IPAM plugin returned missing IP config";
+
+pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: Answered) -> Result<CniResult> {
+    let call = cx.call;
+    let (conf, ids, plan) = (&call.conf, &call.ids, &call.plan);
+    let Answered {
+        existing,
+        profile,
+        pod,
+        ipam: early,
+    } = answered;
+    // Upstream refuses a negative delay only after writing the endpoint (and leaks the IP).
+    endpoint_status::validate_timeout(conf.policy_setup_timeout_seconds)?;
+    let routes = k8s_routes(conf)?;
+    let name = endpoint_name(call, existing.as_ref())?;
+    let old_addresses: Vec<String> = existing
+        .as_ref()
+        .map(|w| w.spec.ip_networks.clone())
+        .unwrap_or_default();
+    let mut wep = k8s_endpoint(call, existing, &name);
+    let pod = pod.unwrap_or_default();
+    let mut extras = Extras::default();
+    if plan.policy_k8s {
+        wep.metadata.labels = Some(pod.labels.clone());
+        wep.metadata.generate_name = pod.generate_name.clone();
+        wep.spec.ports = pod.ports.clone();
+        wep.spec.profiles = pod.profiles.clone();
+        wep.spec.service_account_name = pod.service_account.clone();
+    }
+    // Every annotation is checked before IPAM (upstream checks some after networking and
+    // leaks the addresses when they are wrong).
+    wep.spec.allow_spoofed_source_prefixes = pod.source_prefixes()?;
+    extras.floating_ips = pod.floating_ips(conf)?;
+    extras.container_mac = pod.hw_addr()?;
+    extras.annotations = pod.annotations.clone();
+    let source = pod.address_source(conf)?;
+    let mut args = cx.args.clone();
+    if plan.ipam == IpamKind::HostLocal && uses_pod_cidr(&args.stdin_data) {
+        let (v4, v6) = k8s_pod::node_pod_cidrs(call).await?;
+        args.stdin_data = host_local_add_stdin(&args.stdin_data, &v4, &v6)?;
+    }
+    validate_and_ensure_profile(call, &wep, profile).await?;
+
+    // A pod no ADD has networked yet gets its endpoint with Calico IPAM's block write where
+    // the plan says so (the Kubernetes datastore): one round trip less.
+    let endpoint_write = match plan.add.new_endpoint {
+        EndpointWrite::WithAddresses if old_addresses.is_empty() => {
+            made.endpoint().plan(&wep);
+            EndpointWrite::WithAddresses
+        }
+        _ => EndpointWrite::BesideInterface,
+    };
+    let request = AddressRequestOf {
+        cx,
+        made,
+        args: &args,
+        pod: &pod,
+        host_veth: &wep.spec.interface_name,
+        container_mac: extras.container_mac,
+        beside: (endpoint_write == EndpointWrite::WithAddresses)
+            .then(|| made.endpoint() as &dyn WriteBeside),
+    };
+    let result = request.addresses(source, early, &old_addresses).await?;
+    extras.skip_host_routes = skips_host_routes(call, &result);
+    let finish = Finish {
+        args: &args,
+        routes,
+        extras,
+        mtu: cx.mtu,
+        allow_ip_forwarding: conf.container_settings.allow_ip_forwarding,
+        endpoint_write,
+    };
+    let result = finish_and_write(made, result, wep, finish).await?;
+    endpoint_status::wait_for_policy(
+        &conf.endpoint_status_dir,
+        &ids.namespace,
+        &name,
+        conf.policy_setup_timeout_seconds,
+    )
+    .await;
+    Ok(result)
+}
+
+/// A calico-ipam result without routes is a KubeVirt migration target: no host routes.
+fn skips_host_routes(call: &Call, result: &CniResult) -> bool {
+    call.plan.ipam == IpamKind::Calico && result.routes.is_empty()
+}
+
+/// What getting a pod's addresses works with.
+struct AddressRequestOf<'a> {
+    cx: &'a AddCx<'a>,
+    made: &'a Record<'a>,
+    /// The call's arguments, host-local's pod CIDR applied.
+    args: &'a CmdArgs,
+    pod: &'a PodInfo,
+    host_veth: &'a str,
+    /// The pod's `hwAddr`.
+    container_mac: Option<[u8; 6]>,
+    /// The endpoint's write that goes with Calico IPAM's block write.
+    beside: Option<&'a dyn WriteBeside>,
+}
+
+impl AddressRequestOf<'_> {
+    fn veth(&self, families: Option<Families>) -> VethRequest {
+        veth_request(self.cx, self.host_veth, self.container_mac, families)
+    }
+
+    /// The pod's addresses from `source`, obtained while its interface is prepared: Calico
+    /// IPAM (with the pool and family annotations, on the reads and lock of the first round
+    /// trip), `ipAddrs` (each through calico-ipam, the endpoint's old addresses released
+    /// first) or `ipAddrsNoIpam`.
+    async fn addresses(
+        &self,
+        source: AddressSource,
+        early: EarlyIpam,
+        old_addresses: &[String],
+    ) -> Result<CniResult> {
+        let (call, made, args) = (self.cx.call, self.made, self.args);
+        match source {
+            AddressSource::Ipam => {
+                let mut ipam_args = args.clone();
+                // With the pool and family annotations, the families are IPAM's to tell.
+                let mut families = call.plan.families;
+                if call.plan.ipam == IpamKind::Calico {
+                    if let Some(stdin) = self.pod.ipam_stdin(&args.stdin_data)? {
+                        ipam_args.stdin_data = stdin;
+                        families = None;
+                    }
+                }
+                let prepared = Prepared {
+                    pod_vmi: self.pod.kubevirt.clone(),
+                    namespace_labels: namespace_labels(call, self.pod).await?,
+                    reads: early.reads,
+                    lock: early.lock,
+                    beside: self.beside,
+                };
+                let ipam = ipam_add(call, made, &ipam_args, prepared, MISSING_IP_CONFIG);
+                addresses_and_interface(made, args, self.veth(families), ipam).await
+            }
+            AddressSource::IpAddrs(ips) => {
+                // Each address is assigned by its own calico-ipam call, which takes the lock.
+                drop(early);
+                let labels = namespace_labels(call, self.pod).await?;
+                let ipam = async {
+                    release_old_addresses(call, args, old_addresses).await?;
+                    self.assign_each(&ips, labels).await
+                };
+                let veth = self.veth(Some(families_of(&ips)));
+                addresses_and_interface(made, args, veth, ipam).await
+            }
+            AddressSource::NoIpam(ips) => {
+                drop(early);
+                let result = CniResult {
+                    ips: ips
+                        .iter()
+                        .map(|ip| IpConfig {
+                            address: IpNet::host(*ip),
+                            gateway: None,
+                            interface: None,
+                        })
+                        .collect(),
+                    ..Default::default()
+                };
+                let veth = self.veth(Some(families_of(&ips)));
+                addresses_and_interface(made, args, veth, async { Ok(result) }).await
+            }
+        }
+    }
+
+    /// `ipAddrs`: calico-ipam once per address with `IP=<address>` added to CNI_ARGS. Each
+    /// address is recorded as it is assigned: a failure leaves them to the rollback.
+    async fn assign_each(
+        &self,
+        ips: &[IpAddr],
+        labels: BTreeMap<String, String>,
+    ) -> Result<CniResult> {
+        let (call, args) = (self.cx.call, self.args);
+        let mut result = CniResult::default();
+        for ip in ips {
+            let mut one = args.clone();
+            one.args = format!("{};IP={ip}", args.args);
+            let prepared = Prepared {
+                namespace_labels: labels.clone(),
+                ..Default::default()
+            };
+            let got = call.ipam().add(&one, prepared).await;
+            if let Ok(r) = &got {
+                self.made.addresses_given(args, &addresses_of(r));
+            }
+            let first = got.and_then(|r| match r.ips.first() {
+                Some(first) => Ok((first.clone(), r.routes)),
+                None => Err(Error::msg(MISSING_IP_CONFIG)),
+            });
+            let (first, routes) =
+                first.map_err(|e| Error::chain("error getting IP from IPAM", e))?;
+            result.ips.push(first);
+            result.routes.extend(routes);
+        }
+        Ok(result)
+    }
+}
+
+/// The namespace's labels for calico-ipam's pool selection: those already read with the
+/// pod, else read when a kubeconfig is configured (as calico-ipam does).
+async fn namespace_labels(call: &Call, pod: &PodInfo) -> Result<BTreeMap<String, String>> {
+    if call.plan.ipam != IpamKind::Calico {
+        return Ok(BTreeMap::new());
+    }
+    if call.plan.policy_k8s {
+        return Ok(pod.namespace_labels.clone());
+    }
+    calico::namespace_labels(&call.conf, &call.ids.namespace, &call.ds).await
+}
+
+/// `ipAddrs` on a re-ADD: the endpoint's previous addresses are released first.
+async fn release_old_addresses(call: &Call, args: &CmdArgs, old: &[String]) -> Result<()> {
+    let ips: Vec<IpAddr> = old
+        .iter()
+        .filter_map(|s| s.parse::<IpNet>().ok())
+        .map(|n| n.addr)
+        .collect();
+    if ips.is_empty() {
+        return Ok(());
+    }
+    info!(
+        ?ips,
+        "releasing the endpoint's previous addresses before ipAddrs"
+    );
+    calico::release_any(&call.ds, args, &ips)
+        .await
+        .context("failed to release ipAddrs")
+}
+
+/// The k8s endpoint as upstream builds it: a new one, or the existing one with every field
+/// the CNI owns rebuilt (labels, generateName, identifiers, ports, addresses, service
+/// account, profiles, spoofing prefixes) so nothing stale survives a re-ADD.
+fn k8s_endpoint(call: &Call, existing: Option<WorkloadEndpoint>, name: &str) -> WorkloadEndpoint {
+    let ids = &call.ids;
+    let Some(mut w) = existing else {
+        let mut w = endpoint::new_endpoint(ids, name, &call.conf.name);
+        w.spec.interface_name = ids.host_veth_name();
+        return w;
+    };
+    info!(name = %w.metadata.name, "re-networking existing endpoint");
+    w.metadata.name = name.to_string();
+    w.metadata.namespace = ids.namespace.clone();
+    // Without policy type k8s there are no pod labels: the store adds its own two.
+    w.metadata.labels = Some(Default::default());
+    w.metadata.generate_name.clear();
+    let s = &mut w.spec;
+    s.node = ids.node.clone();
+    s.orchestrator = ids.orchestrator.clone();
+    s.pod = ids.pod.clone();
+    s.ports.clear();
+    s.ip_networks.clear();
+    s.service_account_name.clear();
+    s.profiles = vec![call.conf.name.clone()];
+    s.allow_spoofed_source_prefixes.clear();
+    s.container_id = ids.container_id.clone();
+    s.interface_name = ids.host_veth_name();
+    s.mac.clear();
+    w
+}
+
+/// `0.0.0.0/0` and `::/0`.
+pub(crate) fn default_routes() -> Vec<IpNet> {
+    vec![
+        IpNet::new(IpAddr::from([0u8; 4]), 0),
+        IpNet::new(IpAddr::from([0u16; 8]), 0),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+/// k8s.go's pod routes: with host-local, its `ipam.routes` destinations (gateways ignored,
+/// routes without `dst` skipped), after the defaults when `include_default_routes`;
+/// otherwise, or when there are none, the default routes.
+pub(crate) fn k8s_routes(conf: &crate::config::NetConf) -> Result<Vec<IpNet>> {
+    if IpamKind::of(&conf.ipam.ipam_type) != IpamKind::HostLocal {
+        return Ok(default_routes());
+    }
+    let Some(routes) = &conf.ipam.routes else {
+        return Ok(default_routes());
+    };
+    let Value::Array(list) = routes else {
+        return Err(Error::msg(format!(
+            "failed to parse host-local IPAM routes section; expecting list, not: {routes}"
+        )));
+    };
+    let mut custom = Vec::new();
+    for r in list {
+        let Value::Object(route) = r else {
+            return Err(Error::msg(format!(
+                "invalid IPAM routes section; expecting a route object, not: {r}"
+            )));
+        };
+        let Some(dst) = route.get("dst") else {
+            tracing::debug!("Ignoring host-ipam route with no dst");
+            continue;
+        };
+        let Value::String(dst) = dst else {
+            return Err(Error::msg(format!(
+                "invalid IPAM routes section; expecting 'dst' to be a string, not: {dst}"
+            )));
+        };
+        let net: IpNet = dst.parse().map_err(Error::Cidr)?;
+        custom.push(net.masked());
+    }
+    if custom.is_empty() {
+        return Ok(default_routes());
+    }
+    if conf.include_default_routes {
+        let mut all = default_routes();
+        all.extend(custom);
+        return Ok(all);
+    }
+    Ok(custom)
+}
