@@ -20,7 +20,7 @@ use crate::datastore::Kind;
 use crate::error::{Error, Result};
 use crate::ipam_driver::{IpamDriver, IpamKind};
 use crate::net::IpNet;
-use crate::plugin::{add, connect, load, Call};
+use crate::plugin::{add, connect, load, Call, Verb};
 use crate::skel::result::prev_result;
 use crate::skel::{CmdArgs, CniResult};
 
@@ -31,7 +31,7 @@ pub async fn cmd_check(args: &CmdArgs) -> Result<()> {
         return Err(Error::msg("CHECK: the previous result has no IP addresses"));
     }
     conf.check_dataplane()?;
-    let call = connect(args, conf, false).await?;
+    let call = connect(args, conf, Verb::Other).await?;
     let expected = expected(args, &call, &prev)?;
     // The gRPC dataplane's agent made the pod's interface, not us: nothing of ours to find
     // in the kernel.

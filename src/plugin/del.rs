@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::identifiers::WepIdentifiers;
 use crate::ipam::lock::peek_blocks;
 use crate::ipam_driver::IpamDriver;
-use crate::plugin::{connect_as, identifiers, load_config, nodename, Call};
+use crate::plugin::{connect_as, identifiers, load_config, nodename, Call, Verb};
 use crate::skel::CmdArgs;
 
 /// Attempts at the get-then-CAS-delete of a k8s endpoint.
@@ -57,7 +57,8 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
         .flatten();
     let mut teardown = Teardown::start(dataplane.is_ok(), grpc, args);
     let mut failures = Failures::default();
-    let call = match connect_as(args, conf, node.as_deref().unwrap_or_default(), false).await {
+    let call = match connect_as(args, conf, node.as_deref().unwrap_or_default(), Verb::Other).await
+    {
         Ok(call) => call,
         Err(e) => {
             failures.push(e);

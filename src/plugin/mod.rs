@@ -20,11 +20,12 @@ use tracing::info;
 use crate::client;
 use crate::cluster_ready::check_datastore_ready;
 use crate::config::NetConf;
+use crate::dataplane::Families;
 use crate::datastore::backend::Backend;
 use crate::datastore::kubernetes::client::{KubeClient, KubeSettings};
 use crate::error::{Context, Error, Result};
 use crate::identifiers::WepIdentifiers;
-use crate::ipam_driver::{self, calico::Known, Driver};
+use crate::ipam_driver::{self, calico::Known, Driver, IpamKind};
 use crate::skel::args::prepend_ignore_unknown;
 use crate::skel::{CmdArgs, CniError, CniResult, Plugin};
 use plan::Plan;
@@ -119,13 +120,24 @@ pub fn load_config(args: &CmdArgs) -> Result<NetConf> {
 /// The node name, the identifiers from CNI_ARGS (calico runs with IgnoreUnknown=1
 /// prepended, so unknown keys are fine; a bad `IP=` value is not) and the datastore client
 /// (whose errors ADD words as `error creating calico client: <e>`, DEL bare, as upstream).
-pub async fn connect(args: &CmdArgs, conf: NetConf, for_add: bool) -> Result<Call> {
+pub async fn connect(args: &CmdArgs, conf: NetConf, verb: Verb) -> Result<Call> {
     let node = conf.node_name();
-    connect_as(args, conf, &node, for_add).await
+    connect_as(args, conf, &node, verb).await
+}
+
+/// What a call connects for.
+pub enum Verb {
+    /// ADD, which words the client's errors its own way, and has worked out the families
+    /// IPAM will answer with already (`plan::expected_families`: it opens the netlink
+    /// handles for them while it connects).
+    Add {
+        families: Option<Families>,
+    },
+    Other,
 }
 
 /// `connect` for node `node` (empty: a DEL that does not know it, `nodename::for_del`).
-pub async fn connect_as(args: &CmdArgs, conf: NetConf, node: &str, for_add: bool) -> Result<Call> {
+pub async fn connect_as(args: &CmdArgs, conf: NetConf, node: &str, verb: Verb) -> Result<Call> {
     let ids = identifiers_on(node, args, &conf)?;
     info!(
         container_id = %args.container_id,
@@ -136,13 +148,17 @@ pub async fn connect_as(args: &CmdArgs, conf: NetConf, node: &str, for_add: bool
         "calico {}",
         "call"
     );
-    let ds = match for_add {
-        true => client::connect_for_add(&conf)
+    let families = match verb {
+        Verb::Add { families } => families,
+        Verb::Other => plan::expected_families(IpamKind::of(&conf.ipam.ipam_type), &conf, args),
+    };
+    let ds = match verb {
+        Verb::Add { .. } => client::connect_for_add(&conf)
             .await
             .map_err(|e| Error::chain("error creating calico client", e))?,
-        false => client::connect(&conf).await?,
+        Verb::Other => client::connect(&conf).await?,
     };
-    let plan = Plan::new(&conf, args, &ids, ds.is_kubernetes());
+    let plan = Plan::new(&conf, args, &ids, ds.is_kubernetes(), families);
     tracing::debug!(?plan, "the call's plan");
     Ok(Call {
         conf,

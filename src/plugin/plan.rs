@@ -66,7 +66,14 @@ pub enum EndpointWrite {
 }
 
 impl Plan {
-    pub fn new(conf: &NetConf, args: &CmdArgs, ids: &WepIdentifiers, kdd: bool) -> Plan {
+    /// `families`: `expected_families`, worked out once by the caller.
+    pub fn new(
+        conf: &NetConf,
+        args: &CmdArgs,
+        ids: &WepIdentifiers,
+        kdd: bool,
+        families: Option<Families>,
+    ) -> Plan {
         let ipam = IpamKind::of(&conf.ipam.ipam_type);
         let k8s = ids.is_k8s();
         let policy_k8s = k8s && conf.policy.policy_type == "k8s";
@@ -83,7 +90,7 @@ impl Plan {
             policy_k8s,
             endpoint_from_pod: policy_k8s && kdd,
             want_profile: conf.policy.policy_type.is_empty(),
-            families: expected_families(ipam, conf, args),
+            families,
             add: AddSteps {
                 interface_with_reads: k8s && no_gates && conf.check_dataplane().is_ok(),
                 ipam_reads_with_reads: k8s && no_gates && ipam_in_process,
@@ -256,7 +263,8 @@ mod tests {
                 args: cni_args.to_string(),
                 ..Default::default()
             };
-            let plan = Plan::new(&conf, &args, &ids, kdd);
+            let families = expected_families(IpamKind::of(&conf.ipam.ipam_type), &conf, &args);
+            let plan = Plan::new(&conf, &args, &ids, kdd, families);
             let got = (
                 plan.add.interface_with_reads,
                 plan.add.ipam_reads_with_reads,

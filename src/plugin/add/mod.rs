@@ -48,7 +48,7 @@ use crate::plugin::k8s_pod::{self, PodInfo};
 use crate::plugin::plan::expected_families;
 use crate::plugin::readiness;
 use crate::plugin::sandbox_lock::SandboxLock;
-use crate::plugin::{connect, load_config, nodename, Call};
+use crate::plugin::{connect, load_config, nodename, Call, Verb};
 use crate::skel::error::CODE_INVALID_ENV;
 use crate::skel::{CmdArgs, CniError, CniResult};
 
@@ -81,7 +81,7 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     let grpc = GrpcDataplane::for_conf(&conf, mtu).ok().flatten();
     let families = expected_families(IpamKind::of(&conf.ipam.ipam_type), &conf, args);
     let dataplane = Selected::pick(grpc, args.netns.clone(), families);
-    let call = connect(args, conf, true).await?;
+    let call = connect(args, conf, Verb::Add { families }).await?;
     // Before anything is read or written: no other ADD of this pod interface may run
     // meanwhile (`sandbox_lock`); held until this call returns, its rollback included.
     let _sandbox =

@@ -213,8 +213,10 @@ enum Written {
 }
 
 impl<D: Datastore> EndpointWrites<'_, D> {
-    /// The endpoint as it will be written (before IPAM and the interface add theirs). Only
-    /// a new endpoint (no resource version) is written ahead, or taken back.
+    /// The endpoint as it will be written (before IPAM and the interface add theirs). A
+    /// write ahead of the interface is always taken back by the rollback (it is made only
+    /// where no ADD has networked the endpoint yet: on the Kubernetes datastore a pod's
+    /// address annotations); the write after the interface only for a new endpoint.
     pub fn plan(&self, wep: &WorkloadEndpoint) {
         self.planned.replace(Some(wep.clone()));
     }
@@ -239,9 +241,6 @@ impl<D: Datastore> EndpointWrites<'_, D> {
         let Some(mut wep) = self.planned.borrow().clone() else {
             return;
         };
-        if !wep.metadata.resource_version.is_empty() {
-            return;
-        }
         wep.spec.ip_networks = ips
             .iter()
             .map(|n| IpNet::host(n.addr).to_string())
@@ -251,7 +250,7 @@ impl<D: Datastore> EndpointWrites<'_, D> {
             return;
         }
         self.take_back().await;
-        if let Err(e) = self.write_recorded(&mut wep).await {
+        if let Err(e) = self.write_recorded(&mut wep, true).await {
             debug!(error = %e, "the endpoint written ahead of the interface was not stored");
         }
     }
@@ -264,15 +263,15 @@ impl<D: Datastore> EndpointWrites<'_, D> {
             return Ok(true);
         }
         self.take_back().await;
-        self.write_recorded(wep).await.map(|()| false)
+        let new = wep.metadata.resource_version.is_empty();
+        self.write_recorded(wep, new).await.map(|()| false)
     }
 
-    /// Writes `wep`, recording what came of it if it is a new endpoint.
-    async fn write_recorded(&self, wep: &mut WorkloadEndpoint) -> Result<()> {
-        let new = wep.metadata.resource_version.is_empty();
+    /// Writes `wep`, recording what came of it when the rollback is to take it back (`ours`).
+    async fn write_recorded(&self, wep: &mut WorkloadEndpoint, ours: bool) -> Result<()> {
         let (ip_networks, mac) = (wep.spec.ip_networks.clone(), wep.spec.mac.clone());
         let written = endpoint::write(self.ds, wep).await;
-        if new {
+        if ours {
             let outcome = match &written {
                 Ok(()) => Written::Landed,
                 Err(e) if outcome_unknown(e) => Written::Unknown,
