@@ -10,8 +10,8 @@ use tracing::info;
 
 use super::commit::{addresses_and_interface, addresses_of, finish_and_write, Extras, Finish};
 use super::{
-    endpoint_name, ipam_add, validate_and_ensure_profile, veth_request, AddCx, Answered, EarlyIpam,
-    Record,
+    endpoint_name, ipam_add, validate_and_ensure_profile, veth_request, AddCx, Answered,
+    IpamReadsAndLock, Record,
 };
 use crate::dataplane::{Families, VethRequest};
 use crate::datastore::model::WorkloadEndpoint;
@@ -38,7 +38,7 @@ pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: Answered) -> Resul
         existing,
         profile,
         pod,
-        ipam: early,
+        ipam: ipam_reads,
     } = answered;
     // Upstream refuses a negative delay only after writing the endpoint (and leaks the IP).
     endpoint_status::validate_timeout(conf.policy_setup_timeout_seconds)?;
@@ -91,7 +91,9 @@ pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: Answered) -> Resul
         beside: (endpoint_write == EndpointWrite::WithAddresses)
             .then(|| made.endpoint() as &dyn WriteBeside),
     };
-    let result = request.addresses(source, early, &old_addresses).await?;
+    let result = request
+        .addresses(source, ipam_reads, &old_addresses)
+        .await?;
     extras.skip_host_routes = skips_host_routes(call, &result);
     let finish = Finish {
         args: &args,
@@ -143,7 +145,7 @@ impl AddressRequestOf<'_> {
     async fn addresses(
         &self,
         source: AddressSource,
-        early: EarlyIpam,
+        ipam_reads: IpamReadsAndLock,
         old_addresses: &[String],
     ) -> Result<CniResult> {
         let (call, made, args) = (self.cx.call, self.made, self.args);
@@ -161,8 +163,8 @@ impl AddressRequestOf<'_> {
                 let prepared = Prepared {
                     pod_vmi: self.pod.kubevirt.clone(),
                     namespace_labels: namespace_labels(call, self.pod).await?,
-                    reads: early.reads,
-                    lock: early.lock,
+                    reads: ipam_reads.reads,
+                    lock: ipam_reads.lock,
                     beside: self.beside,
                 };
                 let ipam = ipam_add(call, made, &ipam_args, prepared, MISSING_IP_CONFIG);
@@ -170,7 +172,7 @@ impl AddressRequestOf<'_> {
             }
             AddressSource::IpAddrs(ips) => {
                 // Each address is assigned by its own calico-ipam call, which takes the lock.
-                drop(early);
+                drop(ipam_reads);
                 let labels = namespace_labels(call, self.pod).await?;
                 let ipam = async {
                     release_old_addresses(call, args, old_addresses).await?;
@@ -180,7 +182,7 @@ impl AddressRequestOf<'_> {
                 addresses_and_interface(made, args, veth, ipam).await
             }
             AddressSource::NoIpam(ips) => {
-                drop(early);
+                drop(ipam_reads);
                 let result = CniResult {
                     ips: ips
                         .iter()

@@ -95,7 +95,7 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     };
     let outcome = async {
         let reads = first_reads(&cx, &made).await;
-        after_reads(&cx, &made, reads).await
+        check_then_add(&cx, &made, reads).await
     }
     .await;
     if outcome.is_err() {
@@ -110,7 +110,7 @@ struct FirstReads {
     existing: Result<Option<WorkloadEndpoint>>,
     profile_exists: Result<bool>,
     pod: Result<Option<PodInfo>>,
-    ipam: EarlyIpam,
+    ipam: IpamReadsAndLock,
 }
 
 /// The ready gate, the endpoint lookup, the Profile lookup, (policy type k8s) the pod and
@@ -127,7 +127,7 @@ async fn first_reads(cx: &AddCx<'_>, made: &Record<'_>) -> FirstReads {
         .then(|| veth_request(cx, &call.ids.host_veth_name(), None, plan.families));
     let (ready, ipam, (), existing, profile_exists, pod) = tokio::join!(
         check_datastore_ready(&call.ds),
-        early_ipam_reads(call, plan.add.ipam_reads_with_reads),
+        read_ipam_and_lock(call, plan.add.ipam_reads_with_reads),
         async {
             if let Some(req) = interface_ahead {
                 made.build_interface_ahead(req).await;
@@ -173,11 +173,11 @@ pub struct Answered {
     pub profile: Option<Profile>,
     /// The pod and its namespace (policy type k8s).
     pub pod: Option<PodInfo>,
-    pub ipam: EarlyIpam,
+    pub ipam: IpamReadsAndLock,
 }
 
 /// ADD once its first reads are answered: the checks, then the orchestrator's path.
-async fn after_reads(cx: &AddCx<'_>, made: &Record<'_>, reads: FirstReads) -> Result<CniResult> {
+async fn check_then_add(cx: &AddCx<'_>, made: &Record<'_>, reads: FirstReads) -> Result<CniResult> {
     let (call, plan) = (cx.call, &cx.call.plan);
     let conf = &call.conf;
     reads.ready?;
@@ -216,16 +216,16 @@ async fn after_reads(cx: &AddCx<'_>, made: &Record<'_>, reads: FirstReads) -> Re
 
 /// The host's IPAM lock and AutoAssign's reads, taken in the first round trip.
 #[derive(Default)]
-pub struct EarlyIpam {
+pub struct IpamReadsAndLock {
     pub lock: Option<IpamLock>,
     pub reads: Option<ViewReads>,
 }
 
 /// With calico-ipam in-process, AutoAssign's reads join the first round trip and the host's
 /// IPAM lock is taken then (`on`).
-async fn early_ipam_reads(call: &Call, on: bool) -> EarlyIpam {
+async fn read_ipam_and_lock(call: &Call, on: bool) -> IpamReadsAndLock {
     if !on {
-        return EarlyIpam::default();
+        return IpamReadsAndLock::default();
     }
     let conf = &call.conf;
     // On the Kubernetes datastore the connection (its TLS handshake) is opened before
@@ -249,7 +249,7 @@ async fn early_ipam_reads(call: &Call, on: bool) -> EarlyIpam {
         let reads = ipam
             .complete_view(reads, lock.block_hint(), &lock.hinted_copies())
             .await;
-        return EarlyIpam {
+        return IpamReadsAndLock {
             lock: Some(lock),
             reads: Some(reads),
         };
@@ -258,7 +258,7 @@ async fn early_ipam_reads(call: &Call, on: bool) -> EarlyIpam {
     let reads = ipam
         .read_view(lock.block_hint(), &lock.hinted_copies())
         .await;
-    EarlyIpam {
+    IpamReadsAndLock {
         lock: Some(lock),
         reads: Some(reads),
     }

@@ -248,7 +248,8 @@ pub(crate) mod tests {
     /// the rollback removes only what a step before it built; a success removes nothing.
     #[test]
     fn every_sequence_leaves_the_interface_or_nothing() {
-        let cases: [(bool, bool, bool, bool, bool, &[&str]); 8] = [
+        type Case = (bool, bool, bool, bool, bool, &'static [&'static str]);
+        let cases: [Case; 8] = [
             // ahead, fail_prepare, fail_adopt, fail_finish, ok, log
             (false, false, false, false, true, &["prepare", "finish"]),
             (false, true, false, false, false, &["prepare"]),
