@@ -4,8 +4,9 @@
 # once; needs the peers `make deps` builds; BENCH_POD=0 leaves it out), then bench.py (ADD/DEL vs
 # ptp+host-local interleaved on etcd with and without policy k8s and on the Kubernetes
 # datastore, N concurrent ADDs, datastore requests per call, VERSION start-up, peak RSS),
-# api_cost.py (the API server's CPU per request of a Kubernetes-datastore ADD) and
-# ipam_bench.py (allocations/s, empty vs 90 %-full pool).
+# api_cost.py (the API server's CPU per request of a Kubernetes-datastore ADD),
+# ipam_bench.py (allocations/s, empty vs 90 %-full pool) and the dataplane's own calls
+# (benches/dataplane.rs, `cargo bench --bench dataplane`; BENCH_DATAPLANE=0 leaves it out).
 # Usage: benches/bench.sh path/to/calico [runs]
 set -euo pipefail
 # The real kube-apiserver harness for the rows with an API server (a test binary, built as
@@ -28,3 +29,7 @@ if [ -n "${BENCH_KUBE_API_BIN:-}" ]; then
   python3 "$(dirname "$0")/api_cost.py" "$1"
 fi
 python3 "$(dirname "$0")/ipam_bench.py" "$1"
+# do_networking and clean_up_namespace against the kernel, no plugin process around them.
+if [ "${BENCH_DATAPLANE:-1}" != 0 ]; then
+  cargo bench --bench dataplane
+fi

@@ -3,8 +3,6 @@
 //! netns, calls the library from a thread inside the host netns, and checks the result with
 //! `ip` and `/proc/sys`.
 
-use std::time::{Duration, Instant};
-
 use crate::common;
 use crate::common::netns::{ping_available, HostNetns, Netns, UPLINK_IF};
 use calico_cni::dataplane::{
@@ -408,50 +406,4 @@ fn redo_after_clean_up() {
     cleanup(&host, pod.path()).unwrap();
     run(&host, &req).unwrap();
     assert!(pod.has_link("eth0"));
-}
-
-/// Ten networkings and clean-ups in a row, one- and two-family: each builds the pod's
-/// interface and each clean-up removes it and its host end. Prints the times (`--nocapture`);
-/// `make bench` is what measures.
-#[test]
-fn repeated_networking_and_clean_up() {
-    let host = HostNetns::new();
-    for (label, ips, routes) in [
-        ("ipv4", vec!["10.65.2.1/32"], vec!["0.0.0.0/0"]),
-        (
-            "dual-stack",
-            vec!["10.65.2.1/32", "fd00:65:2::1/128"],
-            vec!["0.0.0.0/0", "::/0"],
-        ),
-    ] {
-        let mut add = Vec::new();
-        let mut del = Vec::new();
-        for _ in 0..10 {
-            let pod = Netns::new("dp-time");
-            let req = request(&pod, "calitime", &ips, &routes);
-            let t = Instant::now();
-            run(&host, &req).unwrap();
-            add.push(t.elapsed());
-            assert!(pod.has_link("eth0"), "{label}: no pod interface");
-            assert!(host.has_link("calitime"), "{label}: no host end");
-            let t = Instant::now();
-            cleanup(&host, pod.path()).unwrap();
-            del.push(t.elapsed());
-            assert!(!pod.has_link("eth0"), "{label}: pod interface left");
-            assert!(!host.has_link("calitime"), "{label}: host end left");
-        }
-        add.sort();
-        del.sort();
-        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-        eprintln!(
-            "{label}: do_networking median {:.1} ms (min {:.1}, max {:.1}); \
-             clean_up_namespace median {:.1} ms (min {:.1}, max {:.1})",
-            ms(add[5]),
-            ms(add[0]),
-            ms(add[9]),
-            ms(del[5]),
-            ms(del[0]),
-            ms(del[9])
-        );
-    }
 }
