@@ -17,11 +17,11 @@ BIN ?= target/release/calico
 # Go + libcni for the libcni driver (tests/libcni), podman + runc + a static busybox for the
 # podman test; buildah, musl-tools and file for `make image` (the static binary and its check);
 # the arm64 half of the image: Debian's aarch64 cross gcc and its libc headers (the linker, and
-# the C compiler of ring, against Rust's own musl) and qemu-user-static (tests/image.rs runs the
-# arm64 binaries under qemu-aarch64-static);
+# the C compiler of ring, against Rust's own musl) and qemu-user-static (tests/e2e/image.rs
+# runs the arm64 binaries under qemu-aarch64-static);
 # containerd (+ runc, busybox-static) for the image import and the real node suite
-# (tests/real_node.rs: kubelet -> containerd -> our binary); docker-registry, skopeo and curl
-# for critest (tests/critest.rs: its images served from the node's loopback).
+# (tests/e2e/real_node.rs: kubelet -> containerd -> our binary); docker-registry, skopeo and
+# curl for critest (tests/e2e/critest.rs: its images served from the node's loopback).
 # Then the peers, pinned Go modules built into a cache outside the repository
 # (tools/peers/build.sh: Kubernetes v1.35, containerd 2, cri-tools, the reference plugins).
 APT_PACKAGES := etcd-server etcd-client protobuf-compiler libprotobuf-dev time \
@@ -77,7 +77,8 @@ lint:
 	cargo fmt --all -- --check
 	cargo clippy --all-targets -- -D warnings
 
-# Unit tests and end-to-end suites (root: they create network namespaces).
+# Unit tests and end-to-end suites (root: they create network namespaces). The suites are one
+# test binary, e2e (tests/e2e): `cargo test --test e2e <suite>::` runs one (docs/tests.md).
 test: deps lint image
 	cargo test --all-targets -- --test-threads=2
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What each API request of a Kubernetes-datastore ADD costs the API server (issue 18).
 
-The real kube-apiserver (tests/real_k8s_harness.rs `serve_for_bench`, Calico's CRDs, the
+The real kube-apiserver (tests/e2e/real_k8s_harness.rs `serve_for_bench`, Calico's CRDs, the
 plugin's RBAC, audit log on) in a network namespace of its own; one ADD of the plugin
 creates what a node's next ADD finds (its block, the block's affinity, a handle). Then, with
 the plugin's own token, each request an ADD into an affine block makes is sent N times on
@@ -14,7 +14,7 @@ start bench), this CPU is what a pod start of the Kubernetes datastore pays that
 ptp + host-local does not.
 
 Usage: benches/api_cost.py path/to/calico   (root; env API_COST_N=200, API_COST_ADDS=30;
-BENCH_KUBE_API_BIN: the harness test binary, built with `cargo test --no-run` when unset)
+BENCH_KUBE_API_BIN: the e2e test binary, built with `cargo test --test e2e --no-run` when unset)
 """
 import http.client, json, os, re, shutil, ssl, statistics, subprocess, sys, tempfile, time
 
@@ -29,15 +29,15 @@ CRD = "/apis/crd.projectcalico.org/v1"
 def harness_binary():
     if os.environ.get("BENCH_KUBE_API_BIN"):
         return os.environ["BENCH_KUBE_API_BIN"]
-    out = subprocess.run(["cargo", "test", "--test", "real_k8s_harness", "--no-run", "--message-format=json"],
+    out = subprocess.run(["cargo", "test", "--test", "e2e", "--no-run", "--message-format=json"],
                          capture_output=True, text=True, check=True,
                          cwd=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")).stdout
     for line in out.splitlines():
         m = json.loads(line)
-        if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == "real_k8s_harness" \
+        if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == "e2e" \
                 and m.get("executable"):
             return m["executable"]
-    raise SystemExit("cargo built no real_k8s_harness test binary")
+    raise SystemExit("cargo built no e2e test binary")
 
 
 def apiserver_pids(audit_path):

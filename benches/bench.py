@@ -6,7 +6,7 @@
   configurations Calico's manifests install: etcd with `policy.type: k8s` (the pod and its
   namespace read from the API server), the Kubernetes datastore (KDD, policy k8s, file
   logging), and etcd without the API reads (the rows of earlier runs);
-- the API server is the real kube-apiserver v1.35 `make deps` builds (tests/real_k8s_harness.rs
+- the API server is the real kube-apiserver v1.35 `make deps` builds (tests/e2e/real_k8s_harness.rs
   `serve_for_bench`: Calico's CRDs, the plugin's own RBAC and token, an audit log), when
   BENCH_KUBE_API_BIN is set and the peers are built; without it only the etcd rows without
   policy k8s are measured;
@@ -26,7 +26,7 @@ import contextlib, json, os, re, resource, shutil, socket, statistics, subproces
 
 BIN = os.path.realpath(sys.argv[1] if len(sys.argv) > 1 else "target/release/calico")
 RUNS = int(sys.argv[2]) if len(sys.argv) > 2 else 40
-# The real API server's harness binary (tests/real_k8s_harness.rs `serve_for_bench`), for
+# The real API server's harness binary (tests/e2e/real_k8s_harness.rs `serve_for_bench`), for
 # the rows with the API server; skipped when unset.
 KUBE_API_BIN = os.environ.get("BENCH_KUBE_API_BIN", "")
 BEFORE_BIN = os.path.realpath(os.environ["BENCH_BEFORE"]) if os.environ.get("BENCH_BEFORE") else ""
@@ -261,7 +261,7 @@ def etcd_requests(etcd, side, debug_conf, pods=5):
 
 
 class KubeApi:
-    """The real kube-apiserver (tests/real_k8s_harness.rs `serve_for_bench`) in the host netns,
+    """The real kube-apiserver (tests/e2e/real_k8s_harness.rs `serve_for_bench`) in the host netns,
     seeded with the node, the pool and pods pod-0..pod-N and pod-dbg; its audit log counts
     the plugin's requests."""
     PLUGIN_USER = "system:serviceaccount:kube-system:calico-cni-plugin"
@@ -271,7 +271,8 @@ class KubeApi:
         os.makedirs(self.dir)
         env = dict(os.environ, BENCH_KUBE_API_NETNS=HOST, BENCH_KUBE_API_DIR=self.dir, BENCH_PODS=str(pods))
         self.log = open(f"{work}/kube-harness.log", "w")
-        self.proc = subprocess.Popen([KUBE_API_BIN, "--ignored", "--exact", "serve_for_bench", "--nocapture"],
+        self.proc = subprocess.Popen([KUBE_API_BIN, "--ignored", "--exact", "real_k8s_harness::serve_for_bench",
+                                      "--nocapture"],
                                      env=env, stdout=self.log, stderr=subprocess.STDOUT)
         for _ in range(3000):
             if os.path.exists(f"{self.dir}/ready"):

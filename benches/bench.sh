@@ -9,17 +9,28 @@
 # (benches/dataplane.rs, `cargo bench --bench dataplane`; BENCH_DATAPLANE=0 leaves it out).
 # Usage: benches/bench.sh path/to/calico [runs]
 set -euo pipefail
-# The real kube-apiserver harness for the rows with an API server (a test binary, built as
-# `make test` builds it; see serve_for_bench), on the peers `make deps` builds (kube-apiserver
-# v1.35, kubelet, containerd 2: tools/peers; CALICO_PEERS_BIN overrides where they are);
-# without them those rows are left out.
+# The real kube-apiserver harness for the rows with an API server (the e2e test binary, built
+# as `make test` builds it; see real_k8s_harness::serve_for_bench), on the peers `make deps`
+# builds (kube-apiserver v1.35, kubelet, containerd 2: tools/peers; CALICO_PEERS_BIN overrides
+# where they are); without them those rows are left out.
 peers_bin=${CALICO_PEERS_BIN:-/var/cache/calico-cni-rs/peers/bin}
 if [ -x "$peers_bin/kube-apiserver" ]; then
   if [ "${BENCH_POD:-1}" != 0 ]; then
     bash "$(dirname "$0")/pod_start.sh" "$1" ${BENCH_BEFORE:+"$BENCH_BEFORE"}
   fi
-  harness=$(cargo test --test real_k8s_harness --no-run 2>&1 | grep -o 'target/debug/deps/real_k8s_harness-[0-9a-f]*' | head -1)
-  export BENCH_KUBE_API_BIN="$(realpath "$harness")"
+  # The end-to-end test binary (its real_k8s_harness::serve_for_bench), from cargo's JSON
+  # messages (wherever CARGO_TARGET_DIR is).
+  harness=$(cargo test --test e2e --no-run --message-format=json |
+    python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == "e2e" and m.get("executable"):
+        print(m["executable"])')
+  if [ -z "$harness" ]; then
+    echo "cargo built no e2e test binary" >&2
+    exit 1
+  fi
+  export BENCH_KUBE_API_BIN="$harness"
 else
   echo "bench: no $peers_bin/kube-apiserver (make deps builds it): the rows with an API server are left out" >&2
 fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Per-step timings of ADD and DEL on the Kubernetes datastore, for one or more builds side by
-side in one run (interleaved), on the real API server of tests/real_k8s_harness.rs.
+side in one run (interleaved), on the real API server of tests/e2e/real_k8s_harness.rs.
 
 Each call runs with `log_level: debug`; a step's time is when its log line was written,
 counted from the call's exec (the log's own timestamps, in ms; the exec instant is taken as
@@ -8,7 +8,7 @@ the first line's minus the process start-up, which the first line follows at onc
 milestones are the log messages named in STEPS; the API requests are listed with what the
 plugin saw each take. Medians over RUNS pairs.
 
-Usage: BENCH_KUBE_API_BIN=<real_k8s_harness test binary> \
+Usage: BENCH_KUBE_API_BIN=<the e2e test binary> \
        benches/del_steps.py LABEL=path/to/calico [LABEL=path] [runs]
 """
 import os, re, shutil, statistics, sys, tempfile, time
@@ -54,7 +54,7 @@ def timeline(stderr, exec_ms):
 
 def main():
     if not bench.KUBE_API_BIN:
-        raise SystemExit("BENCH_KUBE_API_BIN (the real_k8s_harness test binary) is needed")
+        raise SystemExit("BENCH_KUBE_API_BIN (the e2e test binary) is needed")
     work = tempfile.mkdtemp(prefix="calico-delsteps.")
     api = None
     try:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Pod start through a real node (kubelet + containerd + kube-apiserver): tests/real_node.rs's
+# Pod start through a real node (kubelet + containerd + kube-apiserver): tests/e2e/real_node.rs's
 # ignored bench_pod_start, ptp vs our calico (etcd and Kubernetes datastores), interleaved.
 # Usage: benches/pod_start.sh path/to/calico [path/to/before-calico]
 # Environment: BENCH_POD_ROUNDS (8), BENCH_POD_WAVE (20), BENCH_POD_ALONE (3), BENCH_POD_OUT (report file),
@@ -20,16 +20,16 @@ if [ $# -eq 2 ]; then
   before=$(realpath "$2")
 fi
 cd "$(dirname "$0")/.."
-# The test binary's path, from cargo's JSON messages (wherever CARGO_TARGET_DIR is).
-bin=$(cargo test --test real_node --no-run --message-format=json |
+# The end-to-end test binary's path, from cargo's JSON messages (wherever CARGO_TARGET_DIR is).
+bin=$(cargo test --test e2e --no-run --message-format=json |
   python3 -c 'import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == "real_node" and m.get("executable"):
+    if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == "e2e" and m.get("executable"):
         print(m["executable"])')
 if [ -z "$bin" ]; then
-  echo "cargo built no real_node test binary" >&2
+  echo "cargo built no e2e test binary" >&2
   exit 1
 fi
 REAL_NODE_CALICO="$calico" BENCH_BEFORE="$before" \
-  "$bin" --ignored --exact bench_pod_start --nocapture --test-threads=1
+  "$bin" --ignored --exact real_node::bench_pod_start --nocapture --test-threads=1

@@ -1,7 +1,7 @@
 #![allow(dead_code)]
 //! The image `make image` builds (target/image/calico-cni-rs.oci.tar, an OCI image index for
 //! linux/amd64 and linux/arm64), read from the archive itself ([`OciArchive`]), and podman
-//! confined to a temp dir to run it, for tests/image.rs and the real node suite.
+//! confined to a temp dir to run it, for tests/e2e/image.rs and the real node suite.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -174,7 +174,7 @@ impl OciArchive {
 }
 
 /// One podman installation confined to a temp dir (its own storage: the machine's image
-/// store is left alone), as in tests/podman_cni.rs.
+/// store is left alone), as in tests/e2e/podman_cni.rs.
 pub struct Podman {
     pub dir: TempDir,
 }

@@ -113,7 +113,7 @@ fn connection_test_flag() {
     assert_eq!(run_t(&conf).0, 1);
 }
 
-/// CHECK is real (tests/cni_1_1.rs): without a previous result there is nothing to compare,
+/// CHECK is real (tests/e2e/cni_1_1.rs): without a previous result there is nothing to compare,
 /// as the reference plugins say; below 0.4.0 the spec has no CHECK.
 #[test]
 fn check_needs_a_previous_result() {

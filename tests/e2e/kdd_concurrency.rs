@@ -1,7 +1,7 @@
 //! IPAM under concurrency on the Kubernetes datastore: many real `calico-ipam` processes for
 //! ten simulated nodes (core Nodes node0..node9, each its own IPAM lock file) allocating and
 //! releasing in parallel against one real kube-apiserver (Calico's CRDs, the plugin's
-//! upstream RBAC; common/real_k8s.rs), the way tests/ipam_concurrency.rs does against one
+//! upstream RBAC; common/real_k8s.rs), the way tests/e2e/ipam_concurrency.rs does against one
 //! etcd. Conflicts are the API server's: resourceVersion preconditions on update,
 //! AlreadyExists on create.
 //!

@@ -2,7 +2,7 @@
 //! DaemonSet's `install-cni` container runs it, with its container paths moved into a temp
 //! dir (`CALICO_INSTALL_*`): what it copies and writes, what it refuses before writing
 //! anything, and its exit codes. The kubeconfig with a TokenRequest token is tested against
-//! the real API server in `tests/real_k8s_install.rs`; the image itself in `tests/image.rs`.
+//! the real API server in `tests/e2e/real_k8s_install.rs`; the image itself in `tests/e2e/image.rs`.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;

@@ -4,7 +4,7 @@
 //! the installer asks TokenRequest for the CNI plugin's token and writes
 //! `calico-kubeconfig` with it and the mounted CA; the installed plugin then sets up a pod
 //! with the installed conflist and kubeconfig. The image's own `install` under podman is in
-//! tests/image.rs.
+//! tests/e2e/image.rs.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;

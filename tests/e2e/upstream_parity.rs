@@ -29,7 +29,7 @@ fn environment_errors_come_before_config_errors() {
 
 /// Item 10: `dataplane_options`: an unknown type and a gRPC dataplane without a socket are
 /// refused before anything is allocated, with upstream's texts. (A gRPC dataplane with a
-/// socket: tests/grpc_dataplane.rs; with nothing listening, the addresses are given back.)
+/// socket: tests/e2e/grpc_dataplane.rs; with nothing listening, the addresses are given back.)
 #[test]
 fn dataplane_options_are_checked_before_ipam() {
     let w = World::new();
