@@ -23,7 +23,8 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -1269,6 +1270,16 @@ pub fn read_recorded_calls(rec: &Path) -> Vec<RecordedCall> {
     calls
 }
 
+/// Held by each [`RealNode`] for its whole life: one node on this host at a time. What a node
+/// records and restores ([`HostState`]: kubelet's sysctls, the directories it and containerd
+/// make outside their roots, removed when they were absent before) is the host's, not the
+/// node's; two nodes overlapping in one test process (the real node suite's and critest's:
+/// the suites share one binary) would each restore, or remove, what the other still uses.
+static ONE_NODE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Numbers the nodes of this process (their cgroup roots).
+static NODES: AtomicUsize = AtomicUsize::new(0);
+
 /// The node: its netns (with an uplink, 198.18.0.1), API server, containerd, kubelet.
 pub struct RealNode {
     pub name: String,
@@ -1280,6 +1291,8 @@ pub struct RealNode {
     pub dir: TempDir,
     pub peers: NodePeers,
     pub cgroup_root: String,
+    /// Dropped last, after the teardown has restored the host.
+    _host: MutexGuard<'static, ()>,
 }
 
 impl RealNode {
@@ -1301,6 +1314,10 @@ impl RealNode {
 
     /// The netns and the API server with Calico's CRDs and RBAC.
     pub fn new(peers: &NodePeers, name: &str) -> RealNode {
+        // A node that panicked released it as it unwound, its host restored: not poisoned.
+        let host_lock = ONE_NODE_AT_A_TIME
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let dir = TempDir::new("real-node");
         let host = HostNetns::new();
         let api = RealK8s::start(&host);
@@ -1313,7 +1330,12 @@ impl RealNode {
             state: None,
             dir,
             peers: peers.clone(),
-            cgroup_root: format!("calico-real-node-{}", std::process::id()),
+            cgroup_root: format!(
+                "calico-real-node-{}-{}",
+                std::process::id(),
+                NODES.fetch_add(1, Ordering::SeqCst)
+            ),
+            _host: host_lock,
         }
     }
 
