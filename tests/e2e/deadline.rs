@@ -170,7 +170,16 @@ fn the_undo_of_an_add_runs_in_the_grace() {
                 }
                 std::thread::sleep(Duration::from_millis(10));
             };
-            std::thread::sleep(Duration::from_millis(300));
+            // The undo removes the pod interface first, then waits for etcd (the endpoint's
+            // read, the addresses' release): thaw once the interface is gone.
+            let until = Instant::now() + Duration::from_secs(10);
+            while reached && pod.has_link("eth0") && !add.is_finished() {
+                assert!(
+                    Instant::now() < until,
+                    "round {round}: the undo did not remove the pod interface"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
             w.etcd.thaw();
             (add.join().unwrap(), reached)
         });

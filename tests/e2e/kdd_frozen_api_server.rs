@@ -150,6 +150,41 @@ fn killed_when_frozen(
     }
 }
 
+/// Once the thawed server has handled (or dropped) what the plugin, now gone, left queued:
+/// the plugin's requests since `mark`. Its connections are closed on its side; the server
+/// holds each in CLOSE_WAIT until it has read it to the end (every request in it
+/// dispatched) and closed it. Then the plugin's audited requests must stay the same from
+/// one audit marker to the next (each marker a request the server answers, and logs, after
+/// what it answered before).
+fn handled_after_the_thaw(w: &RealKddWorld, mark: usize) -> Vec<Audited> {
+    let until = Instant::now() + Duration::from_secs(30);
+    let closing = format!("ss -Htn state close-wait '( sport = :{} )'", w.api.port());
+    loop {
+        let held = w.host.sh(&closing);
+        if held.trim().is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "30 s after the thaw the API server still holds closed connections:\n{held}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut reqs = w.api.plugin_requests_since(mark);
+    loop {
+        let again = w.api.plugin_requests_since(mark);
+        if again.len() == reqs.len() {
+            return again;
+        }
+        assert!(
+            Instant::now() < until,
+            "30 s after the thaw the plugin's requests still land: {}",
+            listing(&again)
+        );
+        reqs = again;
+    }
+}
+
 fn listing(reqs: &[Audited]) -> String {
     reqs.iter()
         .map(Audited::line)
@@ -251,10 +286,7 @@ fn frozen_at_each_write(test: &str, thaw: Thaw) {
         let fired = trap.fired();
         drop(trap);
         w.api.thaw();
-        // What was queued is handled (or dropped) at once after the thaw; a quiet second
-        // lets the last of it land before anything is read.
-        std::thread::sleep(Duration::from_millis(1500));
-        let reqs = w.api.plugin_requests_since(mark);
+        let reqs = handled_after_the_thaw(&w, mark);
         let what = format!(
             "frozen after {k} requests (before write {}: {}): ADD {}",
             n + 1,

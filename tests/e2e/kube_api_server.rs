@@ -642,7 +642,14 @@ fn a_stalled_server_times_clients_out_and_still_stops() {
             .args(["-sk", "--max-time", "5", &format!("{url}{POOLS}")])
             .output()
     });
+    // curl's request reached the server (its third), which holds it unanswered.
+    let until = Instant::now() + Duration::from_secs(10);
     while api.requests().len() < 3 {
+        assert!(
+            Instant::now() < until,
+            "the hanging request never reached the server: {:?}",
+            api.requests()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let start = Instant::now();
