@@ -24,9 +24,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use nix::fcntl::{Flock, FlockArg};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -1270,12 +1271,26 @@ pub fn read_recorded_calls(rec: &Path) -> Vec<RecordedCall> {
     calls
 }
 
-/// Held by each [`RealNode`] for its whole life: one node on this host at a time. What a node
-/// records and restores ([`HostState`]: kubelet's sysctls, the directories it and containerd
-/// make outside their roots, removed when they were absent before) is the host's, not the
-/// node's; two nodes overlapping in one test process (the real node suite's and critest's:
-/// the suites share one binary) would each restore, or remove, what the other still uses.
-static ONE_NODE_AT_A_TIME: Mutex<()> = Mutex::new(());
+/// Locked (flock) by each [`RealNode`] for its whole life: one node on this host at a time,
+/// whichever test process runs it. What a node records and restores ([`HostState`]:
+/// kubelet's sysctls, the directories it and containerd make outside their roots, removed
+/// when they were absent before) is the host's, not the node's: two nodes overlapping (the
+/// real node suite's and critest's, which share one test binary, or two runs at once) would
+/// each restore, or remove, what the other still uses.
+const ONE_NODE_AT_A_TIME: &str = "/run/calico-cni-rs-real-node.lock";
+
+/// Waits for the host to be free of other nodes; it is again when the lock is dropped (or
+/// its process ends).
+fn lock_the_host() -> Flock<fs::File> {
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(ONE_NODE_AT_A_TIME)
+        .unwrap_or_else(|e| panic!("open {ONE_NODE_AT_A_TIME}: {e}"));
+    Flock::lock(file, FlockArg::LockExclusive)
+        .unwrap_or_else(|(_, e)| panic!("flock {ONE_NODE_AT_A_TIME}: {e}"))
+}
 
 /// Numbers the nodes of this process (their cgroup roots).
 static NODES: AtomicUsize = AtomicUsize::new(0);
@@ -1292,7 +1307,7 @@ pub struct RealNode {
     pub peers: NodePeers,
     pub cgroup_root: String,
     /// Dropped last, after the teardown has restored the host.
-    _host: MutexGuard<'static, ()>,
+    _host: Flock<fs::File>,
 }
 
 impl RealNode {
@@ -1314,10 +1329,7 @@ impl RealNode {
 
     /// The netns and the API server with Calico's CRDs and RBAC.
     pub fn new(peers: &NodePeers, name: &str) -> RealNode {
-        // A node that panicked released it as it unwound, its host restored: not poisoned.
-        let host_lock = ONE_NODE_AT_A_TIME
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let host_lock = lock_the_host();
         let dir = TempDir::new("real-node");
         let host = HostNetns::new();
         let api = RealK8s::start(&host);
