@@ -556,7 +556,7 @@ impl Drop for EtcdServer {
 /// A multi-member etcd cluster on loopback (for fault tests), killed on drop.
 pub struct EtcdCluster {
     members: Vec<(Child, u16)>,
-    _dir: super::cni::TempDir,
+    dir: super::cni::TempDir,
 }
 
 impl EtcdCluster {
@@ -594,14 +594,19 @@ impl EtcdCluster {
                     "--initial-cluster-state",
                     "new",
                 ])
-                .args(["--logger=zap", "--log-level=error"])
+                // A log per member, its tail printed if the test fails (elections, slow
+                // fsyncs and peer errors say why a member loss was not hidden).
+                .args(["--logger=zap", "--log-level=info"])
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
+                .stderr(
+                    fs::File::create(dir.path().join(format!("m{i}.log")))
+                        .expect("create etcd member log"),
+                )
                 .spawn()
                 .expect("start etcd member");
             members.push((child, *port));
         }
-        let c = EtcdCluster { members, _dir: dir };
+        let c = EtcdCluster { members, dir };
         let deadline = Instant::now() + Duration::from_secs(30);
         while !c.healthy() {
             assert!(
@@ -656,9 +661,36 @@ impl EtcdCluster {
 
 impl Drop for EtcdCluster {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // Who leads, by each member that still answers.
+            let status = Command::new("etcdctl")
+                .env("ETCDCTL_API", "3")
+                .args(["--endpoints", &self.endpoints_csv()])
+                .args(["--command-timeout=2s", "endpoint", "status", "-w", "table"])
+                .output();
+            if let Ok(o) = status {
+                eprintln!(
+                    "--- etcd endpoint status ---\n{}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                );
+            }
+        }
         for (c, _) in &mut self.members {
             let _ = c.kill();
             let _ = c.wait();
+        }
+        if std::thread::panicking() {
+            for i in 0..self.members.len() {
+                let log = fs::read_to_string(self.dir.path().join(format!("m{i}.log")))
+                    .unwrap_or_default();
+                let lines: Vec<&str> = log.lines().collect();
+                let tail = &lines[lines.len().saturating_sub(80)..];
+                eprintln!("--- etcd member m{i}: last {} log lines ---", tail.len());
+                for l in tail {
+                    eprintln!("{l}");
+                }
+            }
         }
     }
 }
