@@ -108,6 +108,26 @@ fn is_transport_error(e: &etcd_client::Error) -> bool {
     }
 }
 
+/// A member that refused the connection: the request never reached etcd, and the balancer
+/// sends the next attempt to another member (the refusing one is reconnecting, not ready).
+fn is_refused_connection(e: &etcd_client::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = match e {
+        etcd_client::Error::GRpcStatus(s) => Some(s),
+        etcd_client::Error::TransportError(t) => Some(t),
+        etcd_client::Error::IoError(io) => Some(io),
+        _ => None,
+    };
+    while let Some(c) = cause {
+        if c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
 fn unavailable(e: impl std::fmt::Display) -> DatastoreError {
     DatastoreError::Unavailable(e.to_string())
 }
@@ -314,12 +334,16 @@ impl EtcdDatastore {
             // One debug line per request (the round trips of a call, in order, with their
             // times: BENCHMARKS.md counts them from these).
             let sent = std::time::Instant::now();
+            let mut refused = false;
             let err = match tokio::time::timeout_at(until, op()).await {
                 Ok(Ok(v)) => {
                     debug!(what, attempt, took = ?sent.elapsed(), "etcd request");
                     return Ok((v, attempt));
                 }
-                Ok(Err(e)) if is_transport_error(&e) => e.to_string(),
+                Ok(Err(e)) if is_transport_error(&e) => {
+                    refused = is_refused_connection(&e);
+                    e.to_string()
+                }
                 Ok(Err(e)) => return Err(unavailable(e)),
                 Err(_) if capped => return Err(deadline::expired(waiting()).into()),
                 Err(_) => format!("etcd request timed out after {per_attempt:?}"),
@@ -327,8 +351,13 @@ impl EtcdDatastore {
             if attempt >= TRANSPORT_ATTEMPTS {
                 return Err(unavailable(err));
             }
-            debug!(attempt, error = %err, "etcd transport error; retrying");
-            let backoff = Duration::from_millis(100 * attempt);
+            // A refused connection is retried at once: nothing was sent, and the next attempt
+            // goes to another member. Anything else waits, longer each time.
+            let backoff = match refused {
+                true => Duration::ZERO,
+                false => Duration::from_millis(100 * attempt),
+            };
+            debug!(attempt, ?backoff, error = %err, "etcd transport error; retrying");
             tokio::time::sleep(deadline::cap(backoff).0).await;
             deadline::check(format!("retrying etcd ({what}) after: {err}"))?;
         }
@@ -720,6 +749,27 @@ impl EtcdDatastore {
 mod tests {
     use super::*;
     use crate::datastore::Kind;
+
+    /// A port nothing listens on: the request fails to connect and is retried at once; a
+    /// timeout, or etcd's own answer, is not a refused connection.
+    #[tokio::test]
+    async fn a_refused_connection_is_told_apart() {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let client = Client::connect([format!("http://127.0.0.1:{port}")], None)
+            .await
+            .unwrap();
+        let err = client.kv_client().get("k", None).await.unwrap_err();
+        assert!(is_transport_error(&err), "{err}");
+        assert!(is_refused_connection(&err), "{err}");
+        let other = etcd_client::Error::GRpcStatus(tonic::Status::unavailable("leader changed"));
+        assert!(!is_refused_connection(&other));
+        assert!(!is_refused_connection(&etcd_client::Error::InvalidArgs(
+            "x".into()
+        )));
+    }
 
     #[test]
     fn key_paths() {

@@ -361,6 +361,64 @@ fn calico_ipam_over_tls_from_netconf() {
     assert!(etcd.keys("/calico/ipam/v2/handle/").is_empty());
 }
 
+/// A member that refuses connections, listed before a live one (a dead member of a cluster):
+/// every calico-ipam ADD and DEL succeeds, and an attempt the dead member refused is sent to
+/// the live one at once, without the back-off a timeout or an unavailable member gets.
+#[test]
+fn a_refusing_member_is_passed_over_without_waiting() {
+    let etcd = EtcdServer::start();
+    etcd.put(
+        "/calico/resources/v3/projectcalico.org/nodes/node1",
+        r#"{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node1"},"spec":{}}"#,
+    );
+    etcd.put(
+        "/calico/resources/v3/projectcalico.org/ippools/p",
+        r#"{"kind":"IPPool","apiVersion":"projectcalico.org/v3","metadata":{"name":"p"},"spec":{"cidr":"10.91.0.0/24"}}"#,
+    );
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let bin = common::cni::Bin::new();
+    let scratch = common::cni::TempDir::new("refusing-member");
+    let log = scratch.path().join("cni.log");
+    let conf = json!({"cniVersion":"1.0.0","name":"net1",
+        "etcd_endpoints":format!("http://127.0.0.1:{closed},{}", etcd.endpoint()),
+        "nodename":"node1","log_level":"debug","log_file_path":log.display().to_string(),
+        "ipam_lock_file":scratch.path().join("lock").display().to_string(),"ipam":{"type":"calico-ipam"}})
+    .to_string();
+    let run = |cmd: &str, cid: &str| {
+        common::cni::run_plugin(
+            &bin.plugin("calico-ipam"),
+            &bin.path(),
+            None,
+            &common::cni::Invocation::new(cmd, cid, "/dev/null"),
+            &conf,
+        )
+    };
+    for i in 0..10 {
+        let cid = format!("c{i}");
+        run("ADD", &cid).assert_ok();
+        run("DEL", &cid).assert_ok();
+    }
+    assert!(etcd.keys("/calico/ipam/v2/handle/").is_empty());
+    let text = std::fs::read_to_string(&log).unwrap();
+    let retries: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("etcd transport error; retrying"))
+        .collect();
+    // One in two requests, about, goes first to the refusing member (the balancer picks
+    // between the two): in 20 calls of several requests each, some must have.
+    assert!(
+        !retries.is_empty(),
+        "no request met the refusing member:\n{text}"
+    );
+    for r in &retries {
+        assert!(r.contains("Connection refused"), "{r}");
+        assert!(r.contains("backoff=0ns"), "a refused attempt waited: {r}");
+    }
+}
+
 /// Requests etcd answered, by KV method, since `before`.
 fn requests_since(
     etcd: &EtcdServer,
