@@ -20,9 +20,10 @@ Everything runs in network namespaces this script creates (a "host" netns with i
 127.0.0.1, fresh pod netns); nothing touches the real host's network.
 Usage: bench.py path/to/calico [runs]   (root; env BENCH_CONCURRENT=100, BENCH_ROUNDS=3;
 BENCH_BEFORE=path/to/another/calico adds that binary, interleaved the same way, for a
-before/after comparison within one run, named BENCH_BEFORE_LABEL in the report)
+before/after comparison within one run, named BENCH_BEFORE_LABEL in the report, with the
+ratio of medians and its 90 % bootstrap interval)
 """
-import contextlib, json, os, re, resource, shutil, socket, statistics, subprocess, sys, tempfile, time
+import contextlib, json, os, random, re, resource, shutil, socket, statistics, subprocess, sys, tempfile, time
 
 BIN = os.path.realpath(sys.argv[1] if len(sys.argv) > 1 else "target/release/calico")
 RUNS = int(sys.argv[2]) if len(sys.argv) > 2 else 40
@@ -56,6 +57,17 @@ def pct(values, p):
     v = sorted(values)
     k = max(0, min(len(v) - 1, int(round(p / 100.0 * (len(v) - 1)))))
     return v[k]
+
+
+def ratio_interval(a, b, resamples=4000):
+    """median(a) / median(b), with a 90 % bootstrap interval (each side resampled)."""
+    rng = random.Random(1)
+    boot = sorted(
+        statistics.median(rng.choices(a, k=len(a))) / statistics.median(rng.choices(b, k=len(b)))
+        for _ in range(resamples)
+    )
+    point = statistics.median(a) / statistics.median(b)
+    return f"{point:.3f} [{boot[int(0.05 * resamples)]:.3f}, {boot[int(0.95 * resamples) - 1]:.3f}]"
 
 
 def netns_batch(verb, names):
@@ -518,6 +530,14 @@ def main():
         print(line("ptp VERSION, CPU time", vers["ptp"][1]))
         print(line("/bin/true, CPU time", vers["true"][1]))
         if BEFORE_BIN:
+            print(f"\nthis build ÷ {BEFORE_LABEL}, ratio of medians [90 % bootstrap, 4000 resamples "
+                  "of each side]:\n\n| configuration | ADD | DEL |\n|---|---|---|")
+            for mine, theirs in ((ours, "before"), (kdd, "beforekdd")):
+                other = next((b for b in befores if b.name == theirs), None)
+                if mine and other:
+                    cells = [ratio_interval(a, b) for a, b in
+                             ((mine.adds, other.adds), (mine.dels, other.dels))]
+                    print(f"| {mine.label} | {cells[0]} | {cells[1]} |")
             print(line(f"{BEFORE_LABEL}: calico VERSION (exec to exit)", vers["before"][0]))
             print(line(f"{BEFORE_LABEL}: calico VERSION, CPU time", vers["before"][1]))
         etcd_plain = plain_side or ours
