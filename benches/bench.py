@@ -530,6 +530,8 @@ def main():
         print(line("ptp VERSION, CPU time", vers["ptp"][1]))
         print(line("/bin/true, CPU time", vers["true"][1]))
         if BEFORE_BIN:
+            print(line(f"{BEFORE_LABEL}: calico VERSION (exec to exit)", vers["before"][0]))
+            print(line(f"{BEFORE_LABEL}: calico VERSION, CPU time", vers["before"][1]))
             print(f"\nthis build ÷ {BEFORE_LABEL}, ratio of medians [90 % bootstrap, 4000 resamples "
                   "of each side]:\n\n| configuration | ADD | DEL |\n|---|---|---|")
             for mine, theirs in ((ours, "before"), (kdd, "beforekdd")):
@@ -538,8 +540,6 @@ def main():
                     cells = [ratio_interval(a, b) for a, b in
                              ((mine.adds, other.adds), (mine.dels, other.dels))]
                     print(f"| {mine.label} | {cells[0]} | {cells[1]} |")
-            print(line(f"{BEFORE_LABEL}: calico VERSION (exec to exit)", vers["before"][0]))
-            print(line(f"{BEFORE_LABEL}: calico VERSION, CPU time", vers["before"][1]))
         etcd_plain = plain_side or ours
         print(f"\netcd, no API reads: ADD ratio ours/ptp+host-local (median): {ratio(etcd_plain.adds, ptp.adds):.2f}x   (target <= 0.7x)")
         print(f"etcd, no API reads: DEL ratio ours/ptp+host-local (median): {ratio(etcd_plain.dels, ptp.dels):.2f}x   (target <= 0.9x)")
