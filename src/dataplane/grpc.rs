@@ -386,12 +386,6 @@ pub struct AgentInterface {
 }
 
 impl PodInterface for AgentInterface {
-    /// Nothing was asked of the agent yet: the pod's request replaces the configuration's.
-    async fn adopt(mut self, req: VethRequest) -> Result<AgentInterface, DataplaneError> {
-        self.req = req;
-        Ok(self)
-    }
-
     fn result_has_host_addresses(&self) -> bool {
         false
     }

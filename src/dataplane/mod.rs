@@ -180,10 +180,6 @@ pub trait Dataplane {
 /// A pod interface being made by one ADD.
 #[allow(async_fn_in_trait)]
 pub trait PodInterface: Sized {
-    /// Takes over an interface built before the pod was read (`prepare` with what the
-    /// configuration tells) for `req`, the request as the pod made it. A failure removes
-    /// what this call made.
-    async fn adopt(self, req: VethRequest) -> Result<Self>;
     /// Whether ADD's result gives the pod's addresses as host networks (/32, /128), as this
     /// dataplane puts them on the interface: upstream's Linux dataplane narrows IPAM's
     /// addresses so. Its gRPC dataplane does not, and its result keeps IPAM's prefix.
@@ -298,48 +294,6 @@ impl VethPair {
         })
     }
 
-    /// Takes over a pair built before the pod was read (`prepare` with what the
-    /// configuration tells) for `req`, the request as the pod made it. Only two things can
-    /// differ: the pod's `hwAddr` MAC, applied now (or by `link_up`, if it has not run), and
-    /// the families, which `finish` reconciles with the addresses' as it does when IPAM
-    /// answers with unexpected ones. A request differing in anything else (names, MTU,
-    /// queues) has the pair built again. A failure removes what this call made.
-    async fn adopt_request(mut self, req: VethRequest) -> Result<VethPair> {
-        let same_link = (
-            &req.netns_path,
-            &req.ifname,
-            &req.host_veth,
-            req.mtu,
-            req.num_queues,
-        ) == (
-            &self.req.netns_path,
-            &self.req.ifname,
-            &self.req.host_veth,
-            self.req.mtu,
-            self.req.num_queues,
-        );
-        if !same_link {
-            let ns = self.ns;
-            if let Some(made) = self.made {
-                let cx = veth::Ctx {
-                    req: &self.req,
-                    ns: &ns,
-                };
-                veth::remove_pair(&cx, made.cont_idx).await?;
-            }
-            return VethPair::build(ns, req).await;
-        }
-        self.req = req;
-        if let Some(made) = self.made.as_mut() {
-            let cx = veth::Ctx {
-                req: &self.req,
-                ns: &self.ns,
-            };
-            veth::apply_annotated_mac(&cx, made).await?;
-        }
-        Ok(self)
-    }
-
     /// `PodInterface::finish`, which needs nothing of the pod on Linux. Never removes an
     /// interface that was there before (a pod's running `eth0`, another call's veth).
     async fn finish_addresses(&mut self, addrs: &AddressRequest) -> Result<NetworkingResult> {
@@ -361,10 +315,6 @@ impl VethPair {
 }
 
 impl PodInterface for VethPair {
-    async fn adopt(self, req: VethRequest) -> Result<VethPair> {
-        self.adopt_request(req).await
-    }
-
     async fn finish(
         &mut self,
         addrs: &AddressRequest,
@@ -440,13 +390,6 @@ impl Dataplane for Selected {
 }
 
 impl PodInterface for AnyInterface {
-    async fn adopt(self, req: VethRequest) -> Result<AnyInterface> {
-        match self {
-            AnyInterface::Linux(l) => l.adopt(req).await.map(AnyInterface::Linux),
-            AnyInterface::Grpc(g) => g.adopt(req).await.map(AnyInterface::Grpc),
-        }
-    }
-
     async fn finish(
         &mut self,
         addrs: &AddressRequest,

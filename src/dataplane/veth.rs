@@ -298,20 +298,6 @@ async fn set_annotated_mac(cx: &Ctx<'_>, cont_idx: u32, mac: &[u8; 6]) -> Result
     Ok(format_mac(mac))
 }
 
-/// Step 8 for a pair whose `link_up` ran before the request had its annotated MAC (built
-/// before the pod was read): the MAC is set now, on the live link, as `link_up` sets it
-/// after link up too. Nothing to do without one, or before `link_up` (which sets it). A
-/// failure removes the pair.
-pub(super) async fn apply_annotated_mac(cx: &Ctx<'_>, made: &mut Made) -> Result<()> {
-    let cont_idx = made.cont_idx;
-    let (Some(mac), Some(linked)) = (cx.req.container_mac, made.linked.as_mut()) else {
-        return Ok(());
-    };
-    let set = set_annotated_mac(cx, cont_idx, &mac).await;
-    linked.container_mac = undo_on_error(cx, cont_idx, set).await?;
-    Ok(())
-}
-
 /// Steps 9, 10b and 11–13: routes and addresses in the pod, forwarding, host routes.
 async fn address(
     cx: &Ctx<'_>,

@@ -41,10 +41,6 @@ pub struct Plan {
 /// where a new endpoint is written. Every other step runs where it stands in `add`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AddSteps {
-    /// The pod's interface is built while the first reads are answered: a Kubernetes pod,
-    /// when no readiness gate may make the call wait (the interface would stand meanwhile)
-    /// and the dataplane options are valid (else the call is refused before anything).
-    pub interface_with_reads: bool,
     /// Calico IPAM (in-process) makes its reads and takes the host's IPAM lock in the first
     /// round trip: a Kubernetes pod without readiness gates (the lock would be held while
     /// they wait).
@@ -92,7 +88,6 @@ impl Plan {
             want_profile: conf.policy.policy_type.is_empty(),
             families,
             add: AddSteps {
-                interface_with_reads: k8s && no_gates && conf.check_dataplane().is_ok(),
                 ipam_reads_with_reads: k8s && no_gates && ipam_in_process,
                 new_endpoint,
             },
@@ -147,8 +142,8 @@ mod tests {
         std::os::unix::fs::symlink("/proc/self/exe", &link).unwrap();
         let in_process = dir.display().to_string();
 
-        // (name, k8s, kdd, extra NetConf keys, CNI_PATH) → (interface with reads, IPAM
-        // reads with reads, new endpoint, endpoint from the pod, pod read)
+        // (name, k8s, kdd, extra NetConf keys, CNI_PATH) → (IPAM reads with reads, new
+        // endpoint, endpoint from the pod, pod read)
         use EndpointWrite::{BesideInterface as Beside, WithAddresses as WithIpam};
         let cases = [
             (
@@ -157,7 +152,7 @@ mod tests {
                 true,
                 r#","policy":{"type":"k8s"}"#,
                 in_process.as_str(),
-                (true, true, WithIpam, true, true),
+                (true, WithIpam, true, true),
             ),
             (
                 "kdd, no policy",
@@ -165,7 +160,7 @@ mod tests {
                 true,
                 "",
                 in_process.as_str(),
-                (true, true, WithIpam, false, false),
+                (true, WithIpam, false, false),
             ),
             (
                 "kdd, calico-ipam executed",
@@ -173,7 +168,7 @@ mod tests {
                 true,
                 "",
                 "/nonexistent",
-                (true, false, Beside, false, false),
+                (false, Beside, false, false),
             ),
             (
                 "etcd, policy k8s",
@@ -181,7 +176,7 @@ mod tests {
                 false,
                 r#","policy":{"type":"k8s"}"#,
                 in_process.as_str(),
-                (true, true, Beside, false, true),
+                (true, Beside, false, true),
             ),
             (
                 "etcd, no policy",
@@ -189,7 +184,7 @@ mod tests {
                 false,
                 "",
                 in_process.as_str(),
-                (true, true, Beside, false, false),
+                (true, Beside, false, false),
             ),
             (
                 "etcd, readiness gate",
@@ -197,7 +192,7 @@ mod tests {
                 false,
                 r#","readiness_gates":["http://127.0.0.1:1/"]"#,
                 in_process.as_str(),
-                (false, false, Beside, false, false),
+                (false, Beside, false, false),
             ),
             (
                 "kdd, readiness gate",
@@ -205,7 +200,7 @@ mod tests {
                 true,
                 r#","readiness_gates":["http://127.0.0.1:1/"]"#,
                 in_process.as_str(),
-                (false, false, WithIpam, false, false),
+                (false, WithIpam, false, false),
             ),
             (
                 "etcd, bad dataplane options",
@@ -213,7 +208,7 @@ mod tests {
                 false,
                 r#","dataplane_options":{"type":"nope"}"#,
                 in_process.as_str(),
-                (false, true, Beside, false, false),
+                (true, Beside, false, false),
             ),
             (
                 "etcd, host-local",
@@ -221,7 +216,7 @@ mod tests {
                 false,
                 r#","ipam":{"type":"host-local"}"#,
                 in_process.as_str(),
-                (true, false, Beside, false, false),
+                (false, Beside, false, false),
             ),
             (
                 "kdd, host-local",
@@ -229,7 +224,7 @@ mod tests {
                 true,
                 r#","ipam":{"type":"host-local"}"#,
                 in_process.as_str(),
-                (true, false, Beside, false, false),
+                (false, Beside, false, false),
             ),
             (
                 "plain CNI, etcd",
@@ -237,7 +232,7 @@ mod tests {
                 false,
                 "",
                 in_process.as_str(),
-                (false, false, Beside, false, false),
+                (false, Beside, false, false),
             ),
             (
                 "plain CNI, kdd",
@@ -245,7 +240,7 @@ mod tests {
                 true,
                 r#","policy":{"type":"k8s"}"#,
                 in_process.as_str(),
-                (false, false, Beside, false, false),
+                (false, Beside, false, false),
             ),
         ];
         for (name, k8s, kdd, extra, path, want) in cases {
@@ -266,7 +261,6 @@ mod tests {
             let families = expected_families(IpamKind::of(&conf.ipam.ipam_type), &conf, &args);
             let plan = Plan::new(&conf, &args, &ids, kdd, families);
             let got = (
-                plan.add.interface_with_reads,
                 plan.add.ipam_reads_with_reads,
                 plan.add.new_endpoint,
                 plan.endpoint_from_pod,

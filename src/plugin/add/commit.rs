@@ -231,7 +231,7 @@ mod tests {
     use crate::ipam_driver::calico::Known;
     use crate::ipam_driver::fake::FakeIpam;
     use crate::ipam_driver::{pick, Prepared};
-    use crate::plugin::add::speculative::tests::{FakeDataplane, FINISHED_MAC};
+    use crate::plugin::add::interface::tests::{FakeDataplane, FINISHED_MAC};
 
     const CNI_ARGS: &str = "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=pod1";
 
@@ -336,8 +336,8 @@ mod tests {
             )
         }
 
-        /// An ADD as `cmd_add` runs it, from the interface built ahead (or not) to the
-        /// endpoint, as far as `script` lets it; on failure, the one rollback.
+        /// An ADD as `cmd_add` runs it, from the pod's read to the endpoint, as far as
+        /// `script` lets it; on failure, the one rollback.
         fn add(
             &self,
             ds: &MemoryDatastore,
@@ -351,9 +351,6 @@ mod tests {
             let driver = pick(true, ds, known, &self.args.stdin_data);
             crate::client::block_on(async {
                 let made = Made::new(ds, &driver, dp);
-                if script.ahead {
-                    made.build_interface_ahead(self.veth()).await;
-                }
                 let outcome = async {
                     if script.pod_read_fails {
                         return Err(Error::msg("pods \"pod1\" not found"));
@@ -403,8 +400,6 @@ mod tests {
     /// What an ADD meets, step by step (`Fixture::add`).
     #[derive(Clone, Copy, Debug, Default)]
     struct Script {
-        /// The interface is built while the pod is read.
-        ahead: bool,
         pod_read_fails: bool,
         ipam_fails: bool,
         /// The endpoint goes with IPAM's block write.
@@ -836,9 +831,9 @@ mod tests {
         assert_eq!(held(&ds), (false, 0, false));
     }
 
-    /// Every interleaving of success and failure of the steps an ADD takes: the interface
-    /// built ahead (or not, or failing), the pod's read, IPAM's assignment, the interface
-    /// taken over or built, finished, and the endpoint's write (refused, lost, unavailable),
+    /// Every interleaving of success and failure of the steps an ADD takes: the pod's read,
+    /// IPAM's assignment, the interface built and finished, and the endpoint's write
+    /// (refused, lost, unavailable),
     /// with the endpoint going with the addresses or beside the interface. A success holds
     /// the handle, one address, the endpoint and one interface; a failure holds nothing, and
     /// no interface stands.
@@ -852,19 +847,17 @@ mod tests {
             Some(Fault::UnavailableOnWrite(1)),
         ];
         let mut cases = 0;
-        for bits in 0u32..(1 << 8) {
+        for bits in 0u32..(1 << 6) {
             let bit = |n: u32| bits & (1 << n) != 0;
             let script = Script {
-                ahead: bit(0),
-                pod_read_fails: bit(1),
-                ipam_fails: bit(2),
-                beside: bit(3),
+                pod_read_fails: bit(0),
+                ipam_fails: bit(1),
+                beside: bit(2),
             };
             let dp = FakeDataplane {
-                fail_prepare: bit(4),
-                fail_adopt: bit(5),
-                fail_finish: bit(6),
-                known_mac: bit(7).then_some(FINISHED_MAC),
+                fail_prepare: bit(3),
+                fail_finish: bit(4),
+                known_mac: bit(5).then_some(FINISHED_MAC),
                 ..Default::default()
             };
             for fault in &faults {
@@ -892,6 +885,6 @@ mod tests {
                 dp.log.borrow_mut().clear();
             }
         }
-        assert_eq!(cases, 1024);
+        assert_eq!(cases, 256);
     }
 }

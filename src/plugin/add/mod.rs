@@ -4,13 +4,12 @@
 //!
 //! * `mod.rs` (here): the prelude (config, deadline, node name, datastore, the sandbox's
 //!   lock), the first round trip (`first_reads`: the ready gate, the endpoint, the Profile,
-//!   the pod, Calico IPAM's reads, and a Kubernetes pod's interface built meanwhile), the
-//!   checks after it, then the orchestrator's path;
+//!   the pod and Calico IPAM's reads), the checks after it, then the orchestrator's path;
 //! * `k8s.rs`: a Kubernetes pod (its annotations, where its addresses come from); `cni.rs`:
 //!   any other container;
 //! * `commit.rs`: IPAM alongside the interface, then the addresses and routes, the endpoint
 //!   and the result;
-//! * `speculative.rs`: the interface's stages, built ahead of the pod's answer or not;
+//! * `interface.rs`: the pod interface's stages (built, finished, taken for removal);
 //! * `rollback.rs`: the one record of what the call made (`Made`) and its one rollback.
 //!
 //! Unlike upstream, everything that can be checked is checked before IPAM (the endpoint's
@@ -25,9 +24,9 @@
 
 mod cni;
 mod commit;
+mod interface;
 mod k8s;
 mod rollback;
-mod speculative;
 
 use tracing::info;
 
@@ -94,7 +93,7 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
         mtu,
     };
     let outcome = async {
-        let reads = first_reads(&cx, &made).await;
+        let reads = first_reads(&cx).await;
         check_then_add(&cx, &made, reads).await
     }
     .await;
@@ -116,23 +115,13 @@ struct FirstReads {
 /// The ready gate, the endpoint lookup, the Profile lookup, (policy type k8s) the pod and
 /// its namespace and (`AddSteps::ipam_reads_with_reads`) Calico IPAM's reads are
 /// independent: one round trip. Nothing is written before the gate has passed. On the
-/// Kubernetes datastore the endpoint is the pod itself, so the pod is read once. A
-/// Kubernetes pod's interface is built meanwhile (`AddSteps::interface_with_reads`).
-async fn first_reads(cx: &AddCx<'_>, made: &Record<'_>) -> FirstReads {
+/// Kubernetes datastore the endpoint is the pod itself, so the pod is read once.
+async fn first_reads(cx: &AddCx<'_>) -> FirstReads {
     let call = cx.call;
     let plan = &call.plan;
-    let interface_ahead = plan
-        .add
-        .interface_with_reads
-        .then(|| veth_request(cx, &call.ids.host_veth_name(), None, plan.families));
-    let (ready, ipam, (), existing, profile_exists, pod) = tokio::join!(
+    let (ready, ipam, existing, profile_exists, pod) = tokio::join!(
         check_datastore_ready(&call.ds),
         read_ipam_and_lock(call, plan.add.ipam_reads_with_reads),
-        async {
-            if let Some(req) = interface_ahead {
-                made.build_interface_ahead(req).await;
-            }
-        },
         async {
             match plan.endpoint_from_pod {
                 true => Ok(None),

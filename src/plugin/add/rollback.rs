@@ -1,10 +1,10 @@
 //! ADD's one record of what it has made, and its one rollback.
 //!
 //! Each step that makes something records it here as it succeeds: the pod's interface
-//! (`Stage`, built ahead or not), the addresses IPAM gave, and every write of the
+//! (`Stage`), the addresses IPAM gave, and every write of the
 //! WorkloadEndpoint (with IPAM's block write, beside the interface, or after it; on the
 //! Kubernetes datastore the endpoint is the pod's address annotations). A step that fails
-//! leaves nothing of its own (a failed build, adoption or `finish` removes what it made; a
+//! leaves nothing of its own (a failed build or `finish` removes what it made; a
 //! failed IPAM assignment gives back what it took). When the call fails, `Made::rollback`
 //! undoes what the record holds, in the one order that is safe:
 //! 1. the interface: it is local and always possible, and its host route must be gone
@@ -29,7 +29,7 @@ use std::pin::Pin;
 
 use tracing::{debug, info, warn};
 
-use super::speculative::Stage;
+use super::interface::Stage;
 use crate::dataplane::{
     AddressRequest, Dataplane, DataplaneError, NetworkingResult, PodFacts, PodInterface,
     VethRequest,
@@ -74,13 +74,6 @@ impl<'a, D: Datastore, I: IpamDriver, P: Dataplane> Made<'a, D, I, P> {
             },
             addresses: RefCell::new(None),
         }
-    }
-
-    /// Builds the interface ahead of the pod's answer (`Stage::build_ahead`).
-    pub async fn build_interface_ahead(&self, req: VethRequest) {
-        let stage = self.interface.replace(Stage::Gone);
-        let stage = stage.build_ahead(req).await;
-        self.interface.replace(stage);
     }
 
     /// The interface for the pod's request (`Stage::prepare`).

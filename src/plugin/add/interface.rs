@@ -1,15 +1,14 @@
-//! The pod's interface through ADD, as a state machine: the one piece of work ADD starts
-//! before it knows it will be kept. A Kubernetes pod's interface (the veth pair) is built
-//! while the first reads are answered (`Stage::build_ahead`), for what the configuration
-//! tells (names, MTU, queues, the expected families): the kernel's work on this thread
-//! overlaps the datastore's and the API server's answers. Once the pod is read, IPAM starts
-//! and the interface is taken over for the request the pod makes (`prepare`: its `hwAddr`
-//! MAC, its families; `PodInterface::adopt`), or built then if it was not built ahead.
+//! The pod's interface through ADD, as a state machine: built once IPAM starts, for the
+//! request the pod makes (`prepare`: names, MTU, queues, its `hwAddr` MAC, the expected
+//! families), then given its addresses and routes (`finish`).
 //!
 //! Every transition is here, and each either moves the interface on or leaves nothing of its
-//! own (a failed build, adoption or finish removes what it made). What stands at a failure
-//! is removed by ADD's one rollback (`Made::rollback`), which asks `take_for_removal`: a
-//! refused ADD leaves nothing, whether or not the interface was built ahead.
+//! own (a failed build or finish removes what it made). What stands at a failure is removed
+//! by ADD's one rollback (`Made::rollback`), which asks `take_for_removal`.
+//!
+//! (Until issue 39 the veth pair was also built while the first reads were answered and
+//! taken over once the pod was read; a same-build control showed the bench's two sides
+//! differ by as much as that gain, so it was removed: docs/benchmarks-history.md.)
 //!
 //! Generic over the `Dataplane`, so that every sequence is unit-tested with a fake (`tests`).
 
@@ -22,36 +21,18 @@ use crate::dataplane::{
 pub enum Stage<P: Dataplane> {
     /// Not built: the call's dataplane, which builds it when IPAM starts.
     Unbuilt(P),
-    /// Built with the first reads, for what the configuration tells; not yet taken over.
-    Ahead(P::Interface),
-    /// Building it with the first reads failed (having removed what it made): the step that
-    /// would have built it reports this error.
-    AheadFailed(DataplaneError),
-    /// Built (or taken over) for the pod's request: IPAM's partner, then finished.
+    /// Built for the pod's request: IPAM's partner, then finished.
     Up(P::Interface),
     /// A step failed, having removed what it made; or a step is under way with it.
     Gone,
 }
 
 impl<P: Dataplane> Stage<P> {
-    /// `Unbuilt` → `Ahead` or `AheadFailed`. Any other stage is left as it is.
-    pub async fn build_ahead(self, req: VethRequest) -> Stage<P> {
-        match self {
-            Stage::Unbuilt(dataplane) => match dataplane.prepare(req).await {
-                Ok(interface) => Stage::Ahead(interface),
-                Err(e) => Stage::AheadFailed(e),
-            },
-            other => other,
-        }
-    }
-
-    /// The interface for the pod's request `req`: `Unbuilt` builds it, `Ahead` takes it
-    /// over; both → `Up`. A failure → `Gone` (what it made is removed).
+    /// The interface for the pod's request `req`: `Unbuilt` → `Up`. A failure → `Gone`
+    /// (what it made is removed).
     pub async fn prepare(self, req: VethRequest) -> (Stage<P>, Result<(), DataplaneError>) {
         let prepared = match self {
             Stage::Unbuilt(dataplane) => dataplane.prepare(req).await,
-            Stage::Ahead(interface) => interface.adopt(req).await,
-            Stage::AheadFailed(e) => Err(e),
             Stage::Up(_) | Stage::Gone => Err(DataplaneError::Internal(
                 "the pod interface was prepared twice",
             )),
@@ -96,11 +77,11 @@ impl<P: Dataplane> Stage<P> {
         }
     }
 
-    /// What the rollback must remove: the interface this call built, ahead or not.
+    /// What the rollback must remove: the interface this call built.
     pub fn take_for_removal(self) -> Option<P::Interface> {
         match self {
-            Stage::Ahead(interface) | Stage::Up(interface) => Some(interface),
-            Stage::Unbuilt(_) | Stage::AheadFailed(_) | Stage::Gone => None,
+            Stage::Up(interface) => Some(interface),
+            Stage::Unbuilt(_) | Stage::Gone => None,
         }
     }
 }
@@ -119,7 +100,6 @@ pub(crate) mod tests {
     #[derive(Clone, Default)]
     pub struct FakeDataplane {
         pub fail_prepare: bool,
-        pub fail_adopt: bool,
         pub fail_finish: bool,
         /// The MAC the interface knows before `finish`.
         pub known_mac: Option<&'static str>,
@@ -149,17 +129,6 @@ pub(crate) mod tests {
     }
 
     impl PodInterface for FakeInterface {
-        async fn adopt(self, _req: VethRequest) -> Result<FakeInterface, DataplaneError> {
-            self.0.log.borrow_mut().push("adopt");
-            match self.0.fail_adopt {
-                true => Err({
-                    self.0.standing.set(self.0.standing.get() - 1);
-                    DataplaneError::CreateVeth(netlink_errno(libc::EBUSY))
-                }),
-                false => Ok(self),
-            }
-        }
-
         async fn finish(
             &mut self,
             _addrs: &AddressRequest,
@@ -204,9 +173,9 @@ pub(crate) mod tests {
         }
     }
 
-    /// Runs the stage through `ahead` (build ahead or not), `prepare` and `finish` as far as
-    /// they succeed, then hands what stands to the rollback; the fake's log.
-    fn run(dp: FakeDataplane, ahead: bool) -> (bool, Vec<&'static str>) {
+    /// Runs the stage through `prepare` and `finish` as far as they succeed, then hands what
+    /// stands to the rollback; the fake's log.
+    fn run(dp: FakeDataplane) -> (bool, Vec<&'static str>) {
         let log = dp.log.clone();
         let wep = WorkloadEndpoint::new("WorkloadEndpoint", "w", Some("ns"), Default::default());
         let annotations = BTreeMap::new();
@@ -217,12 +186,7 @@ pub(crate) mod tests {
         };
         let addrs = AddressRequest::default();
         let ok = crate::client::block_on(async {
-            let mut stage = Stage::Unbuilt(dp);
-            if ahead {
-                stage = stage.build_ahead(veth()).await;
-            }
-            let (next, prepared) = stage.prepare(veth()).await;
-            stage = next;
+            let (mut stage, prepared) = Stage::Unbuilt(dp).prepare(veth()).await;
             let ok = match prepared {
                 Ok(()) => {
                     let (next, finished) = stage.finish(&addrs, &pod).await;
@@ -248,76 +212,22 @@ pub(crate) mod tests {
     /// the rollback removes only what a step before it built; a success removes nothing.
     #[test]
     fn every_sequence_leaves_the_interface_or_nothing() {
-        type Case = (bool, bool, bool, bool, bool, &'static [&'static str]);
-        let cases: [Case; 8] = [
-            // ahead, fail_prepare, fail_adopt, fail_finish, ok, log
-            (false, false, false, false, true, &["prepare", "finish"]),
-            (false, true, false, false, false, &["prepare"]),
-            (false, false, false, true, false, &["prepare", "finish"]),
-            (
-                true,
-                false,
-                false,
-                false,
-                true,
-                &["prepare", "adopt", "finish"],
-            ),
-            (true, true, false, false, false, &["prepare"]),
-            (true, false, true, false, false, &["prepare", "adopt"]),
-            (
-                true,
-                false,
-                false,
-                true,
-                false,
-                &["prepare", "adopt", "finish"],
-            ),
-            // `adopt` is asked only of an interface built ahead.
-            (false, false, true, false, true, &["prepare", "finish"]),
+        type Case = (bool, bool, bool, &'static [&'static str]);
+        let cases: [Case; 3] = [
+            // fail_prepare, fail_finish, ok, log
+            (false, false, true, &["prepare", "finish"]),
+            (true, false, false, &["prepare"]),
+            (false, true, false, &["prepare", "finish"]),
         ];
-        for (ahead, fail_prepare, fail_adopt, fail_finish, ok, log) in cases {
+        for (fail_prepare, fail_finish, ok, log) in cases {
             let dp = FakeDataplane {
                 fail_prepare,
-                fail_adopt,
                 fail_finish,
                 ..Default::default()
             };
-            let case = format!(
-                "ahead {ahead}, prepare {fail_prepare}, adopt {fail_adopt}, finish {fail_finish}"
-            );
-            assert_eq!(run(dp, ahead), (ok, log.to_vec()), "{case}");
+            let case = format!("prepare {fail_prepare}, finish {fail_finish}");
+            assert_eq!(run(dp), (ok, log.to_vec()), "{case}");
         }
-    }
-
-    #[test]
-    fn an_interface_built_ahead_is_removed_when_the_add_stops_before_using_it() {
-        let dp = FakeDataplane::default();
-        let log = dp.log.clone();
-        crate::client::block_on(async {
-            let stage = Stage::Unbuilt(dp).build_ahead(veth()).await;
-            assert!(matches!(stage, Stage::Ahead(_)));
-            stage.take_for_removal().unwrap().remove().await.unwrap();
-        })
-        .unwrap();
-        assert_eq!(*log.borrow(), ["prepare", "remove"]);
-    }
-
-    #[test]
-    fn a_failed_build_ahead_is_reported_by_prepare_and_leaves_nothing() {
-        let dp = FakeDataplane {
-            fail_prepare: true,
-            ..Default::default()
-        };
-        let log = dp.log.clone();
-        crate::client::block_on(async {
-            let stage = Stage::Unbuilt(dp).build_ahead(veth()).await;
-            assert!(matches!(stage, Stage::AheadFailed(_)));
-            let (stage, prepared) = stage.prepare(veth()).await;
-            assert!(matches!(prepared, Err(DataplaneError::CreateVeth(_))));
-            assert!(stage.take_for_removal().is_none());
-        })
-        .unwrap();
-        assert_eq!(*log.borrow(), ["prepare"], "not built a second time");
     }
 
     #[test]
