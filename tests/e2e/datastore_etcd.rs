@@ -319,19 +319,24 @@ fn tls_with_client_certificates() {
     );
 }
 
-/// The NetConf's etcd_*_file fields reach the TLS client: calico-ipam ADD/DEL over mTLS.
-#[test]
-fn calico_ipam_over_tls_from_netconf() {
-    let etcd = EtcdServer::start_tls();
-    let files = etcd.tls_files().unwrap();
+/// Node `node1` and pool `p` of `cidr`: what a calico-ipam ADD on node1 needs.
+fn seed_node_and_pool(etcd: &EtcdServer, cidr: &str) {
     etcd.put(
         "/calico/resources/v3/projectcalico.org/nodes/node1",
         r#"{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node1"},"spec":{}}"#,
     );
     etcd.put(
         "/calico/resources/v3/projectcalico.org/ippools/p",
-        r#"{"kind":"IPPool","apiVersion":"projectcalico.org/v3","metadata":{"name":"p"},"spec":{"cidr":"10.90.0.0/24"}}"#,
+        &json!({"kind":"IPPool","apiVersion":"projectcalico.org/v3","metadata":{"name":"p"},"spec":{"cidr":cidr}}).to_string(),
     );
+}
+
+/// The NetConf's etcd_*_file fields reach the TLS client: calico-ipam ADD/DEL over mTLS.
+#[test]
+fn calico_ipam_over_tls_from_netconf() {
+    let etcd = EtcdServer::start_tls();
+    let files = etcd.tls_files().unwrap();
+    seed_node_and_pool(&etcd, "10.90.0.0/24");
     let bin = common::cni::Bin::new();
     let scratch = common::cni::TempDir::new("tls");
     let conf = json!({"cniVersion":"1.0.0","name":"net1","etcd_endpoints":etcd.endpoint(),
@@ -367,14 +372,7 @@ fn calico_ipam_over_tls_from_netconf() {
 #[test]
 fn a_refusing_member_is_passed_over_without_waiting() {
     let etcd = EtcdServer::start();
-    etcd.put(
-        "/calico/resources/v3/projectcalico.org/nodes/node1",
-        r#"{"kind":"Node","apiVersion":"projectcalico.org/v3","metadata":{"name":"node1"},"spec":{}}"#,
-    );
-    etcd.put(
-        "/calico/resources/v3/projectcalico.org/ippools/p",
-        r#"{"kind":"IPPool","apiVersion":"projectcalico.org/v3","metadata":{"name":"p"},"spec":{"cidr":"10.91.0.0/24"}}"#,
-    );
+    seed_node_and_pool(&etcd, "10.91.0.0/24");
     let closed = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
