@@ -10,6 +10,7 @@ use crate::datastore::settings::SettingsError;
 use crate::datastore::validate::ValidationError;
 use crate::datastore::DatastoreError;
 use crate::deadline::Expired;
+use crate::gojson::GoJsonError;
 use crate::identifiers::IdentifierError;
 use crate::ipam::allocator::IpamError;
 use crate::ipam::verify::VerifyError;
@@ -51,6 +52,9 @@ pub enum Error {
     /// A JSON value given by a user (an annotation's, say) that does not parse, in Go's words.
     #[error(transparent)]
     JsonValue(#[from] JsonValueError),
+    /// The same without upstream's prefix (the pool and family annotations).
+    #[error(transparent)]
+    GoJson(#[from] GoJsonError),
     /// A CIDR that does not parse (Go's `invalid CIDR address: <s>`).
     #[error(transparent)]
     Cidr(#[from] ParseIpNetError),
@@ -84,24 +88,13 @@ pub enum Error {
 }
 
 /// Go's `json.Unmarshal` refusing a value given as text (a pod annotation's):
-/// `failed to parse '<raw>' as JSON: <Go's reason>`, serde's error kept as the cause.
+/// `failed to parse '<raw>' as JSON: <Go's reason>`.
 #[derive(Debug, thiserror::Error)]
-#[error("failed to parse '{raw}' as JSON: {}", go_json_text(.source))]
+#[error("failed to parse '{raw}' as JSON: {source}")]
 pub struct JsonValueError {
     pub raw: String,
     #[source]
-    pub source: serde_json::Error,
-}
-
-/// Go's `json.Unmarshal` error text for the common cases (the values parsed so are lists
-/// of strings).
-fn go_json_text(e: &serde_json::Error) -> &'static str {
-    match e.classify() {
-        serde_json::error::Category::Data => {
-            "json: cannot unmarshal into Go value of type []string"
-        }
-        _ => "invalid character in JSON",
-    }
+    pub source: GoJsonError,
 }
 
 fn join(errors: &[Error]) -> String {

@@ -16,6 +16,7 @@ pub mod deadline;
 pub mod encoding;
 pub mod error;
 pub mod gocompat;
+pub mod gojson;
 pub mod identifiers;
 pub mod input_file;
 pub mod install;

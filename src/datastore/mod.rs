@@ -198,6 +198,10 @@ pub enum DatastoreError {
     Unauthorized(String),
     #[error("failed to decode {key}: {error}")]
     Decode { key: String, error: String },
+    /// A pod whose annotations do not make a WorkloadEndpoint, in the words of
+    /// libcalico-go's converter (which upstream returns as they are).
+    #[error("{0}")]
+    PodConversion(String),
     /// A Kubernetes object the API server sent that does not decode as its kind.
     #[error("invalid object from the API server at {path}: {error}")]
     InvalidObject { path: String, error: String },

@@ -336,6 +336,20 @@ pub fn workload_endpoint(wep: &WorkloadEndpoint) -> Result<(), ValidationError> 
     e.finish()
 }
 
+/// The endpoint's NATs (`IPNATs[i]`, each `InternalIP` and `ExternalIP` tagged `ip`), as the
+/// validator checks them once the pod's addresses are known.
+pub fn ip_nats(nats: &[super::model::IpNat]) -> Result<(), ValidationError> {
+    let mut e = Errors::default();
+    for n in nats {
+        for (field, value) in [("InternalIP", &n.internal_ip), ("ExternalIP", &n.external_ip)] {
+            if !value.is_empty() && value.parse::<IpAddr>().is_err() {
+                e.tag(field, value, "ip");
+            }
+        }
+    }
+    e.finish()
+}
+
 /// Validates a Profile as clientv3's Create does (for the two shapes the CNI writes).
 pub fn profile(p: &Profile) -> Result<(), ValidationError> {
     let mut e = Errors::default();

@@ -137,14 +137,16 @@ pub async fn profile_exists<D: Datastore>(ds: &D, network: &str) -> Result<bool>
 /// ingress from the same profile (cni) or from anywhere (k8s), labelsToApply
 /// `{<network>: ""}`.
 pub fn new_profile(network: &str, k8s: bool) -> Profile {
+    // libcalico-go's Rule has `source` and `destination` as structs, which Go's encoder
+    // writes even when empty (`omitempty` does not apply to structs): `{}` in every rule.
     let ingress = if k8s {
-        json!({"action": "Allow"})
+        json!({"action": "Allow", "source": {}, "destination": {}})
     } else {
-        json!({"action": "Allow", "source": {"selector": format!("has({network})")}})
+        json!({"action": "Allow", "source": {"selector": format!("has({network})")}, "destination": {}})
     };
     let spec = ProfileSpec {
         ingress: vec![ingress],
-        egress: vec![json!({"action": "Allow"})],
+        egress: vec![json!({"action": "Allow", "source": {}, "destination": {}})],
         labels_to_apply: Some(BTreeMap::from([(network.to_string(), String::new())])),
         ..Default::default()
     };

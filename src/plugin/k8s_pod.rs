@@ -15,6 +15,7 @@ use crate::datastore::kubernetes::client::KubeClient;
 use crate::datastore::kubernetes::{core_objects, pods};
 use crate::datastore::model::WorkloadEndpoint;
 use crate::error::{Error, JsonValueError, Result};
+use crate::gojson;
 use crate::ipam_driver::kubevirt::{self, PodVmi};
 use crate::ipam_driver::IpamKind;
 
@@ -134,9 +135,8 @@ impl PodInfo {
         let Some(ipam) = data.get_mut("ipam").and_then(Value::as_object_mut) else {
             return Err(Error::msg("data on stdin was of unexpected type"));
         };
-        let list = |raw: &str| -> Result<Vec<String>> {
-            serde_json::from_str(raw).map_err(|e| Error::from(json_value(raw, e)))
-        };
+        // Upstream returns Go's error as it is here.
+        let list = |raw: &str| -> Result<Vec<String>> { Ok(gojson::string_list(raw)?) };
         if !v4.is_empty() {
             ipam.insert("ipv4_pools".into(), serde_json::json!(list(&v4)?));
         }
@@ -211,7 +211,7 @@ impl PodInfo {
         if !conf.feature_control.floating_ips {
             return Err(Error::msg("requested feature is not enabled: floating_ips"));
         }
-        serde_json::from_str(raw).map_err(|e| json_value(raw, e).into())
+        gojson::string_list(raw).map_err(|e| json_value(raw, e).into())
     }
 
     /// `allowedSourcePrefixes`.
@@ -258,7 +258,7 @@ pub enum AddressSource {
 }
 
 /// `raw` refused by the JSON parser (Go's text: `failed to parse '<raw>' as JSON: ...`).
-fn json_value(raw: &str, source: serde_json::Error) -> JsonValueError {
+fn json_value(raw: &str, source: gojson::GoJsonError) -> JsonValueError {
     JsonValueError {
         raw: raw.to_string(),
         source,
@@ -267,7 +267,7 @@ fn json_value(raw: &str, source: serde_json::Error) -> JsonValueError {
 
 /// `validateAndExtractIPs`: a JSON list of at most one IPv4 and one IPv6 address.
 fn addresses(raw: &str, annotation: &str) -> Result<Vec<IpAddr>> {
-    let list: Vec<String> = serde_json::from_str(raw).map_err(|e| {
+    let list: Vec<String> = gojson::string_list(raw).map_err(|e| {
         Error::chain(
             format!("failed to parse IPs {raw} for annotation \"{annotation}\""),
             json_value(raw, e),
@@ -310,7 +310,7 @@ mod tests {
             e.to_string(),
             format!(
                 "failed to parse IPs [nope for annotation \"{ANN_IP_ADDRS}\": failed to parse \
-                 '[nope' as JSON: invalid character in JSON"
+                 '[nope' as JSON: invalid character 'o' in literal null (expecting 'u')"
             )
         );
         let Error::Chain { source, .. } = &e else {

@@ -328,21 +328,37 @@ fn listed_version(v: &serde_json::Value) -> Option<&'static str> {
 /// The config's `cniVersion`; missing means the best of `cniVersions`, else 0.1.0. When both
 /// are given, `cniVersion` (the runtime's choice) wins.
 fn config_version(data: &[u8]) -> Result<String, CniError> {
-    let v: serde_json::Value = serde_json::from_slice(data)
-        .map_err(|e| CniError::new(CODE_DECODING_FAILURE, e.to_string(), ""))?;
+    let decoding = |e: String| {
+        CniError::new(
+            CODE_DECODING_FAILURE,
+            format!("decoding version from network config: {e}"),
+            "",
+        )
+    };
+    crate::gojson::check_syntax(data).map_err(|e| decoding(e.to_string()))?;
+    let v: serde_json::Value =
+        serde_json::from_slice(data).map_err(|e| decoding(e.to_string()))?;
     let missing = || listed_version(&v).unwrap_or("0.1.0").to_string();
-    match v.get("cniVersion") {
+    match go_field(&v, "cniVersion") {
         None | Some(serde_json::Value::Null) => Ok(missing()),
         Some(serde_json::Value::String(s)) if s.is_empty() => Ok(missing()),
         Some(serde_json::Value::String(s)) => Ok(s.clone()),
-        Some(other) => Err(CniError::new(
-            CODE_DECODING_FAILURE,
-            format!(
-                "json: cannot unmarshal {other} into Go struct field .cniVersion of type string"
-            ),
-            "",
-        )),
+        Some(other) => Err(decoding(format!(
+            "json: cannot unmarshal {} into Go struct field .cniVersion of type string",
+            crate::gojson::kind(other)
+        ))),
     }
+}
+
+/// The field Go's decoder fills from `v` for a struct field tagged `key`: the last key of
+/// the object equal to it ignoring case (an exact match is not preferred when both occur:
+/// each key found overwrites the field).
+fn go_field<'a>(v: &'a serde_json::Value, key: &str) -> Option<&'a serde_json::Value> {
+    v.as_object()?
+        .iter()
+        .filter(|(k, _)| k.eq_ignore_ascii_case(key))
+        .map(|(_, v)| v)
+        .next_back()
 }
 
 fn valid_name(s: &str) -> bool {
@@ -351,23 +367,34 @@ fn valid_name(s: &str) -> bool {
         && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-')
 }
 
+/// libcni's `validateConfig`: the config decoded into `struct { Name string }`, in Go's
+/// words when it does not decode.
 fn validate_config(data: &[u8]) -> Result<(), CniError> {
-    let v: serde_json::Value = serde_json::from_slice(data).map_err(|e| {
+    let decoding = |e: String| {
         CniError::new(
             CODE_DECODING_FAILURE,
             format!("error unmarshall network config: {e}"),
             "",
         )
-    })?;
-    let name = match v.get("name") {
-        None | Some(serde_json::Value::Null) => "",
-        Some(serde_json::Value::String(s)) => s.as_str(),
-        Some(other) => {
-            return Err(CniError::new(
-                CODE_DECODING_FAILURE,
-                format!("error unmarshall network config: json: cannot unmarshal {other} into Go struct field .name of type string"),
-                "",
-            ))
+    };
+    crate::gojson::check_syntax(data).map_err(|e| decoding(e.to_string()))?;
+    let v: serde_json::Value =
+        serde_json::from_slice(data).map_err(|e| decoding(e.to_string()))?;
+    let name = match (&v, go_field(&v, "name")) {
+        (serde_json::Value::Object(_) | serde_json::Value::Null, None) => "",
+        (_, Some(serde_json::Value::Null)) => "",
+        (_, Some(serde_json::Value::String(s))) => s.as_str(),
+        (_, Some(other)) => {
+            return Err(decoding(format!(
+                "json: cannot unmarshal {} into Go struct field .name of type string",
+                crate::gojson::kind(other)
+            )))
+        }
+        (other, None) => {
+            return Err(decoding(format!(
+                "json: cannot unmarshal {} into Go value of type struct {{ Name string \"json:\\\"name\\\"\" }}",
+                crate::gojson::kind(other)
+            )))
         }
     };
     if name.is_empty() {

@@ -595,6 +595,22 @@ current-context: real
             .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
     }
 
+    /// Many requests at once, multiplexed on the admin's one connection, answered in the
+    /// order given: (method, path, body, content type) each.
+    pub fn request_all(&self, reqs: Vec<(String, String, Option<Value>, String)>) -> Vec<Answer> {
+        let pending: Vec<_> = reqs
+            .into_iter()
+            .map(|(method, path, body, ct)| {
+                let rx = self.admin.send(&method, &path, body, &ct, &self.admin_token);
+                (format!("{method} {path}"), rx)
+            })
+            .collect();
+        pending
+            .into_iter()
+            .map(|(what, rx)| Admin::wait(rx).unwrap_or_else(|e| panic!("{what}: {e}")))
+            .collect()
+    }
+
     pub fn get(&self, path: &str) -> Option<Value> {
         let a = self.request("GET", path, None, "");
         match a.status {

@@ -76,7 +76,7 @@ fn k8s_add_writes_upstreams_etcd_objects() {
     // Profile created (policy.type empty, k8s rules).
     assert_eq!(
         w.get("/calico/resources/v3/projectcalico.org/profiles/net1")["spec"],
-        json!({"ingress":[{"action":"Allow"}],"egress":[{"action":"Allow"}],"labelsToApply":{"net1":""}})
+        json!({"ingress":[{"action":"Allow","source":{},"destination":{}}],"egress":[{"action":"Allow","source":{},"destination":{}}],"labelsToApply":{"net1":""}})
     );
 
     // DEL: the WEP and handle keys go, the empty block's key stays (affine, as upstream).
@@ -201,7 +201,7 @@ fn cni_mode_add_del_profile_and_second_add() {
     );
     assert_eq!(
         w.get("/calico/resources/v3/projectcalico.org/profiles/net1")["spec"],
-        json!({"ingress":[{"action":"Allow","source":{"selector":"has(net1)"}}],"egress":[{"action":"Allow"}],"labelsToApply":{"net1":""}})
+        json!({"ingress":[{"action":"Allow","source":{"selector":"has(net1)"},"destination":{}}],"egress":[{"action":"Allow","source":{},"destination":{}}],"labelsToApply":{"net1":""}})
     );
     assert_eq!(
         w.get("/calico/ipam/v2/handle/net1.abc123")["block"]

@@ -529,7 +529,7 @@ impl KubeDatastore {
     }
 
     /// The endpoint of a pod, as a v3 WorkloadEndpoint value.
-    fn endpoint_pair(&self, key: &Key, pod: &Pod) -> Result<Option<KvPair>, DatastoreError> {
+    fn endpoint_pair(&self, pod: &Pod) -> Result<Option<KvPair>, DatastoreError> {
         let spec = pod.spec.as_ref();
         let scheduled = spec
             .and_then(|s| s.node_name.as_deref())
@@ -537,10 +537,7 @@ impl KubeDatastore {
         if !scheduled || spec.and_then(|s| s.host_network).unwrap_or(false) {
             return Ok(None);
         }
-        let wep = pods::pod_to_endpoint(pod).map_err(|e| DatastoreError::Decode {
-            key: key.describe(),
-            error: e,
-        })?;
+        let wep = pods::pod_to_endpoint(pod).map_err(DatastoreError::PodConversion)?;
         let ns = wep.metadata.namespace.clone();
         let name = wep.metadata.name.clone();
         let revision = wep.metadata.resource_version.clone();
@@ -580,7 +577,7 @@ impl KubeDatastore {
             name: pod.to_string(),
         };
         match self.get_pod(&key, namespace, pod).await {
-            Ok(p) => self.endpoint_pair(&key, &p),
+            Ok(p) => self.endpoint_pair(&p),
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
         }
@@ -607,7 +604,7 @@ impl KubeDatastore {
     async fn get_endpoint(&self, key: &Key) -> Result<KvPair, DatastoreError> {
         let (ns, pod) = Self::pod_of(key)?;
         let p = self.get_pod(key, &ns, &pod).await?;
-        self.endpoint_pair(key, &p)?
+        self.endpoint_pair(&p)?
             .ok_or_else(|| DatastoreError::NotFound {
                 key: key.describe(),
                 cause: "pod is not scheduled or uses host networking".into(),
@@ -781,7 +778,7 @@ impl KubeDatastore {
                     Err(e) => return Err(e),
                 };
                 Ok(self
-                    .endpoint_pair(&key, &p)?
+                    .endpoint_pair(&p)?
                     .into_iter()
                     .filter(|kv| match &kv.key {
                         Key::Resource { name, .. } => name.starts_with(&prefix),

@@ -94,8 +94,9 @@ pub fn source_prefixes(ann: &BTreeMap<String, String>) -> Result<Vec<String>, St
     else {
         return Ok(Vec::new());
     };
-    let list: Vec<String> =
-        serde_json::from_str(raw).map_err(|e| format!("failed to parse '{raw}' as JSON: {e}"))?;
+    // libcalico-go decodes it with json-iterator, whose error texts are its own.
+    let list = crate::gojson::iter_string_list(raw)
+        .map_err(|e| format!("failed to parse '{raw}' as JSON: {e}"))?;
     list.iter()
         .map(|p| {
             p.parse::<IpNet>()
@@ -108,8 +109,8 @@ pub fn source_prefixes(ann: &BTreeMap<String, String>) -> Result<Vec<String>, St
 /// Floating IPs (`cni.projectcalico.org/floatingIPs`, a JSON list) NATed to the pod's
 /// address of the same family.
 fn floating_ips(raw: &str, pod_nets: &[IpNet]) -> Result<Vec<IpNat>, String> {
-    let ips: Vec<String> =
-        serde_json::from_str(raw).map_err(|e| format!("failed to parse '{raw}' as JSON: {e}"))?;
+    let ips = crate::gojson::string_list(raw)
+        .map_err(|e| format!("failed to parse '{raw}' as JSON: {e}"))?;
     let (mut v4, mut v6) = (None, None);
     for n in pod_nets {
         match n.addr {

@@ -143,8 +143,13 @@ impl Inner {
             })?
     }
 
-    async fn send(&self, req: Request<Body>) -> Result<Response<Incoming>, BoxError> {
+    async fn send(&self, mut req: Request<Body>) -> Result<Response<Incoming>, BoxError> {
         let conn = self.conn.get_or_try_init(|| self.open()).await?;
+        if !req.headers().contains_key(http::header::USER_AGENT) {
+            let agent = user_agent(req.uri().path(), matches!(conn, Conn::H2(_)));
+            req.headers_mut()
+                .insert(http::header::USER_AGENT, http::HeaderValue::from_str(&agent)?);
+        }
         match conn {
             Conn::H2(send) => {
                 let mut send = send.clone();
@@ -158,6 +163,36 @@ impl Inner {
             }
         }
     }
+}
+
+/// The User-Agent upstream's clients send, which the API server also records as the
+/// manager of what they write (`metadata.managedFields`): libcalico-go reaches Calico's
+/// resources through a REST client without one of its own, so Go's HTTP client names
+/// itself; the core resources (pods, nodes, namespaces) go through client-go's clientset,
+/// which names the program, as `<program>/v0.0.0 (linux/<arch>) kubernetes/$Format`.
+fn user_agent(path: &str, h2: bool) -> String {
+    let calico = path.starts_with("/apis/crd.projectcalico.org/")
+        || path.starts_with("/apis/projectcalico.org/");
+    if calico {
+        return format!("Go-http-client/{}", if h2 { "2.0" } else { "1.1" });
+    }
+    let program = std::env::args_os()
+        .next()
+        .and_then(|a| {
+            std::path::Path::new(&a)
+                .file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+        })
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "unknown".into());
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        "powerpc64" => "ppc64le",
+        other => other,
+    };
+    format!("{program}/v0.0.0 (linux/{arch}) kubernetes/$Format")
 }
 
 async fn http1_conn<T>(io: TokioIo<T>) -> Result<Conn, BoxError>

@@ -25,6 +25,7 @@ use tracing::{info, warn};
 use super::rollback::Made;
 use crate::dataplane::{AddressRequest, Dataplane, PodFacts, VethRequest};
 use crate::datastore::model::{IpNat, WorkloadEndpoint};
+use crate::datastore::validate;
 use crate::datastore::Datastore;
 use crate::error::Result;
 use crate::ipam_driver::IpamDriver;
@@ -104,6 +105,7 @@ pub async fn finish_and_write<D: Datastore, I: IpamDriver, P: Dataplane>(
     } = finish;
     wep.spec.ip_networks = endpoint::ip_networks(&result);
     wep.spec.ip_nats = floating_nats(&result, &extras.floating_ips);
+    validate::ip_nats(&wep.spec.ip_nats)?;
     let addrs = address_request(
         &result,
         routes,
@@ -176,18 +178,22 @@ pub fn address_request(
     }
 }
 
-/// Floating IPs NATed to the pod's address of the same family.
+/// Floating IPs NATed to the pod's address of the same family (by a `:` in the floating IP,
+/// as upstream tells them). One of a family the pod has no address in gets Go's text of a
+/// nil address, `<nil>`, which the validator then refuses.
 fn floating_nats(result: &CniResult, floating: &[String]) -> Vec<IpNat> {
     let v4 = result.ips.iter().find(|i| i.address.addr.is_ipv4());
     let v6 = result.ips.iter().find(|i| i.address.addr.is_ipv6());
     floating
         .iter()
-        .filter_map(|ext| {
+        .map(|ext| {
             let internal = if ext.contains(':') { v6 } else { v4 };
-            internal.map(|i| IpNat {
-                internal_ip: i.address.addr.to_string(),
+            IpNat {
+                internal_ip: internal
+                    .map(|i| i.address.addr.to_string())
+                    .unwrap_or_else(|| "<nil>".into()),
                 external_ip: ext.clone(),
-            })
+            }
         })
         .collect()
 }

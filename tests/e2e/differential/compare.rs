@@ -1,0 +1,272 @@
+//! Two runs of a case side by side: every place where their observations differ, and which
+//! of those the list of accepted differences (tests/differential/accepted.json) explains.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::case::Case;
+use super::observe::Observation;
+
+/// One place where two runs differ.
+#[derive(Clone, Debug)]
+pub struct Difference {
+    /// The step, from 1.
+    pub step: usize,
+    /// `exit`, `stdout/<pointer>`, or a facet and a pointer into its value.
+    pub what: String,
+    pub ours: Value,
+    pub theirs: Value,
+}
+
+impl Difference {
+    pub fn line(&self) -> String {
+        format!(
+            "step {} {}: ours {} upstream {}",
+            self.step,
+            self.what,
+            brief(&self.ours),
+            brief(&self.theirs)
+        )
+    }
+}
+
+fn brief(v: &Value) -> String {
+    let s = match v {
+        Value::Null => "(nothing)".to_string(),
+        other => other.to_string(),
+    };
+    if s.chars().count() > 300 {
+        format!("{}…", s.chars().take(300).collect::<String>())
+    } else {
+        s
+    }
+}
+
+/// Every difference between `ours` and `theirs` (one observation a step each).
+pub fn compare(ours: &[Observation], theirs: &[Observation]) -> Vec<Difference> {
+    let mut out = Vec::new();
+    for step in 0..ours.len().max(theirs.len()) {
+        let n = step + 1;
+        let (Some(a), Some(b)) = (ours.get(step), theirs.get(step)) else {
+            out.push(Difference {
+                step: n,
+                what: "steps".into(),
+                ours: Value::from(ours.len()),
+                theirs: Value::from(theirs.len()),
+            });
+            break;
+        };
+        if a.exit != b.exit {
+            out.push(Difference {
+                step: n,
+                what: "exit".into(),
+                ours: a.exit.into(),
+                theirs: b.exit.into(),
+            });
+        }
+        diff_value(n, "stdout", &a.stdout, &b.stdout, &mut out);
+        let mut facets: Vec<&String> = a.changed.keys().chain(b.changed.keys()).collect();
+        facets.sort();
+        facets.dedup();
+        for f in facets {
+            match (a.changed.get(f), b.changed.get(f)) {
+                (Some(x), Some(y)) => diff_value(n, f, x, y, &mut out),
+                (x, y) => out.push(Difference {
+                    step: n,
+                    what: f.clone(),
+                    ours: x.cloned().unwrap_or(Value::String("(unchanged)".into())),
+                    theirs: y.cloned().unwrap_or(Value::String("(unchanged)".into())),
+                }),
+            }
+        }
+    }
+    out
+}
+
+fn diff_value(step: usize, path: &str, a: &Value, b: &Value, out: &mut Vec<Difference>) {
+    if a == b {
+        return;
+    }
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let mut keys: Vec<&String> = x.keys().chain(y.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            for k in keys {
+                let sub = format!("{path}/{k}");
+                match (x.get(k), y.get(k)) {
+                    (Some(p), Some(q)) => diff_value(step, &sub, p, q, out),
+                    (p, q) => out.push(Difference {
+                        step,
+                        what: sub,
+                        ours: p.cloned().unwrap_or(Value::Null),
+                        theirs: q.cloned().unwrap_or(Value::Null),
+                    }),
+                }
+            }
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            for (i, (p, q)) in x.iter().zip(y).enumerate() {
+                diff_value(step, &format!("{path}/{i}"), p, q, out);
+            }
+        }
+        _ => out.push(Difference {
+            step,
+            what: path.to_string(),
+            ours: a.clone(),
+            theirs: b.clone(),
+        }),
+    }
+}
+
+/// One accepted difference: which cases, which steps' facets, and why.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Accepted {
+    /// A short name, the key of the counts.
+    pub id: String,
+    /// Case ids it covers (`*` matches anything).
+    pub cases: String,
+    /// What differs (`*` matches anything), as [`Difference::what`] prints it.
+    pub what: String,
+    /// Only where ours shows this (a pattern over its value's JSON), when set.
+    #[serde(default)]
+    pub ours: Option<String>,
+    /// Only where upstream shows this (a pattern over its value's JSON), when set.
+    #[serde(default)]
+    pub upstream: Option<String>,
+    /// Only in steps of this command (`ADD`, `CHECK`, …), when set.
+    #[serde(default)]
+    pub command: Option<String>,
+    pub reason: String,
+    /// The section of docs/differences.md that says it.
+    pub doc: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct AcceptedList {
+    pub accepted: Vec<Accepted>,
+}
+
+impl AcceptedList {
+    pub fn load(path: &std::path::Path) -> AcceptedList {
+        let text = std::fs::read_to_string(path)
+            .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    /// The accepted difference that explains `d` in `case`, if any.
+    pub fn explain(&self, case: &Case, d: &Difference) -> Option<&Accepted> {
+        let command = d
+            .step
+            .checked_sub(1)
+            .and_then(|i| case.steps.get(i))
+            .map(|s| s.command.as_str());
+        self.accepted.iter().find(|a| {
+            glob(&a.cases, &case.id)
+                && glob(&a.what, &d.what)
+                && a.ours
+                    .as_ref()
+                    .is_none_or(|p| glob(p, &d.ours.to_string()))
+                && a.upstream
+                    .as_ref()
+                    .is_none_or(|p| glob(p, &d.theirs.to_string()))
+                && a.command.as_deref().is_none_or(|c| Some(c) == command)
+        })
+    }
+}
+
+/// What a case came to.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Verdict {
+    Identical,
+    /// Every difference accepted; the accepted differences' ids.
+    Accepted(Vec<String>),
+    Unexplained,
+}
+
+pub fn verdict(list: &AcceptedList, case: &Case, diffs: &[Difference]) -> Verdict {
+    if diffs.is_empty() {
+        return Verdict::Identical;
+    }
+    let mut ids = Vec::new();
+    for d in diffs {
+        match list.explain(case, d) {
+            Some(a) => ids.push(a.id.clone()),
+            None => return Verdict::Unexplained,
+        }
+    }
+    ids.sort();
+    ids.dedup();
+    Verdict::Accepted(ids)
+}
+
+/// The table the replay and the live run print.
+pub fn table(title: &str, verdicts: &[(String, Verdict)], commit: &str) -> String {
+    let total = verdicts.len();
+    let identical = verdicts
+        .iter()
+        .filter(|(_, v)| *v == Verdict::Identical)
+        .count();
+    let unexplained = verdicts
+        .iter()
+        .filter(|(_, v)| *v == Verdict::Unexplained)
+        .count();
+    let mut by_reason: BTreeMap<String, usize> = BTreeMap::new();
+    let mut accepted = 0;
+    for (_, v) in verdicts {
+        if let Verdict::Accepted(ids) = v {
+            accepted += 1;
+            for id in ids {
+                *by_reason.entry(id.clone()).or_default() += 1;
+            }
+        }
+    }
+    let mut s = format!(
+        "{title}\n\n| cases | identical | accepted | unexplained | upstream |\n|---|---|---|---|---|\n| {total} | {identical} | {accepted} | {unexplained} | {commit} |\n"
+    );
+    if !by_reason.is_empty() {
+        s.push_str("\n| accepted difference | cases |\n|---|---|\n");
+        for (id, n) in by_reason {
+            s.push_str(&format!("| {id} | {n} |\n"));
+        }
+    }
+    s
+}
+
+/// `*`-glob match of the whole of `text`.
+pub fn glob(pattern: &str, text: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    if parts.len() == 1 {
+        return pattern == text;
+    }
+    let mut rest = text;
+    for (i, part) in parts.iter().enumerate() {
+        if i == 0 {
+            match rest.strip_prefix(part) {
+                Some(r) => rest = r,
+                None => return false,
+            }
+        } else if i == parts.len() - 1 {
+            return rest.ends_with(part);
+        } else {
+            match rest.find(part) {
+                Some(at) => rest = &rest[at + part.len()..],
+                None => return false,
+            }
+        }
+    }
+    true
+}
+
+#[test]
+fn globs_match_whole_texts() {
+    assert!(glob("etcd/*", "etcd/v4/add"));
+    assert!(!glob("etcd/*", "kdd/v4/add"));
+    assert!(glob("*profiles/*", "etcd:/calico/resources/v3/projectcalico.org/profiles/net1"));
+    assert!(glob("a*b*c", "axxbyyc"));
+    assert!(!glob("a*b*c", "axxbyyd"));
+    assert!(glob("exact", "exact"));
+    assert!(glob("*", ""));
+}
