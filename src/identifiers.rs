@@ -15,10 +15,6 @@ pub const K8S_ARGS: &[(&str, ArgKind)] = &[
     ("K8S_POD_INFRA_CONTAINER_ID", ArgKind::Str),
 ];
 
-/// The pod's UID, which containerd and CRI-O pass (upstream does not read it): loaded
-/// separately and only where it parses, so that it changes nothing of what is refused.
-const POD_UID_ARGS: &[(&str, ArgKind)] = &[IGNORE_UNKNOWN, ("K8S_POD_UID", ArgKind::Str)];
-
 /// `types.CNITestArgs`, loaded separately and only where it parses (test-only upstream).
 const CNI_TEST_ARGS: &[(&str, ArgKind)] = &[IGNORE_UNKNOWN, ("CNI_TEST_NAMESPACE", ArgKind::Str)];
 
@@ -46,8 +42,6 @@ pub struct WepIdentifiers {
     pub namespace: String,
     pub pod: String,
     pub endpoint: String,
-    /// `K8S_POD_UID` from CNI_ARGS; empty when not given.
-    pub pod_uid: String,
 }
 
 impl WepIdentifiers {
@@ -70,7 +64,6 @@ impl WepIdentifiers {
                 namespace: pod_namespace.into(),
                 pod: pod_name.into(),
                 endpoint: ifname.into(),
-                pod_uid: String::new(),
             }
         } else {
             WepIdentifiers {
@@ -85,7 +78,6 @@ impl WepIdentifiers {
                 },
                 pod: String::new(),
                 endpoint: ifname.into(),
-                pod_uid: String::new(),
             }
         }
     }
@@ -104,7 +96,7 @@ impl WepIdentifiers {
         let get = |m: &std::collections::BTreeMap<String, String>, k: &str| {
             m.get(k).cloned().unwrap_or_default()
         };
-        let mut ids = WepIdentifiers::new(
+        let ids = WepIdentifiers::new(
             node,
             container_id,
             ifname,
@@ -112,10 +104,6 @@ impl WepIdentifiers {
             &get(&k8s, "K8S_POD_NAME"),
             &get(&test, "CNI_TEST_NAMESPACE"),
         );
-        if ids.is_k8s() {
-            let uid = load_args(cni_args, POD_UID_ARGS).unwrap_or_default();
-            ids.pod_uid = get(&uid, "K8S_POD_UID");
-        }
         Ok(ids)
     }
 
@@ -274,16 +262,6 @@ fn join_segments(
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn the_pod_uid_is_read_where_given() {
-        let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_UID=u-1";
-        let ids = super::WepIdentifiers::from_cni_args("n", "c", "eth0", args).unwrap();
-        assert_eq!(ids.pod_uid, "u-1");
-        let args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p";
-        let ids = super::WepIdentifiers::from_cni_args("n", "c", "eth0", args).unwrap();
-        assert_eq!(ids.pod_uid, "");
-    }
-
     #[test]
     fn wep_names_parse_back() {
         let ids = super::parse_wep_name("node--1-k8s-web--1-eth0").unwrap();

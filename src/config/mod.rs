@@ -266,13 +266,7 @@ impl NetConf {
             return Ok(());
         };
         if kind.as_str() != Some("grpc") {
-            // Go's `%v` of the JSON value.
-            let shown = match kind {
-                Value::String(s) => s.clone(),
-                Value::Null => "<nil>".to_string(),
-                other => other.to_string(),
-            };
-            return Err(ConfigError::DataplaneType(shown));
+            return Err(ConfigError::DataplaneType(go_percent_s(kind)));
         }
         match opts.get("socket").and_then(Value::as_str) {
             Some(socket) => grpc_socket_path(socket).map(drop),
@@ -341,7 +335,9 @@ impl NetConf {
             }
             Err(e) => return Err(ConfigError::MtuFile(e.to_string())),
         };
-        if self.mtu > 0 {
+        // A negative MTU is upstream's "configured": the file is not used, and nothing is
+        // set (the kernel's default stays).
+        if self.mtu != 0 {
             return Ok(u32::try_from(self.mtu).unwrap_or(0));
         }
         Ok(from_file.unwrap_or(0))
@@ -456,6 +452,48 @@ pub fn grpc_socket_path(socket: &str) -> Result<PathBuf, ConfigError> {
     Ok(PathBuf::from(path))
 }
 
+/// Go's `%s` of a decoded JSON value (`any`): strings as they are, maps and slices by their
+/// elements, anything else as Go's bad-verb text (`%!s(float64=5)`).
+fn go_percent_s(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "%!s(<nil>)".into(),
+        Value::Bool(b) => format!("%!s(bool={b})"),
+        Value::Number(n) => format!("%!s(float64={})", go_float(n)),
+        Value::Array(a) => format!(
+            "[{}]",
+            a.iter().map(go_percent_s).collect::<Vec<_>>().join(" ")
+        ),
+        Value::Object(o) => {
+            let mut keys: Vec<&String> = o.keys().collect();
+            keys.sort();
+            let items: Vec<String> = keys
+                .into_iter()
+                .map(|k| format!("{k}:{}", go_percent_s(&o[k])))
+                .collect();
+            format!("map[{}]", items.join(" "))
+        }
+    }
+}
+
+/// Go's `%v` of a float64 (`strconv.FormatFloat(f, 'g', -1, 64)`, with Go's exponent form).
+fn go_float(n: &serde_json::Number) -> String {
+    let f = n.as_f64().unwrap_or_default();
+    let exp = if f == 0.0 { 0 } else { f.abs().log10().floor() as i32 };
+    if (-4..21).contains(&exp) {
+        let s = format!("{f}");
+        return s;
+    }
+    let s = format!("{f:e}");
+    match s.split_once('e') {
+        Some((m, e)) => {
+            let e: i32 = e.parse().unwrap_or_default();
+            format!("{m}e{}{:02}", if e < 0 { '-' } else { '+' }, e.abs())
+        }
+        None => s,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -544,8 +582,19 @@ mod tests {
         );
         assert_eq!(
             check(r#"{"name":"n","dataplane_options":{"type":5}}"#).unwrap_err(),
-            ConfigError::DataplaneType("5".into())
+            ConfigError::DataplaneType("%!s(float64=5)".into())
         );
+        for (v, shown) in [
+            ("true", "%!s(bool=true)"),
+            ("null", "%!s(<nil>)"),
+            ("1.5", "%!s(float64=1.5)"),
+            ("1e21", "%!s(float64=1e+21)"),
+            (r#"["a",1]"#, "[a %!s(float64=1)]"),
+            (r#"{"b":1,"a":"x"}"#, "map[a:x b:%!s(float64=1)]"),
+        ] {
+            let j = format!(r#"{{"name":"n","dataplane_options":{{"type":{v}}}}}"#);
+            assert_eq!(check(&j).unwrap_err(), ConfigError::DataplaneType(shown.into()), "{v}");
+        }
         assert_eq!(
             check(r#"{"name":"n","dataplane_options":{"type":"grpc"}}"#).unwrap_err(),
             ConfigError::GrpcSocket

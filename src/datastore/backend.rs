@@ -161,12 +161,6 @@ impl Datastore for Backend {
             Backend::Kubernetes(d) => Box::pin(d.list(what)).await,
         }
     }
-    async fn list_cached(&self, what: &ListKind) -> Option<Result<Vec<KvPair>, DatastoreError>> {
-        match self {
-            Backend::Etcd(d) => Box::pin(d.list_cached(what)).await,
-            Backend::Kubernetes(d) => Box::pin(d.list_cached(what)).await,
-        }
-    }
     async fn create(&self, key: &Key, value: &Value) -> Result<Revision, DatastoreError> {
         match self {
             Backend::Etcd(d) => Box::pin(d.create(key, value)).await,

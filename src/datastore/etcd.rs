@@ -152,17 +152,33 @@ impl EtcdDatastore {
             || cfg.cert_file.is_some()
             || cfg.endpoints.iter().any(|e| e.starts_with("https://"));
         if wants_tls {
+            // As etcd's `TLSInfo.ClientConfig`, in libcalico-go's words: the key pair first
+            // (both or neither), then the CA.
+            let failed = |e: String| {
+                DatastoreError::Config(format!("could not initialize etcdv3 client: {e}"))
+            };
             let read = |p: &str| {
                 // A regular file only: a FIFO here would block the call (`input_file`).
                 crate::input_file::read(std::path::Path::new(p))
-                    .map_err(|e| DatastoreError::Config(format!("{p}: {e}")))
+                    .map_err(|e| failed(crate::gocompat::path_error("open", p, &e)))
             };
             let mut tls = TlsOptions::new();
+            match (&cfg.cert_file, &cfg.key_file) {
+                (Some(cert), Some(key)) => {
+                    let cert = read(cert)?;
+                    tls = tls.identity(Identity::from_pem(cert, read(key)?));
+                }
+                (None, None) => {}
+                (cert, key) => {
+                    return Err(failed(format!(
+                        "KeyFile and CertFile must both be present[key: {}, cert: {}]",
+                        key.as_deref().unwrap_or_default(),
+                        cert.as_deref().unwrap_or_default()
+                    )))
+                }
+            }
             if let Some(ca) = &cfg.ca_cert_file {
                 tls = tls.ca_certificate(Certificate::from_pem(read(ca)?));
-            }
-            if let (Some(cert), Some(key)) = (&cfg.cert_file, &cfg.key_file) {
-                tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
             }
             opts = opts.with_tls(tls);
         }

@@ -153,9 +153,6 @@ struct State {
     reads_by_class: HashMap<KeyClass, u64>,
     /// Armed read faults: the n-th `get` of a key of the class fails (`fail_read`).
     pending_reads: Vec<(KeyClass, u64)>,
-    /// What `list_cached` answers for affinities (`serve_cached_affinities`): a cache
-    /// behind the store.
-    cached_affinities: Option<Vec<KvPair>>,
     /// `list` calls of affinities so far.
     affinity_lists: u64,
 }
@@ -379,12 +376,6 @@ impl MemoryDatastore {
         self.lock().reads_by_class.get(&class).copied().unwrap_or(0)
     }
 
-    /// From now on `list_cached` answers affinity listings with `listing`, as a cache
-    /// behind the store would (without it, it has no cache).
-    pub fn serve_cached_affinities(&self, listing: Vec<KvPair>) {
-        self.lock().cached_affinities = Some(listing);
-    }
-
     /// `list` calls of affinities so far (the cache's answers not counted).
     pub fn affinity_lists(&self) -> u64 {
         self.lock().affinity_lists
@@ -528,13 +519,6 @@ impl Datastore for MemoryDatastore {
     /// As the Kubernetes datastore: the allocator's tests exercise the copies.
     fn keeps_block_copies(&self) -> bool {
         true
-    }
-
-    async fn list_cached(&self, what: &ListKind) -> Option<Result<Vec<KvPair>, DatastoreError>> {
-        match what {
-            ListKind::Affinities { .. } => self.lock().cached_affinities.clone().map(Ok),
-            _ => None,
-        }
     }
 
     async fn get(&self, key: &Key) -> Result<KvPair, DatastoreError> {

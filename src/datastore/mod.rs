@@ -198,6 +198,10 @@ pub enum DatastoreError {
     Unauthorized(String),
     #[error("failed to decode {key}: {error}")]
     Decode { key: String, error: String },
+    /// An object named without the identifiers this datastore needs (a non-pod endpoint
+    /// on the Kubernetes datastore).
+    #[error("insufficient identifiers, missing '{0}'")]
+    InsufficientIdentifiers(String),
     /// A pod whose annotations do not make a WorkloadEndpoint, in the words of
     /// libcalico-go's converter (which upstream returns as they are).
     #[error("{0}")]
@@ -273,14 +277,6 @@ pub trait Datastore {
         update: (&Key, &Value, &str),
     ) -> Option<Result<Revision, DatastoreError>> {
         let _ = (create, update);
-        None
-    }
-
-    /// `list`, answered from a cache that may be a moment behind the store where the backend
-    /// has one that is cheaper to ask (the Kubernetes API server's watch cache, for this
-    /// host's block affinities); `None` where it has none, and the caller lists.
-    async fn list_cached(&self, what: &ListKind) -> Option<Result<Vec<KvPair>, DatastoreError>> {
-        let _ = what;
         None
     }
 

@@ -1177,39 +1177,6 @@ mod journaled {
         assert_consistent(&ds);
     }
 
-    /// A cache of this host's affinities that is behind its own last claim (empty, or
-    /// without the hinted block affine to it) is not believed: the store is asked, and no
-    /// second block is claimed. One that has the block is.
-    #[tokio::test]
-    async fn a_cache_behind_this_hosts_claim_is_asked_again_of_the_store() {
-        let ds = store();
-        let (_dir, p) = lock_file("stale-cache");
-        let p = p.as_str();
-        ds.serve_cached_affinities(vec![]);
-        let first = assign_as_a_holder(&ds, p, "h1").await;
-        let lists = ds.affinity_lists();
-        let second = assign_as_a_holder(&ds, p, "h2").await;
-        assert_eq!(
-            ds.affinity_lists(),
-            lists + 1,
-            "the empty cache was believed"
-        );
-        let affine = |ds: &MemoryDatastore| {
-            ds.dump()
-                .into_iter()
-                .filter(|kv| matches!(kv.key, Key::BlockAffinity { .. }))
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(affine(&ds).len(), 1, "a second block was claimed");
-        // A cache that lists the block.
-        ds.serve_cached_affinities(affine(&ds));
-        let third = assign_as_a_holder(&ds, p, "h3").await;
-        assert_eq!(ds.affinity_lists(), lists + 1, "the cache was not believed");
-        let all: std::collections::BTreeSet<_> = [first, second, third].into_iter().collect();
-        assert_eq!(all.len(), 3);
-        assert_consistent(&ds);
-    }
-
     #[tokio::test]
     async fn both_writes_go_together_and_the_record_is_settled() {
         let ds = store();

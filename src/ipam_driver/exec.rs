@@ -142,8 +142,15 @@ impl Exec {
 /// Locates `plugin` in the colon-separated CNI_PATH.
 pub fn find_plugin(plugin: &str, cni_path: &str) -> Result<PathBuf> {
     let dirs: Vec<&str> = cni_path.split(':').filter(|d| !d.is_empty()).collect();
-    if plugin.is_empty() || plugin.contains('/') {
-        return Err(Error::msg(format!("invalid plugin name: {plugin:?}")));
+    // libcni's `FindInPath`, texts and order.
+    if plugin.is_empty() {
+        return Err(Error::msg("no plugin name provided"));
+    }
+    if plugin.contains('/') {
+        return Err(Error::msg(format!("invalid plugin name: {plugin}")));
+    }
+    if dirs.is_empty() {
+        return Err(Error::msg("no paths provided"));
     }
     for d in &dirs {
         let p = PathBuf::from(d).join(plugin);

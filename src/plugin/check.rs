@@ -74,7 +74,10 @@ fn expected(args: &CmdArgs, call: &Call, prev: &CniResult) -> Result<Expected> {
         container_mac: container
             .map(|c| c.mac.to_lowercase())
             .filter(|m| !m.is_empty()),
-        mtu: container.map(|c| c.mtu).unwrap_or_default(),
+        // A negative MTU was never set on the interface (the kernel's default was kept).
+        mtu: container
+            .and_then(|c| u32::try_from(c.mtu).ok())
+            .unwrap_or_default(),
         ips,
         routes,
         // ADD skips them for a calico-ipam result without routes (KubeVirt targets).

@@ -80,7 +80,7 @@ pub fn ip_networks(result: &CniResult) -> Vec<String> {
 pub fn result_from_endpoint(
     wep: &WorkloadEndpoint,
     ifname: &str,
-    mtu: u32,
+    mtu: i64,
     netns: &str,
 ) -> CniResult {
     let ips = wep
@@ -106,7 +106,7 @@ pub fn interfaces(
     host_veth: &str,
     ifname: &str,
     mac: &str,
-    mtu: u32,
+    mtu: i64,
     netns: &str,
 ) -> Vec<Interface> {
     vec![

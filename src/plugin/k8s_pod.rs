@@ -76,17 +76,12 @@ pub struct PodInfo {
     pub kubevirt: Option<Option<PodVmi>>,
 }
 
-/// Reads the namespace and the pod (both requests in flight together, answered from the
-/// API server's watch cache: `core_objects::pod_cached`).
-pub async fn read(
-    client: &KubeClient,
-    namespace: &str,
-    pod: &str,
-    pod_uid: &str,
-) -> Result<PodInfo> {
+/// Reads the namespace and the pod (both requests in flight together; the namespace's
+/// error first, as upstream reads it first), at the latest revision as upstream does.
+pub async fn read(client: &KubeClient, namespace: &str, pod: &str) -> Result<PodInfo> {
     let (ns, p) = tokio::join!(
-        core_objects::namespace_cached(client, namespace),
-        core_objects::pod_cached(client, namespace, pod, pod_uid),
+        core_objects::namespace(client, namespace),
+        core_objects::pod(client, namespace, pod),
     );
     let ns = ns?;
     let p = p?;
@@ -219,32 +214,73 @@ impl PodInfo {
         pods::source_prefixes(&self.annotations).map_err(Error::msg)
     }
 
-    /// `hwAddr`: the MAC for the pod's interface.
+    /// `hwAddr`: the MAC for the pod's interface. Present, it must be one Go's
+    /// `net.ParseMAC` takes (an empty value too is refused, as upstream), and an Ethernet
+    /// one: the 8- and 20-octet forms parse, and the kernel then refuses them.
     pub fn hw_addr(&self) -> Result<Option<[u8; 6]>> {
-        let Some(raw) = self.annotations.get(ANN_HW_ADDR).filter(|r| !r.is_empty()) else {
+        let Some(raw) = self.annotations.get(ANN_HW_ADDR) else {
             return Ok(None);
         };
-        parse_mac(raw).map(Some).ok_or_else(|| {
+        let octets = parse_mac(raw).ok_or_else(|| {
+            let addr = match raw.is_empty() {
+                true => String::new(),
+                false => format!("address {raw}: "),
+            };
             Error::msg(format!(
-                "failed to parse MAC address from annotation: address {raw}: invalid MAC address"
+                "failed to parse MAC address {raw} provided via {ANN_HW_ADDR}: {addr}invalid MAC address"
+            ))
+        })?;
+        <[u8; 6]>::try_from(octets.as_slice()).map(Some).map_err(|_| {
+            Error::msg(format!(
+                "failed to set container veth MAC to {raw} as requested via {ANN_HW_ADDR}: invalid argument"
             ))
         })
     }
 }
 
-fn parse_mac(s: &str) -> Option<[u8; 6]> {
-    let parts: Vec<&str> = s.split([':', '-']).collect();
-    if parts.len() != 6 {
+/// Go's `net.ParseMAC`: 6, 8 or 20 octets, as `xx:xx:…` or `xx-xx-…` (one separator
+/// throughout) or `xxxx.xxxx.…`.
+fn parse_mac(s: &str) -> Option<Vec<u8>> {
+    let b = s.as_bytes();
+    if b.len() < 14 {
         return None;
     }
-    let mut mac = [0u8; 6];
-    for (i, p) in parts.iter().enumerate() {
-        if p.len() != 2 {
+    let valid_count = |n: usize| matches!(n, 6 | 8 | 20);
+    let hex = |g: &[u8]| std::str::from_utf8(g).ok().and_then(|g| u8::from_str_radix(g, 16).ok());
+    let all_hex = |g: &[u8]| g.iter().all(u8::is_ascii_hexdigit);
+    if b[2] == b':' || b[2] == b'-' {
+        if (b.len() + 1) % 3 != 0 || !valid_count((b.len() + 1) / 3) {
             return None;
         }
-        mac[i] = u8::from_str_radix(p, 16).ok()?;
+        let sep = b[2];
+        let mut out = Vec::new();
+        for (i, group) in b.chunks(3).enumerate() {
+            let (digits, rest) = group.split_at(2);
+            let last = (i + 1) * 3 > b.len();
+            if !all_hex(digits) || (!last && rest != [sep]) || (last && !rest.is_empty()) {
+                return None;
+            }
+            out.push(hex(digits)?);
+        }
+        return Some(out);
     }
-    Some(mac)
+    if b[4] == b'.' {
+        if (b.len() + 1) % 5 != 0 || !valid_count(2 * (b.len() + 1) / 5) {
+            return None;
+        }
+        let mut out = Vec::new();
+        for (i, group) in b.chunks(5).enumerate() {
+            let (digits, rest) = group.split_at(4);
+            let last = (i + 1) * 5 > b.len();
+            if !all_hex(digits) || (!last && rest != b".") || (last && !rest.is_empty()) {
+                return None;
+            }
+            out.push(hex(&digits[..2])?);
+            out.push(hex(&digits[2..])?);
+        }
+        return Some(out);
+    }
+    None
 }
 
 /// Where a pod's addresses come from.
@@ -439,5 +475,27 @@ mod tests {
             i.hw_addr().unwrap(),
             Some([0xc2, 0xb0, 0x57, 0x49, 0x47, 0xf1])
         );
+    }
+
+    #[test]
+    fn macs_as_go_parses_them() {
+        let six = Some(vec![0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0x04]);
+        assert_eq!(parse_mac("aa:bb:cc:dd:ee:04"), six);
+        assert_eq!(parse_mac("AA-BB-CC-DD-EE-04"), six);
+        assert_eq!(parse_mac("aabb.ccdd.ee04"), six);
+        assert_eq!(parse_mac("02:00:5e:10:00:00:00:01").map(|m| m.len()), Some(8));
+        for bad in ["", "zz", "aa:bb:cc:dd:ee", "aa:bb-cc:dd:ee:ff", "aa:bb:cc:dd:ee:fg", "aabb.ccdd.eeff.", "aabbccddeeff"] {
+            assert_eq!(parse_mac(bad), None, "{bad}");
+        }
+        let hw = |v: &str| info(&[(ANN_HW_ADDR, v)], &[]).hw_addr().map_err(|e| e.to_string());
+        assert_eq!(
+            hw("zz").unwrap_err(),
+            "failed to parse MAC address zz provided via cni.projectcalico.org/hwAddr: address zz: invalid MAC address"
+        );
+        assert_eq!(
+            hw("").unwrap_err(),
+            "failed to parse MAC address  provided via cni.projectcalico.org/hwAddr: invalid MAC address"
+        );
+        assert!(hw("02:00:5e:10:00:00:00:01").unwrap_err().starts_with("failed to set container veth MAC"));
     }
 }

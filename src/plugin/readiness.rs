@@ -38,6 +38,13 @@ pub struct GateUrl {
 /// an HTTP GET needs: an `http`/`https` scheme and a host. Errors are Go's texts.
 pub fn parse(raw: &str) -> std::result::Result<GateUrl, String> {
     let invalid = || format!("parse \"{raw}\": invalid URI for request");
+    // Go's `getScheme`: a `:` before any other character is a missing scheme.
+    let scheme_end = raw
+        .bytes()
+        .position(|c| !(c.is_ascii_alphanumeric() || b"+-.".contains(&c)));
+    if scheme_end == Some(0) && raw.starts_with(':') {
+        return Err(format!("parse \"{raw}\": missing protocol scheme"));
+    }
     let Some((scheme, rest)) = raw.split_once("://") else {
         return Err(if raw.starts_with('/') {
             format!("Get \"{raw}\": unsupported protocol scheme \"\"")
@@ -228,6 +235,10 @@ mod tests {
         assert_eq!(
             parse("ftp://h/x").unwrap_err(),
             "Get \"ftp://h/x\": unsupported protocol scheme \"ftp\""
+        );
+        assert_eq!(
+            parse("::bad").unwrap_err(),
+            "parse \"::bad\": missing protocol scheme"
         );
     }
 

@@ -28,9 +28,9 @@ pub struct Interface {
     pub name: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub mac: String,
-    /// 0 = not reported.
+    /// 0 = not reported. Go's `int`: a negative MTU in the NetConf is reported as given.
     #[serde(default, skip_serializing_if = "is_zero")]
-    pub mtu: u32,
+    pub mtu: i64,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub sandbox: String,
 }
@@ -68,7 +68,7 @@ impl Dns {
     }
 }
 
-fn is_zero(n: &u32) -> bool {
+fn is_zero(n: &i64) -> bool {
     *n == 0
 }
 

@@ -145,6 +145,14 @@ fn config_error(e: impl std::fmt::Display) -> DatastoreError {
 /// kube's configuration for these settings, with client-go's overrides applied.
 async fn load_config(s: &KubeSettings) -> Result<kube::Config, DatastoreError> {
     let mut cfg = if !s.kubeconfig.is_empty() {
+        // client-go's loading rules stat an explicit kubeconfig first, in Go's words.
+        if let Err(e) = std::fs::metadata(&s.kubeconfig) {
+            return Err(config_error(crate::gocompat::path_error(
+                "stat",
+                &s.kubeconfig,
+                &e,
+            )));
+        }
         refuse_irregular(&s.kubeconfig)?;
         let file = kube::config::Kubeconfig::read_from(&s.kubeconfig).map_err(config_error)?;
         refuse_irregular_in(&file)?;
@@ -412,28 +420,6 @@ impl KubeClient {
         self.request(Method::GET, path, None).await
     }
 
-    /// A GET the API server may answer from its watch cache (`resourceVersion=0`: the
-    /// newest version it has seen, at most a moment behind etcd) instead of a quorum read
-    /// of etcd: no etcd round trip and no decoding on the server, which on a busy node is
-    /// most of a read's time. A 404 is asked again of etcd, so that an object created a
-    /// moment ago is never taken for absent. Only for objects whose freshness within that
-    /// moment does not matter: the cluster's configuration, and the pod being networked. A
-    /// cache that cannot answer yet (429) is not waited for either: etcd is asked.
-    pub async fn get_cached(&self, path: &str) -> Result<ApiResponse, DatastoreError> {
-        match self.get_from_cache(path).await? {
-            Some(resp) => Ok(resp),
-            None => self.get(path).await,
-        }
-    }
-
-    /// The watch cache's answer, or `None` where it cannot be taken: a 404 (the object may
-    /// be a moment old), a 429 (the cache is still being filled: a resource new to the
-    /// server, or a server that just started). Not retried: etcd has the answer now.
-    pub async fn get_from_cache(&self, path: &str) -> Result<Option<ApiResponse>, DatastoreError> {
-        let (resp, _) = self.send_once(&Method::GET, &cached(path), None).await?;
-        Ok((resp.status != 404 && resp.status != 429).then_some(resp))
-    }
-
     pub async fn send_json(
         &self,
         method: Method,
@@ -467,12 +453,6 @@ pub fn retry_after(status: u16, headers: &http::HeaderMap) -> Option<Duration> {
     Some(Duration::from_secs(seconds.max(1)))
 }
 
-/// `path` with `resourceVersion=0` added to its query.
-pub fn cached(path: &str) -> String {
-    let sep = if path.contains('?') { '&' } else { '?' };
-    format!("{path}{sep}resourceVersion=0")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -503,18 +483,6 @@ mod tests {
             http::HeaderValue::from_static("Wed, 21 Oct 2015 07:28:00 GMT"),
         );
         assert_eq!(retry_after(429, &h), None, "a date is not seconds");
-    }
-
-    #[test]
-    fn cached_reads_ask_for_any_version() {
-        assert_eq!(
-            cached("/api/v1/namespaces/a"),
-            "/api/v1/namespaces/a?resourceVersion=0"
-        );
-        assert_eq!(
-            cached("/x?labelSelector=a%3Db"),
-            "/x?labelSelector=a%3Db&resourceVersion=0"
-        );
     }
 
     #[test]

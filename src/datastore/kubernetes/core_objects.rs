@@ -69,35 +69,4 @@ pub async fn pod(client: &KubeClient, namespace: &str, name: &str) -> Result<Pod
     get(client, &pod_path(namespace, name)).await
 }
 
-/// The namespace, from the API server's watch cache (`KubeClient::get_cached`).
-pub async fn namespace_cached(
-    client: &KubeClient,
-    name: &str,
-) -> Result<Namespace, DatastoreError> {
-    let path = namespace_path(name);
-    answer(&path, client.get_cached(&path).await?)
-}
 
-/// The pod being networked, from the API server's watch cache (`KubeClient::get_cached`):
-/// kubelet learned of it from that cache. Read again from etcd when the cache holds
-/// another pod of that name than `uid` (a StatefulSet's pod deleted and created again a
-/// moment ago, seen by an API server whose cache is behind).
-pub async fn pod_cached(
-    client: &KubeClient,
-    namespace: &str,
-    name: &str,
-    uid: &str,
-) -> Result<Pod, DatastoreError> {
-    let path = pod_path(namespace, name);
-    let (resp, from_cache) = match client.get_from_cache(&path).await? {
-        Some(resp) => (resp, true),
-        None => (client.get(&path).await?, false),
-    };
-    let pod: Pod = answer(&path, resp)?;
-    // An answer from etcd is the pod as it is: another UID there is not read again.
-    if !from_cache || uid.is_empty() || pod.metadata.uid.as_deref() == Some(uid) {
-        return Ok(pod);
-    }
-    tracing::debug!(uid, cached = ?pod.metadata.uid, "the cached pod is another: reading it from etcd");
-    get(client, &path).await
-}

@@ -34,18 +34,6 @@ use crate::identifiers::parse_wep_name;
 const STRATEGIC_MERGE: &str = "application/strategic-merge-patch+json";
 const JSON: &str = "application/json";
 
-/// The custom resources read from the API server's watch cache (`KubeClient::get_cached`):
-/// the cluster's configuration, which operators change rarely, and whose change a call may
-/// miss by the cache's moment as it may miss one made just after a quorum read. IPAM's own
-/// objects (blocks, affinities, handles) are read from etcd: the calls themselves write
-/// them one after another, and a stale one would cost a conflict and a retry.
-const CACHED: &[&str] = &[
-    "clusterinformations",
-    "ipamconfigs",
-    "ippools",
-    "ipreservations",
-];
-
 /// What was last read or written of one object.
 #[derive(Clone, Debug)]
 struct Seen {
@@ -268,7 +256,6 @@ impl KubeDatastore {
         let path = self.group().object(cr.plural, &cr.name);
         let resp = match self.take_prefetched(&path) {
             Some(resp) => resp,
-            None if CACHED.contains(&cr.plural) => self.client.get_cached(&path).await?,
             None => self.client.get(&path).await?,
         };
         if !resp.ok() {
@@ -432,42 +419,15 @@ impl KubeDatastore {
         self.delete_by_uid(key, &path, &uid).await
     }
 
-    /// The custom resources of `plural`; from the watch cache for the cluster's configuration
-    /// (`CACHED`) and where the caller asks for it (`from_cache`).
-    async fn list_crs(
-        &self,
-        plural: &str,
-        query: &str,
-        from_cache: bool,
-    ) -> Result<Vec<Value>, DatastoreError> {
+    /// The custom resources of `plural`, read at the latest revision (a quorum read, as
+    /// upstream's: never the watch cache's moment behind).
+    async fn list_crs(&self, plural: &str, query: &str) -> Result<Vec<Value>, DatastoreError> {
         let mut path = self.group().collection(plural);
         if !query.is_empty() {
             path.push('?');
             path.push_str(query);
         }
-        if from_cache || CACHED.contains(&plural) {
-            let items = self.list_at(plural, &path, true).await?;
-            // No pool fails the call, and may be the cache's moment behind the first pool
-            // of a new cluster: etcd is asked.
-            if !items.is_empty() || plural != "ippools" {
-                return Ok(items);
-            }
-        }
-        self.list_at(plural, &path, false).await
-    }
-
-    /// One list; `from_cache`: from the watch cache (`KubeClient::get_cached`).
-    async fn list_at(
-        &self,
-        plural: &str,
-        path: &str,
-        from_cache: bool,
-    ) -> Result<Vec<Value>, DatastoreError> {
-        let resp = if from_cache {
-            self.client.get_cached(path).await?
-        } else {
-            self.client.get(path).await?
-        };
+        let resp = self.client.get(&path).await?;
         if !resp.ok() {
             // A list names no key: the collection stands in for it.
             let status = resp.status_object();
@@ -492,11 +452,10 @@ impl KubeDatastore {
         &self,
         plural: &str,
         query: &str,
-        from_cache: bool,
         key_of: impl Fn(&Value) -> Option<Key>,
     ) -> Result<Vec<KvPair>, DatastoreError> {
         let mut out = Vec::new();
-        for item in self.list_crs(plural, query, from_cache).await? {
+        for item in self.list_crs(plural, query).await? {
             let Some(key) = key_of(&item) else { continue };
             let got = from_cr(&key, &item)?;
             if let Some(cr) = crd_ref(&key, &self.group()) {
@@ -583,26 +542,43 @@ impl KubeDatastore {
         }
     }
 
-    fn pod_of(key: &Key) -> Result<(String, String), DatastoreError> {
+    /// The pod whose endpoint `key` names. This datastore holds only pods' endpoints;
+    /// another name is refused as libcalico-go's endpoint client refuses it, which depends
+    /// on what was asked (`op`).
+    fn pod_of(key: &Key, op: EndpointOp) -> Result<(String, String), DatastoreError> {
         let Key::Resource {
             namespace, name, ..
         } = key
         else {
             return Err(DatastoreError::Other("not an endpoint key".into()));
         };
-        let ids = parse_wep_name(name);
+        // A list names a prefix (`<node>-k8s-<pod>-`): any interface completes it.
+        let full = match op {
+            EndpointOp::List => format!("{name}eth0"),
+            _ => name.clone(),
+        };
+        let ids = parse_wep_name(&full);
         match ids {
             Some(ids) if !ids.pod.is_empty() && ids.orchestrator == "k8s" => {
                 Ok((namespace.clone().unwrap_or_default(), ids.pod))
             }
-            _ => Err(DatastoreError::Other(format!(
-                "insufficient identifiers for WorkloadEndpoint {name}: the Kubernetes datastore only holds pods"
-            ))),
+            _ => Err(match op {
+                EndpointOp::Get | EndpointOp::List => DatastoreError::NotFound {
+                    key: match op {
+                        EndpointOp::List => {
+                            format!("WorkloadEndpoint({}/{}*)", namespace.as_deref().unwrap_or_default(), name)
+                        }
+                        _ => key.describe(),
+                    },
+                    cause: "malformed WorkloadEndpoint name - unable to determine Pod name".into(),
+                },
+                EndpointOp::Write => DatastoreError::InsufficientIdentifiers(name.clone()),
+            }),
         }
     }
 
     async fn get_endpoint(&self, key: &Key) -> Result<KvPair, DatastoreError> {
-        let (ns, pod) = Self::pod_of(key)?;
+        let (ns, pod) = Self::pod_of(key, EndpointOp::Get)?;
         let p = self.get_pod(key, &ns, &pod).await?;
         self.endpoint_pair(&p)?
             .ok_or_else(|| DatastoreError::NotFound {
@@ -631,7 +607,7 @@ impl KubeDatastore {
     }
 
     async fn write_endpoint(&self, key: &Key, value: &Value) -> Result<Revision, DatastoreError> {
-        let (ns, pod) = Self::pod_of(key)?;
+        let (ns, pod) = Self::pod_of(key, EndpointOp::Write)?;
         let ips: Vec<String> = value
             .pointer("/spec/ipNetworks")
             .and_then(Value::as_array)
@@ -655,7 +631,7 @@ impl KubeDatastore {
         key: &Key,
         revision: Option<&str>,
     ) -> Result<(), DatastoreError> {
-        let (ns, pod) = Self::pod_of(key)?;
+        let (ns, pod) = Self::pod_of(key, EndpointOp::Write)?;
         let uid = self
             .recall(&pod_path(&ns, &pod))
             .map(|s| s.uid)
@@ -732,6 +708,14 @@ impl KubeDatastore {
     }
 }
 
+/// What is asked of a pod's endpoint (`KubeDatastore::pod_of`).
+#[derive(Clone, Copy)]
+enum EndpointOp {
+    Get,
+    List,
+    Write,
+}
+
 /// The `Datastore` operations under the group requests go to now (`in_group` wraps them).
 impl KubeDatastore {
     async fn get_now(&self, key: &Key) -> Result<KvPair, DatastoreError> {
@@ -766,12 +750,13 @@ impl KubeDatastore {
             } => {
                 // The CNI's lookup of one pod's endpoint: a Get of the pod.
                 let prefix = name_prefix.clone().unwrap_or_default();
+                // Named by the prefix: a name made of it and any interface names the same pod.
                 let key = Key::Resource {
                     kind: Kind::WorkloadEndpoint,
                     namespace: namespace.clone(),
-                    name: format!("{prefix}eth0"),
+                    name: prefix.clone(),
                 };
-                let (ns, pod) = Self::pod_of(&key)?;
+                let (ns, pod) = Self::pod_of(&key, EndpointOp::List)?;
                 let p = match self.get_pod(&key, &ns, &pod).await {
                     Ok(p) => p,
                     Err(e) if e.is_not_found() => return Ok(Vec::new()),
@@ -800,7 +785,7 @@ impl KubeDatastore {
                     return Err(Self::read_only(&probe));
                 };
                 let prefix = name_prefix.clone().unwrap_or_default();
-                self.list_keyed(cr.plural, "", false, |item| {
+                self.list_keyed(cr.plural, "", |item| {
                     let name = item.pointer("/metadata/name")?.as_str()?;
                     name.starts_with(&prefix).then(|| Key::Resource {
                         kind: *kind,
@@ -811,7 +796,7 @@ impl KubeDatastore {
                 .await
             }
             ListKind::Blocks { version } => {
-                self.list_keyed("ipamblocks", "", false, |item| {
+                self.list_keyed("ipamblocks", "", |item| {
                     let cidr: crate::net::IpNet =
                         item.pointer("/spec/cidr")?.as_str()?.parse().ok()?;
                     version
@@ -820,9 +805,9 @@ impl KubeDatastore {
                 })
                 .await
             }
-            ListKind::Affinities { .. } => self.list_affinities(what, false).await,
+            ListKind::Affinities { .. } => self.list_affinities(what).await,
             ListKind::Handles => {
-                self.list_keyed("ipamhandles", "", false, |item| {
+                self.list_keyed("ipamhandles", "", |item| {
                     let id = item.pointer("/spec/handleID")?.as_str()?;
                     Some(Key::Handle { id: id.to_string() })
                 })
@@ -831,13 +816,8 @@ impl KubeDatastore {
         }
     }
 
-    /// This host's block affinities (`ListKind::Affinities`), by their labels; from the watch
-    /// cache when `from_cache` (`Datastore::list_cached`).
-    async fn list_affinities(
-        &self,
-        what: &ListKind,
-        from_cache: bool,
-    ) -> Result<Vec<KvPair>, DatastoreError> {
+    /// This host's block affinities (`ListKind::Affinities`), by their labels.
+    async fn list_affinities(&self, what: &ListKind) -> Result<Vec<KvPair>, DatastoreError> {
         let ListKind::Affinities {
             host,
             affinity_type,
@@ -858,7 +838,7 @@ impl KubeDatastore {
         }
         let query = format!("labelSelector={}", url_encode(&selector));
         let pairs = self
-            .list_keyed("blockaffinities", &query, from_cache, |item| {
+            .list_keyed("blockaffinities", &query, |item| {
                 let spec = item.get("spec")?;
                 let cidr: crate::net::IpNet = spec.get("cidr")?.as_str()?.parse().ok()?;
                 let node = spec.get("node")?.as_str()?;
@@ -922,7 +902,7 @@ impl KubeDatastore {
         );
         let mut labelled = 0;
         let mut failures: Vec<String> = Vec::new();
-        for mut item in self.list_crs("blockaffinities", &query, false).await? {
+        for mut item in self.list_crs("blockaffinities", &query).await? {
             let spec = item.get("spec").cloned().unwrap_or_default();
             if spec.get("node").and_then(Value::as_str) != Some(node) {
                 // Only this node's: every node upgrades its own, so none conflict.
@@ -1021,15 +1001,6 @@ impl Datastore for KubeDatastore {
                 ..
             } => self.list_now(what).await,
             _ => self.in_group(|| self.list_now(what)).await,
-        }
-    }
-
-    async fn list_cached(&self, what: &ListKind) -> Option<Result<Vec<KvPair>, DatastoreError>> {
-        match what {
-            ListKind::Affinities { .. } => {
-                Some(self.in_group(|| self.list_affinities(what, true)).await)
-            }
-            _ => None,
         }
     }
 

@@ -185,7 +185,6 @@ pub fn pod_to_endpoint(pod: &Pod) -> Result<WorkloadEndpoint, String> {
         namespace: ns.clone(),
         pod: name.clone(),
         endpoint: "eth0".into(),
-        pod_uid: String::new(),
     };
     let wep_name = ids.wep_name().map_err(|e| e.to_string())?;
     let mut nets = pod_ips(pod)?;

@@ -79,15 +79,9 @@ impl<'a, D: Datastore> Ipam<'a, D> {
     /// `IpamLock::block_hint`), so that the walk's first block read is already made; those
     /// of them in `copies` (`IpamLock::hinted_copies`) are taken as this host last wrote
     /// them instead of read.
-    ///
-    /// This host's affinities are listed from the backend's cache where it has one
-    /// (`Datastore::list_cached`); the store is asked when the cache may be behind this
-    /// host's own last claim: no affinity listed, or a hinted block affine to this host
-    /// missing from the listing.
     pub async fn read_view(&self, hint: &[IpNet], copies: &[BlockCopy]) -> ViewReads {
-        let ((reads, cached), hinted) =
-            tokio::join!(self.unhinted_reads(), self.read_hinted(hint, copies));
-        self.with_hinted(reads, hinted, cached).await
+        let (reads, hinted) = tokio::join!(self.unhinted_reads(), self.read_hinted(hint, copies));
+        self.with_hinted(reads, hinted, false).await
     }
 
     /// `read_view` in two steps, for a caller that makes the reads before it takes the
@@ -98,7 +92,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
     /// may be behind a claim the holders made since: it is asked of the store again when it
     /// does not cover the hinted blocks, however it was made.
     pub async fn read_view_unlocked(&self) -> ViewReads {
-        self.unhinted_reads().await.0
+        self.unhinted_reads().await
     }
 
     /// `read_view_unlocked`'s reads, completed under the lock (see there).
@@ -112,20 +106,13 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         self.with_hinted(reads, hinted, true).await
     }
 
-    /// All of `read_view` but the hinted blocks, and whether the affinities were listed from
-    /// the backend's cache.
-    async fn unhinted_reads(&self) -> (ViewReads, bool) {
+    /// All of `read_view` but the hinted blocks.
+    async fn unhinted_reads(&self) -> ViewReads {
         // A backend whose nodes always exist (Kubernetes: the kubelet's Node) reads the Node
         // only when a pool's node selector needs its labels.
         let node_up_front = !self.ds.nodes_always_exist();
         let all_affinities = self.host_affinities();
-        let affinities = async {
-            match self.ds.list_cached(&all_affinities).await {
-                Some(listed) => (listed, true),
-                None => (self.ds.list(&all_affinities).await, false),
-            }
-        };
-        let (config, reserved, labels, pools, (affs, cached)) = tokio::join!(
+        let (config, reserved, labels, pools, affs) = tokio::join!(
             self.stored_config(),
             self.reservations(),
             async {
@@ -136,17 +123,16 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                 }
             },
             self.pools(),
-            affinities,
+            self.ds.list(&all_affinities),
         );
-        let reads = ViewReads {
+        ViewReads {
             config,
             reserved,
             labels,
             pools,
             affs,
             hinted: Vec::new(),
-        };
-        (reads, cached)
+        }
     }
 
     /// The hinted blocks that exist: those in `copies` as this host last wrote them (where

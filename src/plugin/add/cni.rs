@@ -29,7 +29,7 @@ pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: Answered) -> Resul
             wep.spec.profiles.push(conf.name.clone());
         }
         validate_and_ensure_profile(call, &wep, answered.profile).await?;
-        let result = endpoint::result_from_endpoint(&wep, &args.ifname, cx.mtu, &args.netns);
+        let result = endpoint::result_from_endpoint(&wep, &args.ifname, cx.result_mtu, &args.netns);
         endpoint::write(&call.ds, &mut wep).await?;
         return Ok(result);
     }
@@ -52,7 +52,7 @@ pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: Answered) -> Resul
         args,
         routes: default_routes(),
         extras: Extras::default(),
-        mtu: cx.mtu,
+        mtu: cx.result_mtu,
         allow_ip_forwarding: conf.container_settings.allow_ip_forwarding,
         endpoint_write: call.plan.add.new_endpoint,
     };

@@ -50,7 +50,8 @@ pub struct Finish<'a> {
     /// The pod's route destinations.
     pub routes: Vec<IpNet>,
     pub extras: Extras,
-    pub mtu: u32,
+    /// The MTU the result reports (`AddCx::result_mtu`).
+    pub mtu: i64,
     /// `container_settings.allow_ip_forwarding`.
     pub allow_ip_forwarding: bool,
     /// How a new endpoint goes out ahead of its write after the interface (with the
@@ -206,7 +207,7 @@ fn finish_result(
     host_veth: &str,
     ifname: &str,
     mac: &str,
-    mtu: u32,
+    mtu: i64,
     netns: &str,
 ) {
     result.interfaces = endpoint::interfaces(host_veth, ifname, mac, mtu, netns);

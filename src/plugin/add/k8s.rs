@@ -99,7 +99,7 @@ pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: Answered) -> Resul
         args: &args,
         routes,
         extras,
-        mtu: cx.mtu,
+        mtu: cx.result_mtu,
         allow_ip_forwarding: conf.container_settings.allow_ip_forwarding,
         endpoint_write,
     };
@@ -201,7 +201,8 @@ impl AddressRequestOf<'_> {
     }
 
     /// `ipAddrs`: calico-ipam once per address with `IP=<address>` added to CNI_ARGS. Each
-    /// address is recorded as it is assigned: a failure leaves them to the rollback.
+    /// address is recorded as it is assigned: a failure leaves them to the rollback. The
+    /// result holds the addresses and no routes, as upstream's.
     async fn assign_each(
         &self,
         ips: &[IpAddr],
@@ -224,10 +225,11 @@ impl AddressRequestOf<'_> {
                 Some(first) => Ok((first.clone(), r.routes)),
                 None => Err(Error::msg(MISSING_IP_CONFIG)),
             });
-            let (first, routes) =
+            // As upstream's result, built from each answer's first address alone: no
+            // routes, so (with calico-ipam) no host routes either.
+            let (first, _routes) =
                 first.map_err(|e| Error::chain("error getting IP from IPAM", e))?;
             result.ips.push(first);
-            result.routes.extend(routes);
         }
         Ok(result)
     }

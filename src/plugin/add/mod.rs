@@ -60,6 +60,9 @@ pub struct AddCx<'a> {
     pub call: &'a Call,
     /// The interface's MTU (configured, else the host's).
     pub mtu: u32,
+    /// The MTU the result reports: the interface's, or a negative one as configured (as
+    /// upstream, which reports the NetConf's and never sets a negative one).
+    pub result_mtu: i64,
 }
 
 /// The record of one ADD on the call's datastore, IPAM and dataplane.
@@ -91,6 +94,10 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
         args,
         call: &call,
         mtu,
+        result_mtu: match call.conf.mtu {
+            m if m < 0 => m,
+            _ => i64::from(mtu),
+        },
     };
     let outcome = async {
         let reads = first_reads(&cx).await;
@@ -140,7 +147,7 @@ async fn first_reads(cx: &AddCx<'_>) -> FirstReads {
             }
             let client = call.ds.plugin_kube_client(&call.conf).await?;
             let ids = &call.ids;
-            k8s_pod::read(&client, &ids.namespace, &ids.pod, &ids.pod_uid)
+            k8s_pod::read(&client, &ids.namespace, &ids.pod)
                 .await
                 .map(Some)
         }

@@ -203,7 +203,12 @@ pub fn verdict(list: &AcceptedList, case: &Case, diffs: &[Difference]) -> Verdic
 }
 
 /// The table the replay and the live run print.
-pub fn table(title: &str, verdicts: &[(String, Verdict)], commit: &str) -> String {
+pub fn table(
+    title: &str,
+    verdicts: &[(String, Verdict)],
+    commit: &str,
+    list: &AcceptedList,
+) -> String {
     let total = verdicts.len();
     let identical = verdicts
         .iter()
@@ -227,9 +232,15 @@ pub fn table(title: &str, verdicts: &[(String, Verdict)], commit: &str) -> Strin
         "{title}\n\n| cases | identical | accepted | unexplained | upstream |\n|---|---|---|---|---|\n| {total} | {identical} | {accepted} | {unexplained} | {commit} |\n"
     );
     if !by_reason.is_empty() {
-        s.push_str("\n| accepted difference | cases |\n|---|---|\n");
+        s.push_str("\n| accepted difference | cases | why |\n|---|---|---|\n");
         for (id, n) in by_reason {
-            s.push_str(&format!("| {id} | {n} |\n"));
+            let why = list
+                .accepted
+                .iter()
+                .find(|a| a.id == id)
+                .map(|a| format!("{} ([docs]({}))", a.reason, a.doc))
+                .unwrap_or_default();
+            s.push_str(&format!("| {id} | {n} | {why} |\n"));
         }
     }
     s

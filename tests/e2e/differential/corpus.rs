@@ -8,7 +8,7 @@
 
 use serde_json::{json, Value};
 
-use super::case::{By, Case, NamespaceSeed, NetnsArg, PodSeed, Pool, Seed, Step, Store};
+use super::case::{By, Case, NetnsArg, PodSeed, Pool, Seed, Step, Store};
 
 pub const VERSIONS: [&str; 6] = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0"];
 pub const STORES: [Store; 2] = [Store::Etcd, Store::Kdd];
@@ -17,7 +17,6 @@ const NS: &str = "default";
 const POD: &str = "pod1";
 const CID: &str = "c0ffee000001";
 const CID2: &str = "c0ffee000002";
-pub const V4_POOL: &str = "10.65.0.0/16";
 pub const V6_POOL: &str = "fd80:24e2:f998:72d6::/64";
 
 /// IP families a case asks for.
@@ -309,9 +308,10 @@ fn pools(all: &mut Vec<Case>) {
             s.pools[0].node_selector = "kubernetes.io/hostname == 'node1'".into();
             s
         })),
-        ("block-size-32", json!({}), Box::new(|| {
+        // (/32 blocks are walked from a time-seeded start, by both: not comparable.)
+        ("block-size-31", json!({}), Box::new(|| {
             let mut s = seed_for(Family::V4, Orch::K8s);
-            s.pools = vec![Pool::new("tiny-blocks", "10.81.0.0/28", 32)];
+            s.pools = vec![Pool::new("tiny-blocks", "10.81.0.0/28", 31)];
             s
         })),
     ];

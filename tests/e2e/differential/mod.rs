@@ -221,7 +221,7 @@ fn report(
         }
         verdicts.push((case.id.clone(), v));
     }
-    let t = table(title, &verdicts, commit);
+    let t = table(title, &verdicts, commit, &list);
     say(&format!("\n{t}\n"));
     let path = report_dir().join(format!("{name}.txt"));
     let _ = std::fs::write(&path, format!("{t}\n{full}"));

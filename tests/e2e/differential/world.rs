@@ -564,10 +564,6 @@ impl DiffWorld {
     fn fill(&self, s: &str) -> String {
         s.replace("{etcd}", &self.k8s.etcd().endpoint())
     }
-
-    pub fn has_upstream(&self) -> bool {
-        self.upstream.is_some()
-    }
 }
 
 /// An IPPool's spec as calico/node and calicoctl write it.
