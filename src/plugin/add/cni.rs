@@ -5,7 +5,7 @@ use tracing::info;
 
 use super::commit::{addresses_and_interface, finish_and_write, Extras, Finish};
 use super::{
-    endpoint_name, ipam_add, validate_and_ensure_profile, veth_request, AddCx, Answered, Record,
+    endpoint_name, ipam_add, validate_endpoint_and_profile, veth_request, AddCx, Answered, Record,
 };
 use crate::error::{Error, Result};
 use crate::ipam_driver::Prepared;
@@ -28,7 +28,7 @@ pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: Answered) -> Resul
             info!(profile = %conf.name, "Calico CNI appending profile");
             wep.spec.profiles.push(conf.name.clone());
         }
-        validate_and_ensure_profile(call, &wep, answered.profile).await?;
+        validate_endpoint_and_profile(&wep, answered.profile.as_ref())?;
         let result = endpoint::result_from_endpoint(&wep, &args.ifname, cx.result_mtu, &args.netns);
         endpoint::write(&call.ds, &mut wep).await?;
         return Ok(result);
@@ -42,7 +42,7 @@ pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: Answered) -> Resul
         wep.metadata.labels = Some(labels);
     }
     wep.spec.interface_name = call.ids.host_veth_name();
-    validate_and_ensure_profile(call, &wep, answered.profile).await?;
+    validate_endpoint_and_profile(&wep, answered.profile.as_ref())?;
 
     let veth = veth_request(cx, &wep.spec.interface_name, None, call.plan.families);
     let empty = "IPAM plugin returned no IP addresses in result";

@@ -10,7 +10,7 @@ use tracing::info;
 
 use super::commit::{addresses_and_interface, addresses_of, finish_and_write, Extras, Finish};
 use super::{
-    endpoint_name, ipam_add, validate_and_ensure_profile, veth_request, AddCx, Answered,
+    endpoint_name, ipam_add, validate_endpoint_and_profile, veth_request, AddCx, Answered,
     IpamReadsAndLock, Record,
 };
 use crate::dataplane::{Families, VethRequest};
@@ -70,7 +70,7 @@ pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: Answered) -> Resul
         let (v4, v6) = k8s_pod::node_pod_cidrs(call).await?;
         args.stdin_data = host_local_add_stdin(&args.stdin_data, &v4, &v6)?;
     }
-    validate_and_ensure_profile(call, &wep, profile).await?;
+    validate_endpoint_and_profile(&wep, profile.as_ref())?;
 
     // A pod no ADD has networked yet gets its endpoint with Calico IPAM's block write where
     // the plan says so (the Kubernetes datastore): one round trip less.

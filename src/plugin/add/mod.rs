@@ -13,9 +13,9 @@
 //! * `rollback.rs`: the one record of what the call made (`Made`) and its one rollback.
 //!
 //! Unlike upstream, everything that can be checked is checked before IPAM (the endpoint's
-//! name and validity, the Profile, dataplane options, annotations, timeouts), and the Profile
-//! is ensured before IPAM too, so that after IPAM the only failures left are the dataplane's
-//! and the endpoint write's. A failure anywhere after the datastore is connected runs
+//! name and validity, the Profile, dataplane options, annotations, timeouts), so that after
+//! IPAM the only failures left are the dataplane's, the endpoint write's and the Profile's
+//! create (last, as upstream's). A failure anywhere after the datastore is connected runs
 //! `Made::rollback` once, here in `cmd_add`: it undoes exactly what this call made (the
 //! interface it built, an endpoint whose write may have landed unanswered, the addresses it
 //! was given), never a pre-existing interface, never an address another ADD of the same
@@ -195,7 +195,7 @@ async fn check_then_add(cx: &AddCx<'_>, made: &Record<'_>, reads: FirstReads) ->
     };
     let answered = Answered {
         existing,
-        profile,
+        profile: profile.clone(),
         pod,
         ipam: reads.ipam,
     };
@@ -203,6 +203,12 @@ async fn check_then_add(cx: &AddCx<'_>, made: &Record<'_>, reads: FirstReads) ->
         true => k8s::add(cx, made, answered).await?,
         false => cni::add(cx, made, answered).await?,
     };
+    // As upstream, the Profile is created once the pod is networked: a failed ADD never
+    // leaves one behind. (If this fails, the rollback undoes the rest; upstream releases
+    // the addresses and keeps the endpoint.)
+    if let Some(mut p) = profile {
+        endpoint::create_profile(&call.ds, &mut p).await?;
+    }
     // Calico IPAM sets no gateway; host-local's is meaningless for a /32 interface.
     for ip in &mut result.ips {
         ip.gateway = None;
@@ -293,16 +299,12 @@ fn endpoint_name(call: &Call, existing: Option<&WorkloadEndpoint>) -> Result<Str
 }
 
 /// Checks the endpoint (as it will be written, minus what IPAM and the dataplane add) and
-/// the Profile as libcalico-go's validator would, then creates the Profile if it is new.
-async fn validate_and_ensure_profile(
-    call: &Call,
-    wep: &WorkloadEndpoint,
-    profile: Option<Profile>,
-) -> Result<()> {
+/// the Profile ADD will create as libcalico-go's validator would, before anything is
+/// allocated.
+fn validate_endpoint_and_profile(wep: &WorkloadEndpoint, profile: Option<&Profile>) -> Result<()> {
     validate::workload_endpoint(wep)?;
-    if let Some(mut p) = profile {
-        validate::profile(&p)?;
-        endpoint::create_profile(&call.ds, &mut p).await?;
+    if let Some(p) = profile {
+        validate::profile(p)?;
     }
     Ok(())
 }
