@@ -37,7 +37,8 @@ STATIC_BIN := $(CARGO_OUT)/$(MUSL_TARGET)/release/calico
 ARM64_TARGET := aarch64-unknown-linux-musl
 STATIC_BIN_ARM64 := $(CARGO_OUT)/$(ARM64_TARGET)/release/calico
 
-.PHONY: all build release static image deps lint test unit e2e install demo bench clean FORCE
+.PHONY: all build release static image deps lint test unit e2e install demo bench clean FORCE \
+	differential oracle
 
 all: build
 
@@ -84,6 +85,20 @@ test: deps lint image
 
 unit:
 	cargo test --lib
+
+# The differential suite against upstream Calico v3.32.1's own binaries (docs/differences.md):
+# CALICO_UPSTREAM_BIN names the folder holding upstream's `calico`, built from its source
+# outside this repository; nothing of it is in the repository.
+# `make differential`: every case of the corpus (tests/e2e/differential/corpus.rs), mixed
+# sequences too, run by both; one line per differing case, then the totals per datastore.
+# `make oracle` (CALICO_UPSTREAM_COMMIT: the commit those binaries were built from): records
+# upstream's outcome of every single-binary case into tests/differential/recorded.jsonl,
+# which `make test` replays against ours. CALICO_DIFFERENTIAL_CASES=<patterns> runs a part.
+differential: deps
+	cargo test --test e2e differential::live_against_upstream -- --ignored --nocapture
+
+oracle: deps
+	cargo test --test e2e differential::record_the_oracle -- --ignored --nocapture
 
 install: $(BIN)
 	install -d $(DESTDIR)$(PREFIX) $(DESTDIR)$(CONF_DIR)

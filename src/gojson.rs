@@ -345,25 +345,69 @@ mod tests {
     #[test]
     fn syntax_errors_as_go_words_them() {
         // Each as Go 1.25's encoding/json prints it.
-        assert_eq!(err(r#"{"cniVersion":"1.0.0", nope}"#), "invalid character 'n' looking for beginning of object key string");
+        assert_eq!(
+            err(r#"{"cniVersion":"1.0.0", nope}"#),
+            "invalid character 'n' looking for beginning of object key string"
+        );
         assert_eq!(err(""), "unexpected end of JSON input");
         assert_eq!(err(r#"{"a":"b""#), "unexpected end of JSON input");
-        assert_eq!(err("second-ipv4-ippool"), "invalid character 's' looking for beginning of value");
-        assert_eq!(err("10.65.3.9"), "invalid character '.' after top-level value");
-        assert_eq!(err("IPv4"), "invalid character 'I' looking for beginning of value");
-        assert_eq!(err("[nope"), "invalid character 'o' in literal null (expecting 'u')");
+        assert_eq!(
+            err("second-ipv4-ippool"),
+            "invalid character 's' looking for beginning of value"
+        );
+        assert_eq!(
+            err("10.65.3.9"),
+            "invalid character '.' after top-level value"
+        );
+        assert_eq!(
+            err("IPv4"),
+            "invalid character 'I' looking for beginning of value"
+        );
+        assert_eq!(
+            err("[nope"),
+            "invalid character 'o' in literal null (expecting 'u')"
+        );
         assert_eq!(err("[1 2]"), "invalid character '2' after array element");
         assert_eq!(err(r#"{"a" 1}"#), "invalid character '1' after object key");
-        assert_eq!(err(r#"{"a":1 "b":2}"#), "invalid character '\"' after object key:value pair");
+        assert_eq!(
+            err(r#"{"a":1 "b":2}"#),
+            "invalid character '\"' after object key:value pair"
+        );
         assert_eq!(err("-x"), "invalid character 'x' in numeric literal");
-        assert_eq!(err("1.x"), "invalid character 'x' after decimal point in numeric literal");
-        assert_eq!(err("1ex"), "invalid character 'x' in exponent of numeric literal");
-        assert_eq!(err("\"a\\x\""), "invalid character 'x' in string escape code");
-        assert_eq!(err("\"\u{1}\""), "invalid character '\\x01' in string literal");
-        assert_eq!(err("'a'"), "invalid character '\\'' looking for beginning of value");
+        assert_eq!(
+            err("1.x"),
+            "invalid character 'x' after decimal point in numeric literal"
+        );
+        assert_eq!(
+            err("1ex"),
+            "invalid character 'x' in exponent of numeric literal"
+        );
+        assert_eq!(
+            err("\"a\\x\""),
+            "invalid character 'x' in string escape code"
+        );
+        assert_eq!(
+            err("\"\u{1}\""),
+            "invalid character '\\x01' in string literal"
+        );
+        assert_eq!(
+            err("'a'"),
+            "invalid character '\\'' looking for beginning of value"
+        );
         assert_eq!(err("{} x"), "invalid character 'x' after top-level value");
-        assert_eq!(err("[1,]"), "invalid character ']' looking for beginning of value");
-        for ok in ["{}", "[]", " [1, 2.5e-3, \"x\", true, null, {\"a\": []}] ", "0", "\"\\u00e9\"", "123", "123 "] {
+        assert_eq!(
+            err("[1,]"),
+            "invalid character ']' looking for beginning of value"
+        );
+        for ok in [
+            "{}",
+            "[]",
+            " [1, 2.5e-3, \"x\", true, null, {\"a\": []}] ",
+            "0",
+            "\"\\u00e9\"",
+            "123",
+            "123 ",
+        ] {
             assert!(check_syntax(ok.as_bytes()).is_ok(), "{ok}");
         }
     }
@@ -373,10 +417,22 @@ mod tests {
         assert_eq!(string_list(r#"["a","b"]"#).unwrap(), vec!["a", "b"]);
         assert_eq!(string_list("null").unwrap(), Vec::<String>::new());
         let type_err = |s: &str| string_list(s).unwrap_err().to_string();
-        assert_eq!(type_err(r#"{"a":1}"#), "json: cannot unmarshal object into Go value of type []string");
-        assert_eq!(type_err(r#""x""#), "json: cannot unmarshal string into Go value of type []string");
-        assert_eq!(type_err("[1]"), "json: cannot unmarshal number into Go value of type string");
-        assert_eq!(type_err("1.2.3.4"), "invalid character '.' after top-level value");
+        assert_eq!(
+            type_err(r#"{"a":1}"#),
+            "json: cannot unmarshal object into Go value of type []string"
+        );
+        assert_eq!(
+            type_err(r#""x""#),
+            "json: cannot unmarshal string into Go value of type []string"
+        );
+        assert_eq!(
+            type_err("[1]"),
+            "json: cannot unmarshal number into Go value of type string"
+        );
+        assert_eq!(
+            type_err("1.2.3.4"),
+            "invalid character '.' after top-level value"
+        );
     }
 
     #[test]
@@ -386,7 +442,10 @@ mod tests {
             iter_string_list("10.0.0.0/8").unwrap_err().to_string(),
             "[]string: decode slice: expect [ or n, but found 1, error found in #1 byte of ...|10.0.0.0/8|..., bigger context ...|10.0.0.0/8|..."
         );
-        assert_eq!(iter_string_list(r#"["10.0.0.0/8"]"#).unwrap(), vec!["10.0.0.0/8"]);
+        assert_eq!(
+            iter_string_list(r#"["10.0.0.0/8"]"#).unwrap(),
+            vec!["10.0.0.0/8"]
+        );
         assert_eq!(iter_string_list("null").unwrap(), Vec::<String>::new());
     }
 }

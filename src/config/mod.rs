@@ -479,7 +479,11 @@ fn go_percent_s(v: &Value) -> String {
 /// Go's `%v` of a float64 (`strconv.FormatFloat(f, 'g', -1, 64)`, with Go's exponent form).
 fn go_float(n: &serde_json::Number) -> String {
     let f = n.as_f64().unwrap_or_default();
-    let exp = if f == 0.0 { 0 } else { f.abs().log10().floor() as i32 };
+    let exp = if f == 0.0 {
+        0
+    } else {
+        f.abs().log10().floor() as i32
+    };
     if (-4..21).contains(&exp) {
         let s = format!("{f}");
         return s;
@@ -593,7 +597,11 @@ mod tests {
             (r#"{"b":1,"a":"x"}"#, "map[a:x b:%!s(float64=1)]"),
         ] {
             let j = format!(r#"{{"name":"n","dataplane_options":{{"type":{v}}}}}"#);
-            assert_eq!(check(&j).unwrap_err(), ConfigError::DataplaneType(shown.into()), "{v}");
+            assert_eq!(
+                check(&j).unwrap_err(),
+                ConfigError::DataplaneType(shown.into()),
+                "{v}"
+            );
         }
         assert_eq!(
             check(r#"{"name":"n","dataplane_options":{"type":"grpc"}}"#).unwrap_err(),

@@ -133,9 +133,6 @@ async fn etcd_endpoints(s: &DatastoreSettings) -> Result<Vec<String>, DatastoreE
 /// reads), which lived on the main thread's stack (an ADD touched ~0.7 MB of it). One small
 /// allocation per request instead.
 impl Datastore for Backend {
-    fn nodes_always_exist(&self) -> bool {
-        self.is_kubernetes()
-    }
     fn keeps_block_copies(&self) -> bool {
         self.is_kubernetes()
     }

@@ -302,6 +302,7 @@ fn key_of_path(path: &str) -> Option<Key> {
         Kind::Profile,
         Kind::Node,
         Kind::IpReservation,
+        Kind::IpamConfiguration,
     ];
     if path == key_path(&Key::IpamConfig) {
         return Some(Key::IpamConfig);

@@ -34,6 +34,10 @@ pub enum Kind {
     Profile,
     Node,
     IpReservation,
+    /// The v3 IPAMConfiguration resource (`default`), which the plugin only reads (the
+    /// KubeVirt setting). On etcd a key of its own; on the Kubernetes datastore the same
+    /// custom resource as the allocator's IPAMConfig.
+    IpamConfiguration,
 }
 
 impl Kind {
@@ -46,6 +50,7 @@ impl Kind {
             Kind::Profile => "Profile",
             Kind::Node => "Node",
             Kind::IpReservation => "IPReservation",
+            Kind::IpamConfiguration => "IPAMConfiguration",
         }
     }
 
@@ -58,6 +63,7 @@ impl Kind {
             Kind::Profile => "profiles",
             Kind::Node => "nodes",
             Kind::IpReservation => "ipreservations",
+            Kind::IpamConfiguration => "ipamconfigurations",
         }
     }
 
@@ -288,12 +294,6 @@ pub trait Datastore {
     /// Kubernetes datastore); elsewhere nothing.
     async fn prefetch(&self, keys: &[Key]) {
         let _ = keys;
-    }
-
-    /// Whether this host's Node object always exists (Kubernetes: the kubelet registered
-    /// it), so IPAM may skip reading it when no pool's node selector needs its labels.
-    fn nodes_always_exist(&self) -> bool {
-        false
     }
 
     /// Whether IPAM keeps the blocks it writes for the host's next IPAM lock holder and

@@ -341,7 +341,10 @@ pub fn workload_endpoint(wep: &WorkloadEndpoint) -> Result<(), ValidationError> 
 pub fn ip_nats(nats: &[super::model::IpNat]) -> Result<(), ValidationError> {
     let mut e = Errors::default();
     for n in nats {
-        for (field, value) in [("InternalIP", &n.internal_ip), ("ExternalIP", &n.external_ip)] {
+        for (field, value) in [
+            ("InternalIP", &n.internal_ip),
+            ("ExternalIP", &n.external_ip),
+        ] {
             if !value.is_empty() && value.parse::<IpAddr>().is_err() {
                 e.tag(field, value, "ip");
             }

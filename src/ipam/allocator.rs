@@ -245,7 +245,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
 pub struct ViewReads {
     config: Result<Option<IpamConfig>, IpamError>,
     reserved: Result<Vec<IpNet>, IpamError>,
-    labels: Result<Option<BTreeMap<String, String>>, IpamError>,
+    labels: Result<BTreeMap<String, String>, IpamError>,
     pools: Result<Vec<IpPool>, IpamError>,
     affs: Result<Vec<KvPair>, DatastoreError>,
     /// The hinted blocks that exist, as read.

@@ -246,7 +246,11 @@ fn parse_mac(s: &str) -> Option<Vec<u8>> {
         return None;
     }
     let valid_count = |n: usize| matches!(n, 6 | 8 | 20);
-    let hex = |g: &[u8]| std::str::from_utf8(g).ok().and_then(|g| u8::from_str_radix(g, 16).ok());
+    let hex = |g: &[u8]| {
+        std::str::from_utf8(g)
+            .ok()
+            .and_then(|g| u8::from_str_radix(g, 16).ok())
+    };
     let all_hex = |g: &[u8]| g.iter().all(u8::is_ascii_hexdigit);
     if b[2] == b':' || b[2] == b'-' {
         if (b.len() + 1) % 3 != 0 || !valid_count((b.len() + 1) / 3) {
@@ -483,11 +487,26 @@ mod tests {
         assert_eq!(parse_mac("aa:bb:cc:dd:ee:04"), six);
         assert_eq!(parse_mac("AA-BB-CC-DD-EE-04"), six);
         assert_eq!(parse_mac("aabb.ccdd.ee04"), six);
-        assert_eq!(parse_mac("02:00:5e:10:00:00:00:01").map(|m| m.len()), Some(8));
-        for bad in ["", "zz", "aa:bb:cc:dd:ee", "aa:bb-cc:dd:ee:ff", "aa:bb:cc:dd:ee:fg", "aabb.ccdd.eeff.", "aabbccddeeff"] {
+        assert_eq!(
+            parse_mac("02:00:5e:10:00:00:00:01").map(|m| m.len()),
+            Some(8)
+        );
+        for bad in [
+            "",
+            "zz",
+            "aa:bb:cc:dd:ee",
+            "aa:bb-cc:dd:ee:ff",
+            "aa:bb:cc:dd:ee:fg",
+            "aabb.ccdd.eeff.",
+            "aabbccddeeff",
+        ] {
             assert_eq!(parse_mac(bad), None, "{bad}");
         }
-        let hw = |v: &str| info(&[(ANN_HW_ADDR, v)], &[]).hw_addr().map_err(|e| e.to_string());
+        let hw = |v: &str| {
+            info(&[(ANN_HW_ADDR, v)], &[])
+                .hw_addr()
+                .map_err(|e| e.to_string())
+        };
         assert_eq!(
             hw("zz").unwrap_err(),
             "failed to parse MAC address zz provided via cni.projectcalico.org/hwAddr: address zz: invalid MAC address"
@@ -496,6 +515,8 @@ mod tests {
             hw("").unwrap_err(),
             "failed to parse MAC address  provided via cni.projectcalico.org/hwAddr: invalid MAC address"
         );
-        assert!(hw("02:00:5e:10:00:00:00:01").unwrap_err().starts_with("failed to set container veth MAC"));
+        assert!(hw("02:00:5e:10:00:00:00:01")
+            .unwrap_err()
+            .starts_with("failed to set container veth MAC"));
     }
 }

@@ -309,24 +309,10 @@ fn config_version_given(data: &[u8]) -> bool {
             v.get("cniVersion")
                 .and_then(|c| c.as_str())
                 .is_some_and(|s| !s.is_empty())
-                || listed_version(&v).is_some()
         })
 }
 
-/// CNI 1.1's `cniVersions`: when a config names no `cniVersion` but lists versions (as a
-/// network configuration does), the highest listed one we support.
-fn listed_version(v: &serde_json::Value) -> Option<&'static str> {
-    let listed: Vec<&str> = v
-        .get("cniVersions")?
-        .as_array()?
-        .iter()
-        .filter_map(|x| x.as_str())
-        .collect();
-    version::pick_from_list(&listed)
-}
-
-/// The config's `cniVersion`; missing means the best of `cniVersions`, else 0.1.0. When both
-/// are given, `cniVersion` (the runtime's choice) wins.
+/// The config's `cniVersion`; missing (or empty) means 0.1.0.
 fn config_version(data: &[u8]) -> Result<String, CniError> {
     let decoding = |e: String| {
         CniError::new(
@@ -336,9 +322,10 @@ fn config_version(data: &[u8]) -> Result<String, CniError> {
         )
     };
     crate::gojson::check_syntax(data).map_err(|e| decoding(e.to_string()))?;
-    let v: serde_json::Value =
-        serde_json::from_slice(data).map_err(|e| decoding(e.to_string()))?;
-    let missing = || listed_version(&v).unwrap_or("0.1.0").to_string();
+    let v: serde_json::Value = serde_json::from_slice(data).map_err(|e| decoding(e.to_string()))?;
+    // A `cniVersions` list (a network configuration's, for the runtime) is not read, as
+    // libcni's plugin side does not: no `cniVersion` is 0.1.0.
+    let missing = || "0.1.0".to_string();
     match go_field(&v, "cniVersion") {
         None | Some(serde_json::Value::Null) => Ok(missing()),
         Some(serde_json::Value::String(s)) if s.is_empty() => Ok(missing()),
@@ -378,8 +365,7 @@ fn validate_config(data: &[u8]) -> Result<(), CniError> {
         )
     };
     crate::gojson::check_syntax(data).map_err(|e| decoding(e.to_string()))?;
-    let v: serde_json::Value =
-        serde_json::from_slice(data).map_err(|e| decoding(e.to_string()))?;
+    let v: serde_json::Value = serde_json::from_slice(data).map_err(|e| decoding(e.to_string()))?;
     let name = match (&v, go_field(&v, "name")) {
         (serde_json::Value::Object(_) | serde_json::Value::Null, None) => "",
         (_, Some(serde_json::Value::Null)) => "",

@@ -22,12 +22,6 @@ fn parse(v: &str) -> Option<(u64, u64, u64)> {
     it.next().is_none().then_some((major, minor, patch))
 }
 
-/// The version to use for a config that names no `cniVersion` but lists `cniVersions`: the
-/// highest listed one this plugin supports (the choice the spec gives the runtime), if any.
-pub fn pick_from_list(listed: &[&str]) -> Option<&'static str> {
-    SUPPORTED.iter().rev().find(|v| listed.contains(v)).copied()
-}
-
 /// `a >= b` as semantic versions (an unparsable `a` is never greater).
 pub fn version_ge(a: &str, b: &str) -> bool {
     match (parse(a), parse(b)) {
@@ -76,8 +70,5 @@ mod tests {
             incompatible_details("1.2.0"),
             r#"config is "1.2.0", plugin supports ["0.1.0" "0.2.0" "0.3.0" "0.3.1" "0.4.0" "1.0.0" "1.1.0"]"#
         );
-        assert_eq!(pick_from_list(&["0.4.0", "1.1.0", "2.0.0"]), Some("1.1.0"));
-        assert_eq!(pick_from_list(&["0.3.1", "1.0.0"]), Some("1.0.0"));
-        assert_eq!(pick_from_list(&["9.9.9"]), None);
     }
 }

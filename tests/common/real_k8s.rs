@@ -601,7 +601,9 @@ current-context: real
         let pending: Vec<_> = reqs
             .into_iter()
             .map(|(method, path, body, ct)| {
-                let rx = self.admin.send(&method, &path, body, &ct, &self.admin_token);
+                let rx = self
+                    .admin
+                    .send(&method, &path, body, &ct, &self.admin_token);
                 (format!("{method} {path}"), rx)
             })
             .collect();

@@ -68,5 +68,3 @@ pub async fn namespace(client: &KubeClient, name: &str) -> Result<Namespace, Dat
 pub async fn pod(client: &KubeClient, namespace: &str, name: &str) -> Result<Pod, DatastoreError> {
     get(client, &pod_path(namespace, name)).await
 }
-
-

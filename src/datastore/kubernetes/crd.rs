@@ -106,6 +106,10 @@ pub fn crd_ref(key: &Key, group: &Group) -> Option<CrdRef> {
                 r("clusterinformations", "ClusterInformation", name.clone())
             }
             Kind::IpReservation => r("ipreservations", "IPReservation", name.clone()),
+            Kind::IpamConfiguration if group.is_v3() => {
+                r("ipamconfigurations", "IPAMConfiguration", name.clone())
+            }
+            Kind::IpamConfiguration => r("ipamconfigs", "IPAMConfig", name.clone()),
             Kind::WorkloadEndpoint | Kind::Profile | Kind::Node => None,
         },
     }

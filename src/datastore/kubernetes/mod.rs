@@ -566,7 +566,11 @@ impl KubeDatastore {
                 EndpointOp::Get | EndpointOp::List => DatastoreError::NotFound {
                     key: match op {
                         EndpointOp::List => {
-                            format!("WorkloadEndpoint({}/{}*)", namespace.as_deref().unwrap_or_default(), name)
+                            format!(
+                                "WorkloadEndpoint({}/{}*)",
+                                namespace.as_deref().unwrap_or_default(),
+                                name
+                            )
                         }
                         _ => key.describe(),
                     },
@@ -580,11 +584,26 @@ impl KubeDatastore {
     async fn get_endpoint(&self, key: &Key) -> Result<KvPair, DatastoreError> {
         let (ns, pod) = Self::pod_of(key, EndpointOp::Get)?;
         let p = self.get_pod(key, &ns, &pod).await?;
-        self.endpoint_pair(&p)?
+        let pair = self
+            .endpoint_pair(&p)?
             .ok_or_else(|| DatastoreError::NotFound {
                 key: key.describe(),
                 cause: "pod is not scheduled or uses host networking".into(),
-            })
+            })?;
+        // The pod's endpoint is the one of that name only (as libcalico-go's Get: another
+        // interface of the pod is not found).
+        match &pair.key {
+            Key::Resource { name, .. } if Some(name.as_str()) != key_name(key) => {
+                Err(DatastoreError::NotFound {
+                    key: key.describe(),
+                    cause: format!(
+                        "workloadendpoints.projectcalico.org \"{}\" not found",
+                        key_name(key).unwrap_or_default()
+                    ),
+                })
+            }
+            _ => Ok(pair),
+        }
     }
 
     async fn patch_pod(
@@ -705,6 +724,13 @@ impl KubeDatastore {
             "operation not supported on {}: the Kubernetes datastore derives it from the Kubernetes API",
             key.describe()
         ))
+    }
+}
+
+fn key_name(key: &Key) -> Option<&str> {
+    match key {
+        Key::Resource { name, .. } => Some(name),
+        _ => None,
     }
 }
 
@@ -977,10 +1003,6 @@ impl KubeDatastore {
 impl Datastore for KubeDatastore {
     async fn prefetch(&self, keys: &[Key]) {
         self.prefetch_now(keys).await
-    }
-
-    fn nodes_always_exist(&self) -> bool {
-        true
     }
 
     fn keeps_block_copies(&self) -> bool {

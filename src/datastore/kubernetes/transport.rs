@@ -147,8 +147,10 @@ impl Inner {
         let conn = self.conn.get_or_try_init(|| self.open()).await?;
         if !req.headers().contains_key(http::header::USER_AGENT) {
             let agent = user_agent(req.uri().path(), matches!(conn, Conn::H2(_)));
-            req.headers_mut()
-                .insert(http::header::USER_AGENT, http::HeaderValue::from_str(&agent)?);
+            req.headers_mut().insert(
+                http::header::USER_AGENT,
+                http::HeaderValue::from_str(&agent)?,
+            );
         }
         match conn {
             Conn::H2(send) => {

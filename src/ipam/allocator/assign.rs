@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use tracing::{debug, info, warn};
 
 use super::claim::{sort_in_walk_order, ClaimError, FindError};
-use super::pools::{selector_needs_labels, wholly_reserved, HostView};
+use super::pools::{wholly_reserved, HostView};
 use super::{
     Assignments, AutoAssignArgs, Ipam, IpamError, Landed, ViewReads, DATASTORE_RETRIES,
     DEFAULT_MAX_BLOCKS_PER_HOST,
@@ -108,20 +108,13 @@ impl<'a, D: Datastore> Ipam<'a, D> {
 
     /// All of `read_view` but the hinted blocks.
     async fn unhinted_reads(&self) -> ViewReads {
-        // A backend whose nodes always exist (Kubernetes: the kubelet's Node) reads the Node
-        // only when a pool's node selector needs its labels.
-        let node_up_front = !self.ds.nodes_always_exist();
+        // The Node is read whatever the pools' selectors (as upstream: a missing Node fails
+        // the assignment on either datastore).
         let all_affinities = self.host_affinities();
         let (config, reserved, labels, pools, affs) = tokio::join!(
             self.stored_config(),
             self.reservations(),
-            async {
-                if node_up_front {
-                    self.node_labels().await.map(Some)
-                } else {
-                    Ok(None)
-                }
-            },
+            self.node_labels(),
             self.pools(),
             self.ds.list(&all_affinities),
         );
@@ -236,16 +229,6 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         let labels = labels?;
         let pools = pools?;
         let affs = affs?;
-        let labels = match labels {
-            Some(l) => l,
-            None if pools
-                .iter()
-                .any(|p| selector_needs_labels(&p.spec.node_selector)) =>
-            {
-                self.node_labels().await?
-            }
-            None => BTreeMap::new(),
-        };
         if let Ok(mut listed) = self.listed_affinities.lock() {
             listed.clear();
             for kv in &affs {

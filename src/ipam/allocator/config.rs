@@ -4,8 +4,11 @@
 use tracing::info;
 
 use super::{Ipam, IpamError};
-use crate::datastore::model::IpamConfig;
-use crate::datastore::{to_value, Datastore, Key};
+use serde_json::Value;
+
+use crate::datastore::model::{IpamConfig, Resource};
+use crate::datastore::resources::get_resource;
+use crate::datastore::{to_value, Datastore, Key, Kind};
 
 impl<'a, D: Datastore> Ipam<'a, D> {
     /// The stored IPAMConfig, `None` when there is none yet.
@@ -18,12 +21,14 @@ impl<'a, D: Datastore> Ipam<'a, D> {
     }
 
     /// Whether KubeVirt VMs keep their addresses (`kubeVirtVMAddressPersistence`): on unless
-    /// the stored config says exactly `Disabled`; a config that cannot be read counts as on
-    /// (upstream's `getKubeVirtVMAddressPersistence`).
+    /// the v3 IPAMConfiguration `default` says exactly `Disabled`; one that cannot be read
+    /// counts as on (upstream's `getKubeVirtVMAddressPersistence`, which reads that resource:
+    /// on etcd a key of its own, not the allocator's `/calico/ipam/v2/config`).
     pub async fn vm_address_persistence(&self) -> bool {
-        match self.stored_config().await {
-            Ok(Some(c)) => c.kube_virt_vm_address_persistence != "Disabled",
-            Ok(None) => true,
+        let got: Result<Resource<Value>, _> =
+            get_resource(self.ds, Kind::IpamConfiguration, None, "default").await;
+        match got {
+            Ok(r) => r.spec.get("kubeVirtVMAddressPersistence") != Some(&Value::from("Disabled")),
             Err(e) => {
                 tracing::debug!(error = %e, "Could not retrieve IPAMConfig, defaulting to VMAddressPersistenceEnabled");
                 true

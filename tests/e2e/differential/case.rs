@@ -80,6 +80,8 @@ pub struct Seed {
     pub pods: Vec<PodSeed>,
     /// `/var/lib/calico/nodename` holds `node1`.
     pub nodename_file: bool,
+    /// `/var/lib/calico/mtu` holds this, when set.
+    pub mtu_file: Option<String>,
     /// IPReservations: (name, reserved CIDRs).
     pub reservations: Vec<(String, Vec<String>)>,
     /// IPAMConfig `default` (etcd: `/calico/ipam/v2/config`), as its spec.
@@ -87,8 +89,9 @@ pub struct Seed {
     /// host-local's data for network `k8s-pod-network` (for `calico-ipam -upgrade`): files
     /// under `/var/lib/cni/networks/k8s-pod-network`, (name, content).
     pub host_local_files: Vec<(String, String)>,
-    /// More objects on the API server, (path, object), created in order after the rest
-    /// (custom resources of other kinds, KubeVirt's VMs and VMIs).
+    /// More objects on the API server, (path, object), created in order before the pods
+    /// (KubeVirt's VMs and VMIs). A string `{uid:<path>}` in a later object or a pod is the
+    /// UID the object created at `<path>` got.
     pub api_objects: Vec<(String, Value)>,
     /// A gRPC dataplane agent listens on `/var/run/calico/grpc.sock` (see world.rs).
     pub grpc_agent: bool,
@@ -107,6 +110,7 @@ impl Default for Seed {
             }],
             pods: vec![],
             nodename_file: true,
+            mtu_file: None,
             reservations: vec![],
             ipam_config: None,
             host_local_files: vec![],

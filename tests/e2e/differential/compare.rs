@@ -166,9 +166,7 @@ impl AcceptedList {
         self.accepted.iter().find(|a| {
             glob(&a.cases, &case.id)
                 && glob(&a.what, &d.what)
-                && a.ours
-                    .as_ref()
-                    .is_none_or(|p| glob(p, &d.ours.to_string()))
+                && a.ours.as_ref().is_none_or(|p| glob(p, &d.ours.to_string()))
                 && a.upstream
                     .as_ref()
                     .is_none_or(|p| glob(p, &d.theirs.to_string()))
@@ -275,7 +273,10 @@ pub fn glob(pattern: &str, text: &str) -> bool {
 fn globs_match_whole_texts() {
     assert!(glob("etcd/*", "etcd/v4/add"));
     assert!(!glob("etcd/*", "kdd/v4/add"));
-    assert!(glob("*profiles/*", "etcd:/calico/resources/v3/projectcalico.org/profiles/net1"));
+    assert!(glob(
+        "*profiles/*",
+        "etcd:/calico/resources/v3/projectcalico.org/profiles/net1"
+    ));
     assert!(glob("a*b*c", "axxbyyc"));
     assert!(!glob("a*b*c", "axxbyyd"));
     assert!(glob("exact", "exact"));

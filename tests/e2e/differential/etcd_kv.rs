@@ -13,7 +13,11 @@ enum Job {
     /// Every (key, value) under a prefix, in key order.
     Dump(String, mpsc::Sender<Result<Vec<(String, String)>, String>>),
     /// Deletes everything under a prefix, then puts the pairs (one transaction each).
-    Replace(String, Vec<(String, String)>, mpsc::Sender<Result<(), String>>),
+    Replace(
+        String,
+        Vec<(String, String)>,
+        mpsc::Sender<Result<(), String>>,
+    ),
 }
 
 pub struct EtcdKv {

@@ -12,7 +12,9 @@
 //!
 //! Upstream's binaries are found in the folder `CALICO_UPSTREAM_BIN` names (`calico`; the
 //! harness links `calico-ipam` to it). `CALICO_DIFFERENTIAL_CASES` (comma-separated `*`
-//! patterns) runs a part of the corpus; `CALICO_DIFFERENTIAL_WORKERS` (2) worlds run at once.
+//! patterns) runs a part of the corpus; `CALICO_DIFFERENTIAL_WORKERS` (2) worlds run at once;
+//! with `CALICO_DIFFERENTIAL_STDERR` set, each call's stderr is kept in
+//! `target/differential/stderr/`.
 
 mod case;
 mod compare;
@@ -99,6 +101,17 @@ fn run_case(w: &mut DiffWorld, case: &Case, subject: Side, reference: bool) -> V
             (false, By::Subject) => subject,
         };
         let o = w.call(step, side, prev.as_ref());
+        if std::env::var_os("CALICO_DIFFERENTIAL_STDERR").is_some() {
+            let dir = report_dir().join("stderr");
+            let _ = std::fs::create_dir_all(&dir);
+            let name = format!(
+                "{}-{}-{}.txt",
+                case.id.replace('/', "_"),
+                side.name(),
+                out.len() + 1
+            );
+            let _ = std::fs::write(dir.join(name), &o.stderr);
+        }
         let parsed: Option<Value> = serde_json::from_str(&o.stdout).ok();
         if step.command == "ADD" && o.code == 0 {
             if let Some(p) = &parsed {
@@ -136,7 +149,8 @@ fn run_all<R: Send>(
         .clamp(1, 8)
         .min(cases.len().max(1));
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<Result<R, String>>>> = Mutex::new((0..cases.len()).map(|_| None).collect());
+    let results: Mutex<Vec<Option<Result<R, String>>>> =
+        Mutex::new((0..cases.len()).map(|_| None).collect());
     std::thread::scope(|s| {
         for _ in 0..workers {
             s.spawn(|| {
@@ -169,6 +183,20 @@ fn run_all<R: Send>(
         .collect()
 }
 
+/// Each step of a run, in a line: the command, the exit code and stdout.
+fn summary(case: &Case, obs: Option<&Vec<Observation>>) -> Vec<String> {
+    let Some(obs) = obs else { return Vec::new() };
+    case.steps
+        .iter()
+        .zip(obs)
+        .map(|(s, o)| {
+            let out = o.stdout.to_string();
+            let out: String = out.chars().take(240).collect();
+            format!("{} {} -> {} {out}", s.plugin, s.command, o.exit)
+        })
+        .collect()
+}
+
 /// A case the harness could not run, as a difference no accepted entry explains.
 fn harness_failure(e: &str) -> Difference {
     Difference {
@@ -191,11 +219,12 @@ fn report(
     commit: &str,
     cases: &[Case],
     diffs: &[Vec<Difference>],
+    ours: &[Vec<String>],
 ) -> Vec<(String, Verdict)> {
     let list = accepted();
     let mut verdicts = Vec::new();
     let mut full = String::new();
-    for (case, d) in cases.iter().zip(diffs) {
+    for ((case, d), steps) in cases.iter().zip(diffs).zip(ours) {
         let v = verdict(&list, case, d);
         if v == Verdict::Unexplained {
             let first = d
@@ -211,6 +240,9 @@ fn report(
         }
         if !d.is_empty() {
             full.push_str(&format!("== {} ({:?})\n", case.id, v));
+            for (i, s) in steps.iter().enumerate() {
+                full.push_str(&format!("  ours {}: {s}\n", i + 1));
+            }
             for x in d {
                 let why = list
                     .explain(case, x)
@@ -254,11 +286,17 @@ fn replay_the_recorded_oracle() {
         let ids: std::collections::BTreeSet<&str> = cases.iter().map(|c| c.id.as_str()).collect();
         for id in recording.cases.keys() {
             if !ids.contains(id.as_str()) {
-                problems.push(format!("{id}: recorded, but no longer in the corpus (make oracle)"));
+                problems.push(format!(
+                    "{id}: recorded, but no longer in the corpus (make oracle)"
+                ));
             }
         }
     }
-    assert!(problems.is_empty(), "the recording does not fit the corpus:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "the recording does not fit the corpus:\n{}",
+        problems.join("\n")
+    );
     let ours = run_all(&cases, None, |w, c| run_case(w, c, Side::Ours, false));
     let norm_recorded: Vec<Vec<Observation>> = cases
         .iter()
@@ -276,6 +314,11 @@ fn replay_the_recorded_oracle() {
         "{} ({})",
         recording.header.upstream_version, recording.header.upstream_commit
     );
+    let steps: Vec<Vec<String>> = cases
+        .iter()
+        .zip(&ours)
+        .map(|(c, o)| summary(c, o.as_ref().ok()))
+        .collect();
     let verdicts = report(
         "replay",
         &format!(
@@ -286,6 +329,7 @@ fn replay_the_recorded_oracle() {
         &commit,
         &cases,
         &diffs,
+        &steps,
     );
     let unexplained: Vec<&str> = verdicts
         .iter()
@@ -319,14 +363,23 @@ fn live_against_upstream() {
             Err(e) => vec![harness_failure(e)],
         })
         .collect();
+    let steps: Vec<Vec<String>> = cases
+        .iter()
+        .zip(&pairs)
+        .map(|(c, r)| summary(c, r.as_ref().ok().map(|(a, _)| a)))
+        .collect();
     let version = upstream_version(&upstream);
     for store in ["etcd", "kdd"] {
-        let (cs, ds): (Vec<Case>, Vec<Vec<Difference>>) = cases
-            .iter()
-            .zip(&diffs)
-            .filter(|(c, _)| c.store.name() == store)
-            .map(|(c, d)| (c.clone(), d.clone()))
-            .unzip();
+        let mut cs = Vec::new();
+        let mut ds = Vec::new();
+        let mut ss = Vec::new();
+        for ((c, d), s) in cases.iter().zip(&diffs).zip(&steps) {
+            if c.store.name() == store {
+                cs.push(c.clone());
+                ds.push(d.clone());
+                ss.push(s.clone());
+            }
+        }
         report(
             &format!("live-{store}"),
             &format!(
@@ -337,6 +390,7 @@ fn live_against_upstream() {
             &version,
             &cs,
             &ds,
+            &ss,
         );
     }
 }
@@ -347,7 +401,8 @@ fn upstream_version(dir: &Path) -> String {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
-    let commit = std::env::var("CALICO_UPSTREAM_COMMIT").unwrap_or_else(|_| "commit not given".into());
+    let commit =
+        std::env::var("CALICO_UPSTREAM_COMMIT").unwrap_or_else(|_| "commit not given".into());
     format!("{out} ({commit})")
 }
 
@@ -360,10 +415,13 @@ fn record_the_oracle() {
         panic!("CALICO_UPSTREAM_COMMIT names the upstream commit the binaries were built from")
     });
     let cases: Vec<Case> = selected().into_iter().filter(Case::single_binary).collect();
-    let observed = run_all(&cases, Some(&upstream), |w, c| run_case(w, c, Side::Upstream, false));
+    let observed = run_all(&cases, Some(&upstream), |w, c| {
+        run_case(w, c, Side::Upstream, false)
+    });
     let path = recording_path();
     // A partial recording (CALICO_DIFFERENTIAL_CASES) replaces only those cases.
-    let mut recording = if std::env::var_os("CALICO_DIFFERENTIAL_CASES").is_some() && path.exists() {
+    let mut recording = if std::env::var_os("CALICO_DIFFERENTIAL_CASES").is_some() && path.exists()
+    {
         Recording::load(&path)
     } else {
         Recording {
@@ -381,7 +439,11 @@ fn record_the_oracle() {
         .zip(&observed)
         .filter_map(|(c, r)| r.as_ref().err().map(|e| format!("{}: {e}", c.id)))
         .collect();
-    assert!(failed.is_empty(), "nothing recorded: the harness failed on\n{}", failed.join("\n"));
+    assert!(
+        failed.is_empty(),
+        "nothing recorded: the harness failed on\n{}",
+        failed.join("\n")
+    );
     for (c, steps) in cases.iter().zip(observed.into_iter().flatten()) {
         recording.cases.insert(
             c.id.clone(),

@@ -255,7 +255,8 @@ fn time_at(b: &[u8], i: usize) -> Option<usize> {
     match at(n) {
         Some(b'Z') => n += 1,
         Some(b'+') | Some(b'-')
-            if at(n + 3) == Some(b':') && (1..=2).all(|k| at(n + k).is_some_and(|c| c.is_ascii_digit())) =>
+            if at(n + 3) == Some(b':')
+                && (1..=2).all(|k| at(n + k).is_some_and(|c| c.is_ascii_digit())) =>
         {
             n += 6
         }
@@ -269,7 +270,9 @@ fn time_at(b: &[u8], i: usize) -> Option<usize> {
             }
             if b[(i + n).min(b.len())..].starts_with(b" m=") {
                 n += 3;
-                while at(n).is_some_and(|c| c.is_ascii_digit() || c == b'+' || c == b'-' || c == b'.') {
+                while at(n)
+                    .is_some_and(|c| c.is_ascii_digit() || c == b'+' || c == b'-' || c == b'.')
+                {
                     n += 1;
                 }
             }
@@ -345,7 +348,9 @@ pub fn netns_state(name: &str, prefix: &str, norm: &Norm, into: &mut State) {
                 r["type"].as_str().unwrap_or("unicast"),
                 r["dst"].as_str().unwrap_or_default()
             );
-            for f in ["gateway", "dev", "protocol", "scope", "prefsrc", "metric", "pref"] {
+            for f in [
+                "gateway", "dev", "protocol", "scope", "prefsrc", "metric", "pref",
+            ] {
                 match &r[f] {
                     Value::Null => {}
                     Value::String(s) => desc.push_str(&format!(" {f} {s}")),

@@ -65,8 +65,8 @@ impl Recording {
 
     pub fn write(&self, path: &Path) {
         let tmp = path.with_extension("jsonl.tmp");
-        let mut f = std::fs::File::create(&tmp)
-            .unwrap_or_else(|e| panic!("create {}: {e}", tmp.display()));
+        let mut f =
+            std::fs::File::create(&tmp).unwrap_or_else(|e| panic!("create {}: {e}", tmp.display()));
         let mut put = |v: String| {
             f.write_all(v.as_bytes())
                 .and_then(|_| f.write_all(b"\n"))

@@ -19,7 +19,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::common::cni::{run_command_within, Outcome, TempDir};
-use crate::common::grpc_dataplane::{GrpcDataplane, Reply};
+use crate::common::grpc_dataplane::{GrpcDataplane, Received, Reply};
 use crate::common::netns::{HostNetns, Netns};
 use crate::common::real_k8s::RealK8s;
 use crate::common::world::merge;
@@ -30,6 +30,7 @@ use super::observe::{netns_state, Norm, State};
 
 pub const NODE: &str = "node1";
 const CRD: &str = "/apis/crd.projectcalico.org/v1";
+pub const KUBEVIRT: &str = "/apis/kubevirt.io/v1";
 /// The node folders each call sees as its own: (folder in the case's files, mount point).
 const NODE_DIRS: [(&str, &str); 5] = [
     ("var-lib-calico", "/var/lib/calico"),
@@ -89,6 +90,8 @@ pub struct DiffWorld {
     ours: BinDir,
     upstream: Option<BinDir>,
     files: TempDir,
+    /// A kubeconfig with the admin's token.
+    admin_kubeconfig: PathBuf,
     /// The host netns's own state, before any case.
     host_baseline: State,
     /// Calico's resource kinds (the CRDs' plurals).
@@ -109,6 +112,7 @@ impl DiffWorld {
         }
         let host = HostNetns::new();
         let k8s = RealK8s::start(&host);
+        install_kubevirt(&k8s);
         let kv = EtcdKv::connect(host.path(), &k8s.etcd().endpoint());
         let plurals = k8s
             .get(CRD)
@@ -123,6 +127,7 @@ impl DiffWorld {
             })
             .expect("Calico's resources are served");
         let ours = BinDir::new(Path::new(env!("CARGO_BIN_EXE_calico")), "ours");
+        let admin_kubeconfig = k8s.kubeconfig_with(&k8s.admin_token());
         let upstream = upstream.map(|dir| BinDir::new(&dir.join("calico"), "upstream"));
         let mut w = DiffWorld {
             pods: Vec::new(),
@@ -133,6 +138,7 @@ impl DiffWorld {
             ours,
             upstream,
             files: TempDir::new("diff-files"),
+            admin_kubeconfig,
             host_baseline: State::new(),
             plurals,
             namespaces: vec!["default".into()],
@@ -166,13 +172,24 @@ impl DiffWorld {
             std::fs::write(self.node_dir("var-lib-calico").join("nodename"), NODE)
                 .expect("the nodename file");
         }
+        if let Some(mtu) = &seed.mtu_file {
+            std::fs::write(self.node_dir("var-lib-calico").join("mtu"), mtu).expect("the MTU file");
+        }
         std::fs::copy(
             self.k8s.kubeconfig(),
             self.node_dir("etc-cni").join("calico-kubeconfig"),
         )
         .expect("the plugin's kubeconfig");
+        // calico/node's rights, for what its init container runs (`calico-ipam -upgrade`).
+        std::fs::copy(
+            &self.admin_kubeconfig,
+            self.node_dir("etc-cni").join("node-kubeconfig"),
+        )
+        .expect("calico/node's kubeconfig");
         if !seed.host_local_files.is_empty() {
-            let d = self.node_dir("var-lib-cni").join("networks/k8s-pod-network");
+            let d = self
+                .node_dir("var-lib-cni")
+                .join("networks/k8s-pod-network");
             std::fs::create_dir_all(&d).expect("host-local's folder");
             for (name, content) in &seed.host_local_files {
                 std::fs::write(d.join(name), content).expect("a host-local file");
@@ -198,7 +215,14 @@ impl DiffWorld {
             ),
             (self.k8s.url().replace("https://", ""), "<api-addr>".into()),
             (self.files.path().display().to_string(), "<files>".into()),
+            (
+                self.ours.0.path().display().to_string(),
+                "<cni-path>".into(),
+            ),
         ];
+        if let Some(u) = &self.upstream {
+            fixed.push((u.0.path().display().to_string(), "<cni-path>".into()));
+        }
         for (i, p) in self.pods.iter().enumerate() {
             fixed.push((p.path().to_string(), format!("<netns{i}>")));
             fixed.push((p.name().to_string(), format!("<netns{i}-name>")));
@@ -288,10 +312,7 @@ impl DiffWorld {
         }
         self.kv.replace(
             "/calico/",
-            pairs
-                .into_iter()
-                .map(|(k, v)| (k, v.to_string()))
-                .collect(),
+            pairs.into_iter().map(|(k, v)| (k, v.to_string())).collect(),
         );
     }
 
@@ -312,11 +333,20 @@ impl DiffWorld {
                 ct.clone(),
             ));
         }
-        wipe.push(("DELETE".into(), format!("/api/v1/nodes/{NODE}"), None, ct.clone()));
-        for (path, _) in &seed.api_objects {
-            if !path.starts_with(CRD) && !path.starts_with("/api/v1/") {
-                let collection = path.rsplit_once('/').map(|(c, _)| c).unwrap_or(path);
-                wipe.push(("DELETE".into(), collection.to_string(), None, ct.clone()));
+        wipe.push((
+            "DELETE".into(),
+            format!("/api/v1/nodes/{NODE}"),
+            None,
+            ct.clone(),
+        ));
+        for ns in &self.namespaces {
+            for plural in ["virtualmachineinstances", "virtualmachines"] {
+                wipe.push((
+                    "DELETE".into(),
+                    format!("{KUBEVIRT}/namespaces/{ns}/{plural}"),
+                    None,
+                    ct.clone(),
+                ));
             }
         }
         for a in self.k8s.request_all(wipe) {
@@ -359,9 +389,7 @@ impl DiffWorld {
         self.namespaces = namespaces;
         if case.store == Store::Kdd {
             let mut objects = Vec::new();
-            let cr = |kind: &str, name: &str, spec: Value| {
-                json!({"apiVersion":"crd.projectcalico.org/v1","kind":kind,"metadata":{"name":name},"spec":spec})
-            };
+            let cr = |kind: &str, name: &str, spec: Value| json!({"apiVersion":"crd.projectcalico.org/v1","kind":kind,"metadata":{"name":name},"spec":spec});
             if let Some(ready) = seed.cluster_ready {
                 objects.push((
                     "clusterinformations",
@@ -383,11 +411,44 @@ impl DiffWorld {
             }
             let reqs = objects
                 .into_iter()
-                .map(|(plural, o)| ("POST".into(), format!("{CRD}/{plural}"), Some(o), ct.clone()))
+                .map(|(plural, o)| {
+                    (
+                        "POST".into(),
+                        format!("{CRD}/{plural}"),
+                        Some(o),
+                        ct.clone(),
+                    )
+                })
                 .collect();
             for a in self.k8s.request_all(reqs) {
                 assert_eq!(a.status, 201, "seeding Calico's objects: {a:?}");
             }
+        }
+        // In order (a VMI names its VM, a pod its VMI), each object's UID given to those
+        // after it that name it.
+        let mut uids: Vec<(String, String)> = Vec::new();
+        let with_uids = |v: &Value, uids: &[(String, String)]| -> Value {
+            let mut text = v.to_string();
+            for (path, uid) in uids {
+                text = text.replace(&format!("{{uid:{path}}}"), uid);
+            }
+            serde_json::from_str(&text).expect("JSON")
+        };
+        for (path, o) in &seed.api_objects {
+            let collection = path.rsplit_once('/').map(|(c, _)| c).unwrap_or(path);
+            let r = (
+                "POST".to_string(),
+                collection.to_string(),
+                Some(with_uids(o, &uids)),
+                ct.clone(),
+            );
+            let a = self.k8s.request_all(vec![r]).remove(0);
+            assert_eq!(a.status, 201, "seeding {path}: {a:?}");
+            let uid = a.body["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            uids.push((path.clone(), uid));
         }
         let mut reqs = Vec::new();
         for p in &seed.pods {
@@ -405,19 +466,12 @@ impl DiffWorld {
             reqs.push((
                 "POST".to_string(),
                 format!("/api/v1/namespaces/{}/pods", p.namespace),
-                Some(pod),
+                Some(with_uids(&pod, &uids)),
                 ct.clone(),
             ));
         }
-        for (path, o) in &seed.api_objects {
-            let collection = path.rsplit_once('/').map(|(c, _)| c).unwrap_or(path);
-            reqs.push(("POST".into(), collection.to_string(), Some(o.clone()), ct.clone()));
-        }
-        // In order: a VMI names its VM, a pod its VMI.
-        for r in reqs {
-            let what = format!("{} {}", r.0, r.1);
-            let a = self.k8s.request_all(vec![r]).remove(0);
-            assert_eq!(a.status, 201, "seeding {what}: {a:?}");
+        for a in self.k8s.request_all(reqs) {
+            assert_eq!(a.status, 201, "seeding a pod: {a:?}");
         }
     }
 
@@ -474,7 +528,9 @@ impl DiffWorld {
                 let v = match resource.as_str() {
                     // What Calico writes of a pod and a Node: annotations and status; the
                     // Node's labels.
-                    "pods" => json!({"annotations": md["annotations"], "labels": md["labels"], "status": o["status"]}),
+                    "pods" => {
+                        json!({"annotations": md["annotations"], "labels": md["labels"], "status": o["status"]})
+                    }
                     "nodes" => json!({"annotations": md["annotations"], "labels": md["labels"]}),
                     _ => o.clone(),
                 };
@@ -487,7 +543,7 @@ impl DiffWorld {
         netns_state(self.host.name(), "host", norm, &mut s);
         if let Some(a) = &self.agent {
             for (i, r) in a.received().iter().enumerate() {
-                s.insert(format!("agent:{i}"), norm.value(&json!(format!("{r:?}"))));
+                s.insert(format!("agent:{i}"), norm.value(&received_json(r)));
             }
         }
         s
@@ -506,20 +562,27 @@ impl DiffWorld {
         let mounts: Vec<String> = NODE_DIRS
             .iter()
             .map(|(dir, mount)| {
-                format!(
-                    "mount --bind '{}' '{mount}'",
-                    self.node_dir(dir).display()
-                )
+                format!("mount --bind '{}' '{mount}'", self.node_dir(dir).display())
             })
             .collect();
         let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", self.host.name(), "unshare", "-m", "sh", "-c"])
-            .arg(format!("{} && exec \"$@\"", mounts.join(" && ")))
-            .arg("sh")
-            .arg(&plugin)
-            .args(&step.argv);
-        cmd.env_clear()
-            .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+        cmd.args([
+            "netns",
+            "exec",
+            self.host.name(),
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+        ])
+        .arg(format!("{} && exec \"$@\"", mounts.join(" && ")))
+        .arg("sh")
+        .arg(&plugin)
+        .args(&step.argv);
+        cmd.env_clear().env(
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        );
         if step.argv.is_empty() {
             let netns = match &step.netns {
                 NetnsArg::Pod(i) => self.pods[*i].path().to_string(),
@@ -563,6 +626,75 @@ impl DiffWorld {
     /// `s` with the world's placeholders filled in.
     fn fill(&self, s: &str) -> String {
         s.replace("{etcd}", &self.k8s.etcd().endpoint())
+    }
+}
+
+/// What the gRPC agent was sent, as JSON (its maps in key order).
+fn received_json(r: &Received) -> Value {
+    let map = |m: &std::collections::HashMap<String, String>| -> Value {
+        json!(m.iter().collect::<std::collections::BTreeMap<_, _>>())
+    };
+    match r {
+        Received::Add(a) => {
+            let w = a.workload.as_ref();
+            json!({"add": {
+                "interface_name": a.interface_name, "netns": a.netns,
+                "desired_host_interface_name": a.desired_host_interface_name,
+                "settings": a.settings.as_ref().map(|s| json!({"allow_ip_forwarding": s.allow_ip_forwarding, "mtu": s.mtu})),
+                "container_ips": a.container_ips.iter().map(|i| json!({"address": i.address, "gateway": i.gateway})).collect::<Vec<_>>(),
+                "container_routes": a.container_routes,
+                "workload": w.map(|w| json!({"name": w.name, "namespace": w.namespace, "labels": map(&w.labels),
+                    "annotations": map(&w.annotations), "endpoint": w.endpoint, "node": w.node,
+                    "orchestrator": w.orchestrator, "pod": w.pod,
+                    "ports": w.ports.iter().map(|p| json!({"name": p.name, "protocol": p.protocol, "port": p.port,
+                        "host_port": p.host_port, "host_ip": p.host_ip})).collect::<Vec<_>>()})),
+                "dataplane_options": map(&a.dataplane_options),
+            }})
+        }
+        Received::Del(d) => json!({"del": {"interface_name": d.interface_name, "netns": d.netns,
+            "dataplane_options": map(&d.dataplane_options)}}),
+    }
+}
+
+/// KubeVirt's VirtualMachine and VirtualMachineInstance (kubevirt.io/v1, any content), as
+/// the KubeVirt cases need them; served before returning.
+fn install_kubevirt(k8s: &RealK8s) {
+    let reqs = [
+        ("VirtualMachine", "virtualmachines", "vm"),
+        ("VirtualMachineInstance", "virtualmachineinstances", "vmi"),
+    ]
+    .into_iter()
+    .map(|(kind, plural, short)| {
+        let crd = json!({"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResourceDefinition",
+            "metadata":{"name": format!("{plural}.kubevirt.io")},
+            "spec":{"group":"kubevirt.io","scope":"Namespaced",
+                "names":{"kind":kind,"plural":plural,"singular":kind.to_lowercase(),"shortNames":[short]},
+                "versions":[{"name":"v1","served":true,"storage":true,
+                    "schema":{"openAPIV3Schema":{"type":"object","x-kubernetes-preserve-unknown-fields":true}}}]}});
+        (
+            "POST".to_string(),
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions".to_string(),
+            Some(crd),
+            "application/json".to_string(),
+        )
+    })
+    .collect();
+    for a in k8s.request_all(reqs) {
+        assert!(a.status == 201 || a.status == 409, "KubeVirt's CRDs: {a:?}");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !k8s.get(KUBEVIRT).is_some_and(|d| {
+        let names: Vec<&str> = d["resources"]
+            .as_array()
+            .map(|r| r.iter().filter_map(|r| r["name"].as_str()).collect())
+            .unwrap_or_default();
+        names.contains(&"virtualmachines") && names.contains(&"virtualmachineinstances")
+    }) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "KubeVirt's CRDs not served"
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
