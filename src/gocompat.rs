@@ -1,5 +1,6 @@
 //! Go's renderings and parsers that upstream's texts and inputs depend on, in one place:
-//! `strconv.ParseBool`, `syscall.Errno.Error()` and `*os.PathError` texts.
+//! `strconv.ParseBool`, `strconv.ParseUint` and their `*strconv.NumError`, `strconv.Quote`,
+//! `syscall.Errno.Error()` and `*os.PathError` texts.
 
 use std::io;
 use std::path::Path;
@@ -11,6 +12,107 @@ pub fn parse_bool(s: &str) -> Option<bool> {
         "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
         _ => None,
     }
+}
+
+/// Why `strconv` refused a number (`strconv.ErrSyntax`, `strconv.ErrRange`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NumErrorKind {
+    #[error("invalid syntax")]
+    Syntax,
+    #[error("value out of range")]
+    Range,
+}
+
+/// Go's `*strconv.NumError`: `strconv.<Func>: parsing <quoted input>: <why>`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("strconv.{func}: parsing {}: {kind}", go_quote(.num))]
+pub struct NumError {
+    /// `ParseBool`, `ParseUint`, ...
+    pub func: &'static str,
+    /// The input, as given.
+    pub num: String,
+    pub kind: NumErrorKind,
+}
+
+/// Go's `strconv.ParseBool` with its error.
+pub fn parse_bool_go(s: &str) -> Result<bool, NumError> {
+    parse_bool(s).ok_or_else(|| NumError {
+        func: "ParseBool",
+        num: s.to_string(),
+        kind: NumErrorKind::Syntax,
+    })
+}
+
+/// Go's `strconv.ParseUint(s, base, bits)` for an explicit `base` in 2..=36 (no `0x`-style
+/// prefixes, no underscores, no sign) and `bits` in 1..=64: the same answer and the same
+/// error, including which of the two errors a text with both an overflow and a bad digit
+/// gets (the first met, left to right).
+pub fn parse_uint(s: &str, base: u32, bits: u32) -> Result<u64, NumError> {
+    let err = |kind| NumError {
+        func: "ParseUint",
+        num: s.to_string(),
+        kind,
+    };
+    if s.is_empty() || !(2..=36).contains(&base) || !(1..=64).contains(&bits) {
+        return Err(err(NumErrorKind::Syntax));
+    }
+    let base = u64::from(base);
+    let cutoff = u64::MAX / base + 1;
+    let max = if bits == 64 {
+        u64::MAX
+    } else {
+        (1u64 << bits) - 1
+    };
+    let mut n: u64 = 0;
+    for c in s.bytes() {
+        let d = match c {
+            b'0'..=b'9' => c - b'0',
+            b'a'..=b'z' | b'A'..=b'Z' => c.to_ascii_lowercase() - b'a' + 10,
+            _ => return Err(err(NumErrorKind::Syntax)),
+        };
+        let d = u64::from(d);
+        if d >= base {
+            return Err(err(NumErrorKind::Syntax));
+        }
+        if n >= cutoff {
+            return Err(err(NumErrorKind::Range));
+        }
+        n *= base;
+        match n.checked_add(d) {
+            Some(n1) if n1 <= max => n = n1,
+            _ => return Err(err(NumErrorKind::Range)),
+        }
+    }
+    Ok(n)
+}
+
+/// Go's `strconv.Quote`: `"` and `\` escaped, Go's short escapes (`\a \b \f \n \r \t \v`),
+/// other ASCII controls and DEL as `\xHH`, other control characters as `\uHHHH`. Go also
+/// escapes the other characters `unicode.IsPrint` refuses (format characters such as
+/// U+00AD, unassigned code points); those are kept here.
+pub fn go_quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{7}' => out.push_str("\\a"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{b}' => out.push_str("\\v"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c if c.is_control() => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// Where nix's errno descriptions are worded otherwise than glibc's, from which Go's
@@ -84,6 +186,52 @@ mod tests {
         for bad in ["", "yes", "tRUE", " true", "2"] {
             assert_eq!(parse_bool(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn num_errors_as_strconv() {
+        assert_eq!(
+            parse_bool_go("").unwrap_err().to_string(),
+            r#"strconv.ParseBool: parsing "": invalid syntax"#
+        );
+        assert_eq!(parse_bool_go("T"), Ok(true));
+        assert_eq!(parse_uint("0600", 8, 32), Ok(0o600));
+        assert_eq!(parse_uint("37777777777", 8, 32), Ok(0xffff_ffff));
+        // Each as upstream's installer printed it for TEST_FILE_PERMISSION.
+        for (text, why) in [
+            ("", "invalid syntax"),
+            ("0o644", "invalid syntax"),
+            ("0x1a4", "invalid syntax"),
+            ("08", "invalid syntax"),
+            ("-1", "invalid syntax"),
+            (" 0644", "invalid syntax"),
+            ("40000000000", "value out of range"),
+            ("777777777777", "value out of range"),
+            // The overflow is met before the bad digit, and the bad digit before it.
+            ("777777777777x", "value out of range"),
+            ("7x77777777777", "invalid syntax"),
+        ] {
+            assert_eq!(
+                parse_uint(text, 8, 32).unwrap_err().to_string(),
+                format!("strconv.ParseUint: parsing \"{text}\": {why}"),
+                "{text:?}"
+            );
+        }
+        assert_eq!(parse_uint("18446744073709551615", 10, 64), Ok(u64::MAX));
+        assert_eq!(
+            parse_uint("18446744073709551616", 10, 64).map_err(|e| e.kind),
+            Err(NumErrorKind::Range)
+        );
+    }
+
+    #[test]
+    fn quote_as_go() {
+        assert_eq!(go_quote(""), r#""""#);
+        assert_eq!(go_quote("a\"b\\c"), r#""a\"b\\c""#);
+        assert_eq!(
+            go_quote("\t\n\u{1}\u{7f}\u{85}é"),
+            r#""\t\n\x01\x7f\u0085é""#
+        );
     }
 
     #[test]
