@@ -40,15 +40,18 @@ fn main() -> ExitCode {
         .unwrap_or_default()
         .trim_end_matches(".exe");
     let is_ipam = match name {
-        // The node installer takes its settings from the environment only.
-        "install" if args.len() == 1 => return calico_cni::install::main(),
+        // The node installer takes its settings from the environment only and, as
+        // upstream's, ignores its arguments; but `-v` answers the version (upstream's would
+        // install).
         "install" => {
-            if matches!(args[1].as_str(), "-v" | "--v" | "-version" | "--version") {
+            if args
+                .get(1)
+                .is_some_and(|a| matches!(a.as_str(), "-v" | "--v" | "-version" | "--version"))
+            {
                 println!("{}", calico_cni::VERSION);
                 return ExitCode::SUCCESS;
             }
-            eprintln!("install takes no arguments: its settings come from the environment");
-            return ExitCode::from(2);
+            return calico_cni::install::main(&args[1..]);
         }
         "calico" => false,
         "calico-ipam" => true,

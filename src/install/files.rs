@@ -123,6 +123,21 @@ pub fn dir_writable(dir: &Path) -> bool {
     }
 }
 
+/// Go's `os.Remove`: unlink, else rmdir (an empty directory goes too); when both fail, the
+/// rmdir error unless it is ENOTDIR (then the path is no directory and unlink's error is
+/// the real one).
+pub fn remove_as_go(path: &Path) -> io::Result<()> {
+    let unlink = match fs::remove_file(path) {
+        Ok(()) => return Ok(()),
+        Err(e) => e,
+    };
+    match fs::remove_dir(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => Err(unlink),
+        Err(e) => Err(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,6 +147,22 @@ mod tests {
         let _ = fs::remove_dir_all(&d);
         fs::create_dir_all(&d).unwrap();
         d
+    }
+
+    #[test]
+    fn removes_as_go_os_remove() {
+        let d = scratch("remove");
+        let file = d.join("f");
+        fs::write(&file, "x").unwrap();
+        fs::create_dir_all(d.join("empty")).unwrap();
+        fs::create_dir_all(d.join("full/x")).unwrap();
+        remove_as_go(&file).unwrap();
+        remove_as_go(&d.join("empty")).unwrap();
+        let errno = |p: &Path| remove_as_go(p).unwrap_err().raw_os_error();
+        assert_eq!(errno(&d.join("full")), Some(libc::ENOTEMPTY));
+        assert_eq!(errno(&d.join("missing")), Some(libc::ENOENT));
+        assert!(!file.exists() && !d.join("empty").exists() && d.join("full/x").is_dir());
+        fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]

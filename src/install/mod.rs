@@ -18,14 +18,15 @@ pub mod settings;
 
 use std::fs;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::datastore::DatastoreError;
+use crate::gocompat::NumError;
 use kubeconfig::InCluster;
 use netconf::{EtcdTls, Inputs};
-use settings::{Paths, Settings};
+use settings::{EnvconfigError, Paths, Settings};
 
 /// Exit code: configuration refused, nothing written.
 pub const EXIT_REFUSED: u8 = 2;
@@ -40,6 +41,17 @@ pub enum InstallError {
     /// The configuration cannot work; checked before anything is written.
     #[error("{0}")]
     Refused(String),
+    /// A variable envconfig cannot convert (`UPDATE_CNI_BINARIES`, `SLEEP`), in its words.
+    #[error(transparent)]
+    Env(#[from] EnvconfigError),
+    /// `TEST_FILE_PERMISSION` is not what Go's `strconv.ParseUint(s, 8, 32)` reads.
+    #[error("{0}")]
+    Permission(NumError),
+    /// The conflist's path cannot be written as a file (`CNI_CONF_NAME` empty, or naming a
+    /// directory or a place under a missing one), in `os.WriteFile`'s words. Upstream finds
+    /// out when it writes, after the binaries; this is checked before.
+    #[error("{}", crate::gocompat::path_error("open", .path, .err))]
+    ConfPath { path: PathBuf, err: io::Error },
     #[error("{what} {}: {source}", .path.display())]
     Io {
         what: &'static str,
@@ -73,14 +85,21 @@ pub struct Report {
     pub kubeconfig: Option<PathBuf>,
 }
 
-/// The installer's entry point (argv[0] `install`).
-pub fn main() -> ExitCode {
+/// The installer's entry point (argv[0] `install`). Like upstream's, it takes its settings
+/// from the environment only: arguments are ignored (with a warning), as upstream ignores
+/// them (`main.rs` answers `-v` itself).
+pub fn main(args: &[String]) -> ExitCode {
     crate::logging::init(&crate::config::NetConf::default(), "cni-installer");
+    if !args.is_empty() {
+        tracing::warn!(
+            "Ignoring arguments {args:?}: the installer takes its settings from the environment"
+        );
+    }
     let env = |k: &str| std::env::var(k).ok();
     let paths = Paths::from_env(&env);
     let settings = match Settings::from_env(&env) {
         Ok(s) => s,
-        Err(e) => return fail(&e),
+        Err(e) => return fail(&InstallError::Env(e)),
     };
     match install(&settings, &paths, &env) {
         Ok(report) => {
@@ -106,7 +125,10 @@ fn fail(e: &InstallError) -> ExitCode {
     }
     tracing::error!("Error installing CNI plugin: {text}");
     let code = match e {
-        InstallError::Refused(_) => EXIT_REFUSED,
+        InstallError::Refused(_)
+        | InstallError::Env(_)
+        | InstallError::Permission(_)
+        | InstallError::ConfPath { .. } => EXIT_REFUSED,
         _ => 1,
     };
     ExitCode::from(code)
@@ -140,6 +162,20 @@ pub fn install(
         },
         env,
     )?;
+    // Where upstream reads it: once the conflist is rendered.
+    tracing::info!(
+        "CNI config file permission is set to {}",
+        settings.conf_permission
+    );
+    let conf_mode = settings.conf_mode().map_err(InstallError::Permission)?;
+    let conf_path = in_net_dir(&paths.host_net_dir, &settings.conf_name);
+    if paths.host_net_dir.is_dir() {
+        check_conf_path(
+            &conf_path,
+            &settings.conf_name,
+            etcd_tls != EtcdTls::default(),
+        )?;
+    }
     let sources = image_binaries(&paths.image_bin_dir, settings)?;
     // 2. The token: asked before writing, so a refused token leaves the node as it was.
     let kubeconfig = match &pod {
@@ -174,19 +210,72 @@ pub fn install(
             .map_err(InstallError::io("writing", &path))?;
         report.kubeconfig = Some(path);
     }
-    let path = net_dir.join(&settings.conf_name);
-    files::write_atomic(&path, conflist.as_bytes(), settings.conf_mode)
+    let path = conf_path;
+    files::write_atomic(&path, conflist.as_bytes(), conf_mode)
         .map_err(InstallError::io("writing", &path))?;
     tracing::info!("Created {}", path.display());
     report.conflist = path;
     if settings.old_conf_name != settings.conf_name {
-        let old = net_dir.join(&settings.old_conf_name);
+        let old = in_net_dir(net_dir, &settings.old_conf_name);
         tracing::info!("Removing {}", old.display());
-        if let Err(e) = fs::remove_file(&old) {
-            tracing::warn!("Failed to remove {}: {e}", settings.old_conf_name);
+        if let Err(e) = files::remove_as_go(&old) {
+            tracing::warn!(
+                error = %crate::gocompat::path_error("remove", &old, &e),
+                "Failed to remove {}",
+                settings.old_conf_name
+            );
         }
     }
     Ok(report)
+}
+
+/// `<host config dir>/<name>` as upstream builds it (`fmt.Sprintf(".../net.d/%s", name)`):
+/// text appended, so `""` names the directory itself (`net.d/`) and a name starting with
+/// `/` stays inside it (where `Path::join` would leave it).
+fn in_net_dir(net_dir: &Path, name: &str) -> PathBuf {
+    let mut path = net_dir.as_os_str().to_owned();
+    path.push("/");
+    path.push(name);
+    PathBuf::from(path)
+}
+
+/// Whether `os.WriteFile` could create the conflist at `path` once the writes before it are
+/// done, answered without writing: not a directory (`""`, `.`, a name ending in `/`), and
+/// in a directory that exists. `calico-tls` is a directory then only when TLS assets are
+/// copied into it (`tls_dir`): upstream removes it first. The error is `open(2)`'s.
+fn check_conf_path(path: &Path, name: &str, tls_dir: bool) -> Result<(), InstallError> {
+    let refuse = |err: io::Error| InstallError::ConfPath {
+        path: path.to_path_buf(),
+        err,
+    };
+    let is_a_directory = || refuse(io::Error::from_raw_os_error(libc::EISDIR));
+    let names_tls_dir = !name.ends_with('/')
+        && Path::new(name)
+            .components()
+            .filter(|c| !matches!(c, Component::CurDir | Component::RootDir))
+            .eq([Component::Normal("calico-tls".as_ref())]);
+    if names_tls_dir {
+        return if tls_dir {
+            Err(is_a_directory())
+        } else {
+            Ok(())
+        };
+    }
+    match fs::metadata(path) {
+        Ok(m) if m.is_dir() => Err(is_a_directory()),
+        Ok(_) => Ok(()),
+        // open(O_CREAT) of a missing name with a trailing slash: EISDIR.
+        Err(e) if e.kind() == io::ErrorKind::NotFound && name.ends_with('/') => {
+            Err(is_a_directory())
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => match path.parent().map(fs::metadata) {
+            Some(Ok(m)) if m.is_dir() => Ok(()),
+            Some(Ok(_)) => Err(refuse(io::Error::from_raw_os_error(libc::ENOTDIR))),
+            Some(Err(e)) => Err(refuse(e)),
+            None => Ok(()),
+        },
+        Err(e) => Err(refuse(e)),
+    }
 }
 
 /// The conflist template and where it came from: `CNI_NETWORK_CONFIG_FILE` over
@@ -212,10 +301,24 @@ fn template(settings: &Settings) -> Result<(String, String), InstallError> {
     ))
 }
 
-/// Which etcd TLS files will be on the host: those in `TLS_ASSETS_DIR` (upstream copies
-/// them when at least one exists, and starts from an empty `calico-tls`).
-fn etcd_tls_to_copy(dir: &Path) -> EtcdTls {
-    let has = |f: &str| dir.join(f).is_file();
+/// `<TLS_ASSETS_DIR>/<file>`, as upstream joins them (`fmt.Sprintf("%s/%s", ...)`).
+fn tls_asset(dir: &str, file: &str) -> PathBuf {
+    PathBuf::from(format!("{dir}/{file}"))
+}
+
+/// Upstream's `fileExists`: there, and not a directory.
+fn file_exists(p: &Path) -> bool {
+    fs::metadata(p).is_ok_and(|m| !m.is_dir())
+}
+
+/// Which etcd TLS files will be on the host: those in `TLS_ASSETS_DIR` when it is a
+/// directory (`""` is none), as upstream copies them when at least one exists, and starts
+/// from an empty `calico-tls`.
+fn etcd_tls_to_copy(dir: &str) -> EtcdTls {
+    if !Path::new(dir).is_dir() {
+        return EtcdTls::default();
+    }
+    let has = |f: &str| file_exists(&tls_asset(dir, f));
     EtcdTls {
         ca: has("etcd-ca"),
         cert: has("etcd-cert"),
@@ -223,21 +326,24 @@ fn etcd_tls_to_copy(dir: &Path) -> EtcdTls {
     }
 }
 
-fn install_etcd_tls(from: &Path, to: &Path, tls: EtcdTls) -> Result<(), InstallError> {
+fn install_etcd_tls(from: &str, to: &Path, tls: EtcdTls) -> Result<(), InstallError> {
     match fs::remove_dir_all(to) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => tracing::warn!("Error removing old TLS directory: {e}"),
     }
     if tls == EtcdTls::default() {
-        tracing::info!("No TLS assets found in {}, skipping", from.display());
+        // Upstream says so only of a directory that exists.
+        if Path::new(from).is_dir() {
+            tracing::info!("No TLS assets found in {from}, skipping");
+        }
         return Ok(());
     }
     tracing::info!("Installing any TLS assets");
     fs::create_dir_all(to).map_err(InstallError::io("creating", to))?;
     for name in ETCD_TLS_FILES {
-        let src = from.join(name);
-        if src.is_file() {
+        let src = tls_asset(from, name);
+        if file_exists(&src) {
             let dst = to.join(name);
             files::copy_atomic(&src, &dst).map_err(InstallError::io("copying to", &dst))?;
         } else {
@@ -426,7 +532,7 @@ fn run_async<T>(
 /// place) to the host, until SIGTERM or SIGINT.
 fn sleep_forever(settings: &Settings, paths: &Paths) -> ! {
     exit_on_termination();
-    let cert = settings.tls_assets_dir.join("etcd-cert");
+    let cert = tls_asset(&settings.tls_assets_dir, "etcd-cert");
     let stamp = |p: &Path| fs::metadata(p).and_then(|m| m.modified()).ok();
     let mut last: Option<SystemTime> = stamp(&cert);
     loop {

@@ -290,3 +290,232 @@ fn sleeping_installer_stays_up_and_ends_on_sigterm() {
     };
     assert_eq!(status.code(), Some(0));
 }
+
+// The environment as upstream's installer reads it (os.LookupEnv and envconfig v1.4.0): a
+// variable set to "" is "", not unset. Every expectation below is what upstream's own
+// `install` binary (v3.32.1) did with the same environment, run in a chroot laid out as its
+// container (`/opt/cni/bin`, `/host/...`, `/calico-secrets`); where upstream fails after
+// writing, ours refuses before writing (exit 2).
+
+fn net_dir(node: &Node) -> String {
+    node.path("host/etc/cni/net.d").display().to_string()
+}
+
+#[test]
+fn empty_paths_are_used_as_empty_in_the_conflist() {
+    let node = Node::new();
+    fs::write(node.path("secrets/etcd-cert"), "cert").unwrap();
+    let template = r#"{"name":"n","cniVersion":"0.3.1","plugins":[{"type":"calico",
+        "etcd_cert_file":"__ETCD_CERT_FILE__","calico_api_group":"__CALICO_API_GROUP__",
+        "kubernetes":{"kubeconfig":"__KUBECONFIG_FILEPATH__"}}]}"#;
+    let out = node.run(&[
+        ("CNI_NET_DIR", ""),
+        ("CALICO_API_GROUP", ""),
+        ("CNI_NETWORK_CONFIG", template),
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let p = &conflist(&node, "10-calico.conflist")["plugins"][0];
+    // Upstream: `c.CNINetDir + "/calico-kubeconfig"` with CNINetDir "".
+    assert_eq!(p["kubernetes"]["kubeconfig"], "/calico-kubeconfig");
+    assert_eq!(p["etcd_cert_file"], "/calico-tls/etcd-cert");
+    assert_eq!(p["calico_api_group"], "");
+}
+
+#[test]
+fn empty_names_lists_and_templates_are_what_upstream_makes_of_them() {
+    let node = Node::new();
+    let out = node.run(&[
+        ("CNI_OLD_CONF_NAME", ""),
+        ("SKIP_CNI_BINARIES", ""),
+        ("CNI_NETWORK_CONFIG", ""),
+        ("CNI_NETWORK_CONFIG_FILE", ""),
+    ]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    // An empty template is none: the default one.
+    assert_eq!(
+        conflist(&node, "10-calico.conflist")["name"],
+        "k8s-pod-network"
+    );
+    // An empty list skips nothing.
+    let bin = node.path("host/opt/cni/bin");
+    assert!(bin.join("calico-ipam").exists() && bin.join("portmap").exists());
+    // An empty CNI_OLD_CONF_NAME names the config directory itself: `os.Remove` of it fails
+    // (it holds the conflist just written), a warning in upstream's words.
+    let want = format!(
+        "Failed to remove  error=remove {}/: directory not empty",
+        net_dir(&node)
+    );
+    assert!(out.stderr.contains(&want), "{}", out.stderr);
+    assert!(node.path("host/etc/cni/net.d/10-calico.conflist").is_file());
+}
+
+#[test]
+fn an_empty_tls_assets_dir_is_no_directory() {
+    let node = Node::new();
+    fs::write(node.path("secrets/etcd-cert"), "cert").unwrap();
+    // Run from the secrets directory: "" must not be read as the working directory.
+    let mut cmd = node.command(&[("TLS_ASSETS_DIR", "")]);
+    cmd.current_dir(node.path("secrets"));
+    let out = run_command_within(cmd, "", Duration::from_secs(60), "install");
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(!node.path("host/etc/cni/net.d/calico-tls").exists());
+    assert!(
+        !out.stderr.contains("Installing any TLS assets"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn values_upstream_cannot_use_are_refused_in_its_words_before_anything_is_written() {
+    let node = Node::new();
+    fs::write(node.path("secrets/etcd-cert"), "cert").unwrap();
+    // The TLS directory of an earlier install: upstream removes it first thing, even when it
+    // then fails; ours leaves it as it was.
+    fs::create_dir_all(node.path("host/etc/cni/net.d/calico-tls")).unwrap();
+    fs::write(node.path("host/etc/cni/net.d/calico-tls/etcd-cert"), "old").unwrap();
+    let before = node.host_snapshot();
+    let net = net_dir(&node);
+    let bool_error = |key: &str, field: &str, value: &str| {
+        format!(
+            "envconfig.Process: assigning {key} to {field}: converting '{value}' to type bool. \
+             details: strconv.ParseBool: parsing \"{value}\": invalid syntax"
+        )
+    };
+    let cases: Vec<(Vec<(&str, &str)>, String)> = vec![
+        // Upstream: fatal at loadConfig, before anything but the TLS directory's removal.
+        (
+            vec![("UPDATE_CNI_BINARIES", "")],
+            bool_error("UPDATE_CNI_BINARIES", "UpdateCNIBinaries", ""),
+        ),
+        (vec![("SLEEP", "")], bool_error("SLEEP", "ShouldSleep", "")),
+        (
+            vec![("SLEEP", "yes")],
+            bool_error("SLEEP", "ShouldSleep", "yes"),
+        ),
+        // envconfig's field order: UpdateCNIBinaries is met first.
+        (
+            vec![("SLEEP", ""), ("UPDATE_CNI_BINARIES", "")],
+            bool_error("UPDATE_CNI_BINARIES", "UpdateCNIBinaries", ""),
+        ),
+        // Upstream: fatal after the binaries and the kubeconfig are written.
+        (
+            vec![("TEST_FILE_PERMISSION", "")],
+            r#"strconv.ParseUint: parsing "": invalid syntax"#.into(),
+        ),
+        (
+            vec![("TEST_FILE_PERMISSION", "0o644")],
+            r#"strconv.ParseUint: parsing "0o644": invalid syntax"#.into(),
+        ),
+        (
+            vec![("TEST_FILE_PERMISSION", "777777777777")],
+            r#"strconv.ParseUint: parsing "777777777777": value out of range"#.into(),
+        ),
+        // Read before the conflist is written, so met before a bad name.
+        (
+            vec![("TEST_FILE_PERMISSION", ""), ("CNI_CONF_NAME", "")],
+            r#"strconv.ParseUint: parsing "": invalid syntax"#.into(),
+        ),
+        // Upstream: `os.WriteFile` fails, after the binaries and the kubeconfig.
+        (
+            vec![("CNI_CONF_NAME", "")],
+            format!("open {net}/: is a directory"),
+        ),
+        (
+            vec![("CNI_CONF_NAME", ".")],
+            format!("open {net}/.: is a directory"),
+        ),
+        (
+            vec![("CNI_CONF_NAME", "new/")],
+            format!("open {net}/new/: is a directory"),
+        ),
+        (
+            vec![("CNI_CONF_NAME", "sub/10-calico.conflist")],
+            format!("open {net}/sub/10-calico.conflist: no such file or directory"),
+        ),
+        // calico-tls is a directory again once the etcd-cert is copied into it.
+        (
+            vec![("CNI_CONF_NAME", "calico-tls")],
+            format!("open {net}/calico-tls: is a directory"),
+        ),
+    ];
+    for (env, want) in cases {
+        let out = node.run(&env);
+        assert_eq!(out.code, 2, "{env:?}: {}", out.stderr);
+        assert!(
+            out.stderr.contains(&want),
+            "{env:?}: want {want}\n{}",
+            out.stderr
+        );
+        assert_eq!(node.host_snapshot(), before, "{env:?} wrote something");
+    }
+}
+
+#[test]
+fn skip_cni_binaries_entries_are_not_trimmed() {
+    let node = Node::new();
+    node.write_exec("image/flannel", "#!/bin/sh\nexit 0\n");
+    // envconfig splits on "," only: " portmap" is no binary's name, so portmap is copied.
+    let out = node.run(&[("SKIP_CNI_BINARIES", "flannel, portmap")]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let bin = node.path("host/opt/cni/bin");
+    assert!(!bin.join("flannel").exists());
+    assert!(bin.join("portmap").is_file());
+    assert!(bin.join("calico-ipam").exists());
+}
+
+#[test]
+fn test_file_permission_is_applied_as_upstream_applies_it() {
+    let node = Node::new();
+    let conf = node.path("host/etc/cni/net.d/10-calico.conflist");
+    // Octal, up to 32 bits, into an os.FileMode: the permission bits, and setuid, setgid
+    // and sticky only from Go's own bits for them (as upstream's binary left the file).
+    for (perm, want) in [
+        ("644", 0o644),
+        ("4755", 0o755),
+        ("40000644", 0o4644),
+        ("37777777777", 0o7777),
+        ("0600", 0o600),
+    ] {
+        let out = node.run(&[("TEST_FILE_PERMISSION", perm)]);
+        assert_eq!(out.code, 0, "{perm}: {}", out.stderr);
+        assert_eq!(mode(&conf), want, "{perm}");
+    }
+}
+
+#[test]
+fn conf_names_are_appended_to_the_config_directory_as_upstream_does() {
+    let node = Node::new();
+    // `fmt.Sprintf("/host/etc/cni/net.d/%s", name)`: a leading "/" stays inside.
+    let out = node.run(&[("CNI_CONF_NAME", "/05-calico.conflist")]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(node.path("host/etc/cni/net.d/05-calico.conflist").is_file());
+    assert!(!Path::new("/05-calico.conflist").exists());
+    // CNI_OLD_CONF_NAME naming an empty directory: `os.Remove` removes it.
+    fs::create_dir(node.path("host/etc/cni/net.d/old")).unwrap();
+    let out = node.run(&[("CNI_OLD_CONF_NAME", "old")]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(!node.path("host/etc/cni/net.d/old").exists());
+}
+
+#[test]
+fn arguments_are_ignored_as_upstream_ignores_them_but_v_answers_the_version() {
+    let node = Node::new();
+    let before = node.host_snapshot();
+    let mut cmd = node.command(&[]);
+    cmd.arg("-v");
+    let out = run_command_within(cmd, "", Duration::from_secs(60), "install -v");
+    assert_eq!(
+        (out.code, out.stdout.trim()),
+        (0, VERSION),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(node.host_snapshot(), before, "-v wrote something");
+    let mut cmd = node.command(&[]);
+    cmd.args(["--help", "anything"]);
+    let out = run_command_within(cmd, "", Duration::from_secs(60), "install --help");
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stderr.contains("Ignoring arguments"), "{}", out.stderr);
+    assert!(node.path("host/etc/cni/net.d/10-calico.conflist").is_file());
+}
