@@ -166,18 +166,25 @@ fn netconf_fields() -> &'static [(&'static str, Shape)] {
     SHAPE.get_or_init(fields::shape_of::<NetConf>).fields()
 }
 
-/// Renames keys that match a field name case-insensitively (Go's rule: an exact match wins,
-/// otherwise the first case-insensitive one), in nested structs too.
+/// Renames keys that match a field name case-insensitively, in nested structs too. Go's
+/// decoder takes the object's keys in order, each (an exact or a case-insensitive match)
+/// decoded into the field over what an earlier one put there: the last of them wins.
 fn fold_keys(obj: &mut Map<String, Value>, fields: &[(&'static str, Shape)]) {
     for (name, _) in fields {
-        if obj.contains_key(*name) {
+        let matching: Vec<String> = obj
+            .keys()
+            .filter(|k| k.eq_ignore_ascii_case(name))
+            .cloned()
+            .collect();
+        let Some(last) = matching.last().cloned() else {
             continue;
+        };
+        let value = obj.remove(&last);
+        for k in &matching {
+            obj.remove(k);
         }
-        let found = obj.keys().find(|k| k.eq_ignore_ascii_case(name)).cloned();
-        if let Some(k) = found {
-            if let Some(v) = obj.remove(&k) {
-                obj.insert((*name).to_string(), v);
-            }
+        if let Some(v) = value {
+            obj.insert((*name).to_string(), v);
         }
     }
     for (name, shape) in fields {
@@ -514,11 +521,14 @@ mod tests {
         assert_eq!(c.num_queues(), 1);
         assert_eq!(c.ipam_lock_file(), DEFAULT_IPAM_LOCK_FILE);
         assert_eq!(c.nodename_file(), DEFAULT_NODENAME_FILE);
-        // Every nested struct folds too; an exact match beats a folded one.
+        // Every nested struct folds too; of several keys for one field, the last wins.
         let c = NetConf::parse(
             br#"{"Policy":{"TYPE":"k8s"},"feature_control":{"Floating_IPs":true},"runtimeconfig":{},"QPS":5,"Kubernetes":{"Kubeconfig":"a","kubeconfig":"b"}}"#,
         )
         .unwrap();
+        let last = NetConf::parse(br#"{"name":"n","mtu":0,"MTU":1400,"kubernetes":{"kubeconfig":"b","Kubeconfig":"a"}}"#)
+            .unwrap();
+        assert_eq!((last.mtu, last.kubernetes.kubeconfig.as_str()), (1400, "a"));
         assert_eq!(c.policy.policy_type, "k8s");
         assert!(c.feature_control.floating_ips);
         assert!(c.runtime_config.is_some());

@@ -199,7 +199,7 @@ pub struct Prepared<'a> {
 pub async fn release_addresses<D: Datastore>(ds: &D, args: &CmdArgs, ips: &[IpAddr]) -> Result<()> {
     let call = prepare(args, None, false)?;
     let detected = detect_vm(ds, &call, None, true).await?;
-    if let Some(vmi) = persistent_vm(&Ipam::new(ds, &call.ids.node), detected).await? {
+    if let Some(vmi) = persistent_vm(&Ipam::new(ds, &call.ids.node), detected, VmVerb::DelOrCheck).await? {
         info!(
             ?ips,
             "a VM's pod failed its ADD: it stops owning the VM's addresses"
@@ -253,7 +253,7 @@ pub async fn assign<D: Datastore>(
     } = prepared;
     let lock_file = call.conf.ipam_lock_file();
     let ipam = Ipam::new(ds, &call.ids.node).write_beside(beside);
-    let vm = persistent_vm(&ipam, detect_vm(ds, call, pod_vmi, false).await?).await?;
+    let vm = persistent_vm(&ipam, detect_vm(ds, call, pod_vmi, false).await?, VmVerb::Add).await?;
     let handle = match &vm {
         Some(vmi) => vmi.handle_id(&call.conf.name),
         None => call.ids.handle_id(&call.conf.name),
@@ -437,7 +437,7 @@ async fn upgrade_host_once<D: Datastore>(ds: &D, node: &str) -> Result<()> {
 /// DEL).
 pub async fn release<D: Datastore>(ds: &D, call: &Call<'_>) -> Result<()> {
     let detected = detect_vm(ds, call, None, true).await?;
-    if let Some(vmi) = persistent_vm(&Ipam::new(ds, &call.ids.node), detected).await? {
+    if let Some(vmi) = persistent_vm(&Ipam::new(ds, &call.ids.node), detected, VmVerb::DelOrCheck).await? {
         release_vm(ds, call, &vmi).await?;
     }
     // Also a VM's pod: its container's handle, had it one (persistence turned on since).
@@ -506,6 +506,13 @@ async fn release_container_handles<D: Datastore>(ds: &D, call: &Call<'_>) -> Res
     .await?
 }
 
+/// Which verb asks for a pod's persistent VM (`persistent_vm`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum VmVerb {
+    Add,
+    DelOrCheck,
+}
+
 /// The pod's KubeVirt VM, when the datastore can tell (`Datastore::as_backend`).
 async fn detect_vm<D: Datastore>(
     ds: &D,
@@ -520,11 +527,13 @@ async fn detect_vm<D: Datastore>(
 }
 
 /// The VM whose addresses persist: a detected VM with `kubeVirtVMAddressPersistence` on.
-/// With it off, a VM's pod is an ordinary pod, but a migration target is refused (it would
-/// get other addresses than the VM it takes over).
+/// With it off, a VM's pod is an ordinary pod, but an ADD of a migration target is refused
+/// (it would get other addresses than the VM it takes over); its DEL and CHECK are an
+/// ordinary pod's, as upstream's.
 async fn persistent_vm<D: Datastore>(
     ipam: &Ipam<'_, D>,
     detected: Detected,
+    verb: VmVerb,
 ) -> Result<Option<Vmi>> {
     let Detected::Vm(vmi) = detected else {
         return Ok(None);
@@ -532,7 +541,7 @@ async fn persistent_vm<D: Datastore>(
     if ipam.vm_address_persistence().await {
         return Ok(Some(vmi));
     }
-    if vmi.is_migration_target() {
+    if verb == VmVerb::Add && vmi.is_migration_target() {
         info!("Live migration target pod rejected: KubeVirtVMAddressPersistence is disabled");
         return Err(Error::msg(
             "live migration target pod is not allowed when KubeVirtVMAddressPersistence is disabled",
@@ -763,7 +772,7 @@ pub async fn check_with<D: Datastore>(
             ids: Cow::Borrowed(ids),
         };
         let detected = detect_vm(ds, &call, None, false).await.context("CHECK")?;
-        if let Some(vmi) = persistent_vm(&Ipam::new(ds, &ids.node), detected).await? {
+        if let Some(vmi) = persistent_vm(&Ipam::new(ds, &ids.node), detected, VmVerb::DelOrCheck).await? {
             handle = vmi.handle_id(&conf.name);
         }
     }

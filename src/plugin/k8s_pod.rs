@@ -253,7 +253,7 @@ fn parse_mac(s: &str) -> Option<Vec<u8>> {
     };
     let all_hex = |g: &[u8]| g.iter().all(u8::is_ascii_hexdigit);
     if b[2] == b':' || b[2] == b'-' {
-        if (b.len() + 1) % 3 != 0 || !valid_count((b.len() + 1) / 3) {
+        if !(b.len() + 1).is_multiple_of(3) || !valid_count((b.len() + 1) / 3) {
             return None;
         }
         let sep = b[2];
@@ -269,7 +269,7 @@ fn parse_mac(s: &str) -> Option<Vec<u8>> {
         return Some(out);
     }
     if b[4] == b'.' {
-        if (b.len() + 1) % 5 != 0 || !valid_count(2 * (b.len() + 1) / 5) {
+        if !(b.len() + 1).is_multiple_of(5) || !valid_count(2 * (b.len() + 1) / 5) {
             return None;
         }
         let mut out = Vec::new();

@@ -75,6 +75,9 @@ pub struct Seed {
     pub cluster_ready: Option<bool>,
     /// Calico's Node `node1` (etcd) or the core Node (both datastores).
     pub node: bool,
+    /// The Node's BGP address, as calico/node sets it (on the Kubernetes datastore, the core
+    /// Node's `projectcalico.org/IPv4Address` annotation).
+    pub node_bgp: bool,
     pub pools: Vec<Pool>,
     pub namespaces: Vec<NamespaceSeed>,
     pub pods: Vec<PodSeed>,
@@ -102,6 +105,7 @@ impl Default for Seed {
         Seed {
             cluster_ready: Some(true),
             node: true,
+            node_bgp: true,
             pools: vec![Pool::new("default-ipv4-ippool", "10.65.0.0/16", 26)],
             namespaces: vec![NamespaceSeed {
                 name: "default".into(),

@@ -1,5 +1,7 @@
 //! Two runs of a case side by side: every place where their observations differ, and which
 //! of those the list of accepted differences (tests/differential/accepted.json) explains.
+//! The world's states are compared whole after each step (each run's changes summed up from
+//! the same seeded world), so a difference shows at every step it lasts.
 
 use std::collections::BTreeMap;
 
@@ -18,6 +20,8 @@ pub struct Difference {
     pub what: String,
     pub ours: Value,
     pub theirs: Value,
+    /// Whether both runs' step failed (a non-zero exit).
+    pub both_failed: bool,
 }
 
 impl Difference {
@@ -47,6 +51,7 @@ fn brief(v: &Value) -> String {
 /// Every difference between `ours` and `theirs` (one observation a step each).
 pub fn compare(ours: &[Observation], theirs: &[Observation]) -> Vec<Difference> {
     let mut out = Vec::new();
+    let (mut a_state, mut b_state) = (BTreeMap::new(), BTreeMap::new());
     for step in 0..ours.len().max(theirs.len()) {
         let n = step + 1;
         let (Some(a), Some(b)) = (ours.get(step), theirs.get(step)) else {
@@ -55,37 +60,55 @@ pub fn compare(ours: &[Observation], theirs: &[Observation]) -> Vec<Difference> 
                 what: "steps".into(),
                 ours: Value::from(ours.len()),
                 theirs: Value::from(theirs.len()),
+                both_failed: false,
             });
             break;
         };
+        let mut found = Vec::new();
         if a.exit != b.exit {
-            out.push(Difference {
-                step: n,
-                what: "exit".into(),
-                ours: a.exit.into(),
-                theirs: b.exit.into(),
-            });
+            found.push(("exit".to_string(), Value::from(a.exit), Value::from(b.exit)));
         }
-        diff_value(n, "stdout", &a.stdout, &b.stdout, &mut out);
-        let mut facets: Vec<&String> = a.changed.keys().chain(b.changed.keys()).collect();
+        diff_value("stdout", &a.stdout, &b.stdout, &mut found);
+        apply(&mut a_state, &a.changed);
+        apply(&mut b_state, &b.changed);
+        let mut facets: Vec<&String> = a_state.keys().chain(b_state.keys()).collect();
         facets.sort();
         facets.dedup();
         for f in facets {
-            match (a.changed.get(f), b.changed.get(f)) {
-                (Some(x), Some(y)) => diff_value(n, f, x, y, &mut out),
-                (x, y) => out.push(Difference {
-                    step: n,
-                    what: f.clone(),
-                    ours: x.cloned().unwrap_or(Value::String("(unchanged)".into())),
-                    theirs: y.cloned().unwrap_or(Value::String("(unchanged)".into())),
-                }),
+            match (a_state.get(f), b_state.get(f)) {
+                (Some(x), Some(y)) => diff_value(f, x, y, &mut found),
+                (x, y) => found.push((
+                    f.clone(),
+                    x.cloned().unwrap_or(Value::Null),
+                    y.cloned().unwrap_or(Value::Null),
+                )),
             }
         }
+        let both_failed = a.exit != 0 && b.exit != 0;
+        out.extend(found.into_iter().map(|(what, ours, theirs)| Difference {
+            step: n,
+            what,
+            ours,
+            theirs,
+            both_failed,
+        }));
     }
     out
 }
 
-fn diff_value(step: usize, path: &str, a: &Value, b: &Value, out: &mut Vec<Difference>) {
+/// A step's changes applied to a state (`null`: the facet went away).
+fn apply(state: &mut BTreeMap<String, Value>, changed: &BTreeMap<String, Value>) {
+    for (k, v) in changed {
+        match v {
+            Value::Null => state.remove(k),
+            v => state.insert(k.clone(), v.clone()),
+        };
+    }
+}
+
+type Found = Vec<(String, Value, Value)>;
+
+fn diff_value(path: &str, a: &Value, b: &Value, out: &mut Found) {
     if a == b {
         return;
     }
@@ -97,27 +120,21 @@ fn diff_value(step: usize, path: &str, a: &Value, b: &Value, out: &mut Vec<Diffe
             for k in keys {
                 let sub = format!("{path}/{k}");
                 match (x.get(k), y.get(k)) {
-                    (Some(p), Some(q)) => diff_value(step, &sub, p, q, out),
-                    (p, q) => out.push(Difference {
-                        step,
-                        what: sub,
-                        ours: p.cloned().unwrap_or(Value::Null),
-                        theirs: q.cloned().unwrap_or(Value::Null),
-                    }),
+                    (Some(p), Some(q)) => diff_value(&sub, p, q, out),
+                    (p, q) => out.push((
+                        sub,
+                        p.cloned().unwrap_or(Value::Null),
+                        q.cloned().unwrap_or(Value::Null),
+                    )),
                 }
             }
         }
         (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
             for (i, (p, q)) in x.iter().zip(y).enumerate() {
-                diff_value(step, &format!("{path}/{i}"), p, q, out);
+                diff_value(&format!("{path}/{i}"), p, q, out);
             }
         }
-        _ => out.push(Difference {
-            step,
-            what: path.to_string(),
-            ours: a.clone(),
-            theirs: b.clone(),
-        }),
+        _ => out.push((path.to_string(), a.clone(), b.clone())),
     }
 }
 
@@ -139,6 +156,9 @@ pub struct Accepted {
     /// Only in steps of this command (`ADD`, `CHECK`, …), when set.
     #[serde(default)]
     pub command: Option<String>,
+    /// Only in steps that failed in both runs, when set.
+    #[serde(default)]
+    pub both_failed: bool,
     pub reason: String,
     /// The section of docs/differences.md that says it.
     pub doc: String,
@@ -171,6 +191,7 @@ impl AcceptedList {
                     .as_ref()
                     .is_none_or(|p| glob(p, &d.theirs.to_string()))
                 && a.command.as_deref().is_none_or(|c| Some(c) == command)
+                && (!a.both_failed || d.both_failed)
         })
     }
 }

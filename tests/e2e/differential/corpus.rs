@@ -287,7 +287,8 @@ fn pools(all: &mut Vec<Case>) {
             .push(Pool::new("second-ipv4-ippool", "10.70.0.0/16", 26));
         s
     };
-    let variants: Vec<(&str, Value, Box<dyn Fn() -> Seed>)> = vec![
+    type MakeSeed = Box<dyn Fn() -> Seed>;
+    let variants: Vec<(&str, Value, MakeSeed)> = vec![
         (
             "v4-by-name",
             json!({"ipv4_pools": ["second-ipv4-ippool"]}),
@@ -1309,12 +1310,23 @@ fn ipam_upgrade(all: &mut Vec<Case>) {
             ],
         ));
     }
-    // Not yet upgraded: ClusterInformation not ready until it is.
-    let mut seed = Seed::default();
-    seed.cluster_ready = Some(false);
+    // A Node calico/node never set up (no BGP address yet).
+    let mut seed = Seed {
+        node_bgp: false,
+        host_local_files: files(&[("10.244.1.9", "c0ffee00aa09")]),
+        ..Default::default()
+    };
     seed.pools
         .push(Pool::new("podcidr-pool", "10.244.0.0/16", 26));
-    seed.host_local_files = files(&[("10.244.1.9", "c0ffee00aa09")]);
+    all.push(case("kdd/upgrade/node-without-bgp".into(), Store::Kdd, seed, vec![upgrade()]));
+    // Not yet upgraded: ClusterInformation not ready until it is.
+    let mut seed = Seed {
+        cluster_ready: Some(false),
+        host_local_files: files(&[("10.244.1.9", "c0ffee00aa09")]),
+        ..Default::default()
+    };
+    seed.pools
+        .push(Pool::new("podcidr-pool", "10.244.0.0/16", 26));
     all.push(case(
         "kdd/upgrade/not-ready".into(),
         Store::Kdd,

@@ -110,7 +110,7 @@ fn run_case(w: &mut DiffWorld, case: &Case, subject: Side, reference: bool) -> V
                 side.name(),
                 out.len() + 1
             );
-            let _ = std::fs::write(dir.join(name), &o.stderr);
+            let _ = std::fs::write(dir.join(name), format!("{}\n---\n{}", o.stdout, o.stderr));
         }
         let parsed: Option<Value> = serde_json::from_str(&o.stdout).ok();
         if step.command == "ADD" && o.code == 0 {
@@ -204,6 +204,7 @@ fn harness_failure(e: &str) -> Difference {
         what: "harness".into(),
         ours: Value::String(e.to_string()),
         theirs: Value::Null,
+        both_failed: false,
     }
 }
 

@@ -357,9 +357,13 @@ impl DiffWorld {
         }
         // The core Node (on both datastores: a Kubernetes node has one).
         if seed.node {
+            let mut md = json!({"name":NODE,"labels":{"kubernetes.io/hostname":NODE}});
+            if seed.node_bgp {
+                md["annotations"] = json!({"projectcalico.org/IPv4Address": "192.0.2.10/24"});
+            }
             self.k8s.put(
                 &format!("/api/v1/nodes/{NODE}"),
-                json!({"apiVersion":"v1","kind":"Node","metadata":{"name":NODE,"labels":{"kubernetes.io/hostname":NODE}},
+                json!({"apiVersion":"v1","kind":"Node","metadata": md,
                     "spec":{"podCIDR":"10.244.1.0/24","podCIDRs":["10.244.1.0/24","fd00:244:1::/64"]}}),
             );
         }
