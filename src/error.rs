@@ -15,8 +15,9 @@ use crate::identifiers::IdentifierError;
 use crate::ipam::allocator::IpamError;
 use crate::ipam::verify::VerifyError;
 use crate::ipam_driver::azure::AzureError;
+use crate::ipam_driver::plugin_error::PluginError;
 use crate::net::ParseIpNetError;
-use crate::skel::error::CODE_TRY_AGAIN_LATER;
+use crate::skel::error::{CODE_TRY_AGAIN_LATER, CODE_UNSET};
 use crate::skel::CniError;
 
 #[derive(Debug, thiserror::Error)]
@@ -68,8 +69,10 @@ pub enum Error {
     /// The call's deadline passed (`crate::deadline`).
     #[error(transparent)]
     Deadline(#[from] Expired),
-    /// An error that already is a CNI error (e.g. from a delegated IPAM plugin): passed
-    /// through unchanged.
+    /// A delegated plugin (an IPAM plugin from CNI_PATH) that failed, as libcni reports it.
+    #[error(transparent)]
+    Plugin(Box<PluginError>),
+    /// An error that already is a CNI error: passed through unchanged.
     #[error("{}", .0.msg)]
     Cni(CniError),
     /// A condition found here, with no cause below it (upstream's text).
@@ -149,6 +152,12 @@ impl<T, E: Into<Error>> Context<T> for std::result::Result<T, E> {
     }
 }
 
+impl From<PluginError> for Error {
+    fn from(e: PluginError) -> Self {
+        Error::Plugin(Box::new(e))
+    }
+}
+
 impl From<CniError> for Error {
     fn from(e: CniError) -> Self {
         Error::Cni(e)
@@ -160,15 +169,21 @@ impl From<CniError> for Error {
 /// runtime should retry: a datastore that does not answer in time is one), with the deadline
 /// as `msg` and the whole error, with its context, as `details`; several failures take the
 /// deadline's code when one of them is it, else the first one's; everything else is 999
-/// ("internal") with the error's text, as Go's skel does for untyped errors.
+/// ("internal") with the error's text, as Go's skel does for untyped errors. A delegated
+/// plugin's failure is the error object libcni made of it (`pluginErr`), with the code the
+/// plugin's output gave, else none (0: libcni words those failures itself).
 impl From<Error> for CniError {
     fn from(e: Error) -> CniError {
         match e {
             Error::Cni(c) => c,
+            Error::Plugin(p) => {
+                let code = p.code().unwrap_or(CODE_UNSET);
+                CniError::new(code, p.msg(), p.details())
+            }
             Error::List(mut all) if all.len() == 1 => CniError::from(all.remove(0)),
             Error::List(all) => {
                 let msg = join(&all);
-                let codes: Vec<u32> = all.into_iter().map(|e| CniError::from(e).code).collect();
+                let codes: Vec<u64> = all.into_iter().map(|e| CniError::from(e).code).collect();
                 let code = match codes.contains(&CODE_TRY_AGAIN_LATER) {
                     true => CODE_TRY_AGAIN_LATER,
                     false => codes

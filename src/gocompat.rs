@@ -1,9 +1,13 @@
 //! Go's renderings and parsers that upstream's texts and inputs depend on, in one place:
-//! `strconv.ParseBool`, `strconv.ParseUint` and their `*strconv.NumError`, `strconv.Quote`,
-//! `syscall.Errno.Error()` and `*os.PathError` texts.
+//! `strconv.ParseBool`, `strconv.ParseUint` and their `*strconv.NumError`, `strconv.Quote`
+//! (`%q`), `syscall.Errno.Error()`, `*os.PathError` and `*os.ProcessState` (an exited
+//! child's status) texts, `filepath.Clean`.
 
+use std::fmt::Write as _;
 use std::io;
-use std::path::Path;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Component, Path, PathBuf};
+use std::process::ExitStatus;
 
 /// Go's `strconv.ParseBool`: `None` where Go answers "invalid syntax".
 pub fn parse_bool(s: &str) -> Option<bool> {
@@ -86,33 +90,9 @@ pub fn parse_uint(s: &str, base: u32, bits: u32) -> Result<u64, NumError> {
     Ok(n)
 }
 
-/// Go's `strconv.Quote`: `"` and `\` escaped, Go's short escapes (`\a \b \f \n \r \t \v`),
-/// other ASCII controls and DEL as `\xHH`, other control characters as `\uHHHH`. Go also
-/// escapes the other characters `unicode.IsPrint` refuses (format characters such as
-/// U+00AD, unassigned code points); those are kept here.
+/// Go's `strconv.Quote` of a string (`quote`).
 pub fn go_quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\u{7}' => out.push_str("\\a"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{b}' => out.push_str("\\v"),
-            c if (c as u32) < 0x20 || c == '\u{7f}' => {
-                out.push_str(&format!("\\x{:02x}", c as u32));
-            }
-            c if c.is_control() => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+    quote(s.as_bytes())
 }
 
 /// Where nix's errno descriptions are worded otherwise than glibc's, from which Go's
@@ -169,6 +149,162 @@ pub fn io_error_text(err: &io::Error) -> String {
 /// Go's `*os.PathError` text: `<op> <path>: <errno text>`.
 pub fn path_error(op: &str, path: impl AsRef<Path>, err: &io::Error) -> String {
     format!("{op} {}: {}", path.as_ref().display(), io_error_text(err))
+}
+
+/// Go's `strconv.Quote(string(bytes))`, what `%q` prints: in double quotes, `"` and `\\`
+/// escaped, printable runes (`is_print`) as they are, `\a \b \f \n \r \t \v`, other
+/// control characters as `\xNN`, other unprintable runes as `\uNNNN` / `\UNNNNNNNN`, and
+/// each byte that is not part of valid UTF-8 as `\xNN`.
+pub fn quote(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() + 2);
+    out.push('"');
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            quote_rune(&mut out, c);
+        }
+        // Go decodes an invalid sequence one byte at a time, each a `RuneError` of width 1.
+        for b in chunk.invalid() {
+            let _ = write!(out, "\\x{b:02x}");
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn quote_rune(out: &mut String, c: char) {
+    let escaped = match c {
+        '"' | '\\' => {
+            out.push('\\');
+            out.push(c);
+            return;
+        }
+        c if is_print(c) => {
+            out.push(c);
+            return;
+        }
+        '\x07' => "\\a",
+        '\x08' => "\\b",
+        '\x0c' => "\\f",
+        '\n' => "\\n",
+        '\r' => "\\r",
+        '\t' => "\\t",
+        '\x0b' => "\\v",
+        c if c < ' ' || c == '\x7f' => {
+            let _ = write!(out, "\\x{:02x}", c as u32);
+            return;
+        }
+        c if (c as u32) < 0x10000 => {
+            let _ = write!(out, "\\u{:04x}", c as u32);
+            return;
+        }
+        c => {
+            let _ = write!(out, "\\U{:08x}", c as u32);
+            return;
+        }
+    };
+    out.push_str(escaped);
+}
+
+/// Go's `strconv.IsPrint` (`unicode.IsPrint`): letters, marks, numbers, punctuation,
+/// symbols and the ASCII space, by Unicode 15.0's general categories (the version of Go's
+/// tables).
+pub fn is_print(c: char) -> bool {
+    use unicode_general_category::{get_general_category, GeneralCategory as G};
+    c == ' '
+        || !matches!(
+            get_general_category(c),
+            G::Control
+                | G::Format
+                | G::LineSeparator
+                | G::ParagraphSeparator
+                | G::PrivateUse
+                | G::SpaceSeparator
+                | G::Surrogate
+                | G::Unassigned
+        )
+}
+
+/// Go's names of the signals (`syscall.Signal.String()` on Linux), by number from 1.
+const SIGNALS: [&str; 31] = [
+    "hangup",
+    "interrupt",
+    "quit",
+    "illegal instruction",
+    "trace/breakpoint trap",
+    "aborted",
+    "bus error",
+    "floating point exception",
+    "killed",
+    "user defined signal 1",
+    "segmentation fault",
+    "user defined signal 2",
+    "broken pipe",
+    "alarm clock",
+    "terminated",
+    "stack fault",
+    "child exited",
+    "continued",
+    "stopped (signal)",
+    "stopped",
+    "stopped (tty input)",
+    "stopped (tty output)",
+    "urgent I/O condition",
+    "CPU time limit exceeded",
+    "file size limit exceeded",
+    "virtual timer expired",
+    "profiling timer expired",
+    "window changed",
+    "I/O possible",
+    "power failure",
+    "bad system call",
+];
+
+/// Go's `syscall.Signal.String()`: its name, or `signal <n>`.
+pub fn signal_text(signal: i32) -> String {
+    usize::try_from(signal)
+        .ok()
+        .and_then(|n| n.checked_sub(1))
+        .and_then(|i| SIGNALS.get(i))
+        .map_or_else(|| format!("signal {signal}"), |s| (*s).to_string())
+}
+
+/// A finished child's status as Go prints it (`*os.ProcessState`, the text of an
+/// `*exec.ExitError`): `exit status 1`, `signal: killed`, `signal: aborted (core dumped)`.
+pub fn exit_status_text(status: &ExitStatus) -> String {
+    let mut text = match (status.code(), status.signal(), status.stopped_signal()) {
+        (Some(code), _, _) => format!("exit status {code}"),
+        (None, Some(signal), _) => format!("signal: {}", signal_text(signal)),
+        (None, None, Some(signal)) => format!("stop signal: {}", signal_text(signal)),
+        (None, None, None) if status.continued() => "continued".to_string(),
+        (None, None, None) => String::new(),
+    };
+    if status.core_dumped() {
+        text.push_str(" (core dumped)");
+    }
+    text
+}
+
+/// Go's `filepath.Clean`, lexically: repeated and trailing separators and `.` removed, `..`
+/// resolved against what precedes it (at the root it stays the root); empty is `.`.
+pub fn clean_path(path: &Path) -> PathBuf {
+    let mut parts: Vec<Component> = Vec::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => match parts.last() {
+                Some(Component::Normal(_)) => {
+                    parts.pop();
+                }
+                Some(Component::RootDir | Component::Prefix(_)) => {}
+                _ => parts.push(c),
+            },
+            other => parts.push(other),
+        }
+    }
+    match parts.is_empty() {
+        true => PathBuf::from("."),
+        false => parts.iter().collect(),
+    }
 }
 
 #[cfg(test)]
@@ -282,5 +418,69 @@ mod tests {
         let custom = io::Error::other("Custom text");
         assert_eq!(io_error_text(&custom), "Custom text");
         assert_eq!(path_error("read", "/y", &custom), "read /y: Custom text");
+    }
+
+    #[test]
+    fn quote_as_go_prints_q() {
+        // Each as Go 1.26's `fmt.Sprintf("%q", s)` prints it.
+        assert_eq!(quote(b""), r#""""#);
+        assert_eq!(quote(b"oops: not json\n"), r#""oops: not json\n""#);
+        assert_eq!(
+            quote("boom \"quoted\"\ttab\nline2 <&> caf\u{e9} nbsp\u{a0} ".as_bytes()),
+            r#""boom \"quoted\"\ttab\nline2 <&> café nbsp\u00a0 ""#
+        );
+        assert_eq!(
+            quote(b"bad\xff ctl\x01 del\x7f"),
+            r#""bad\xff ctl\x01 del\x7f""#
+        );
+        assert_eq!(
+            quote("zw\u{200b} \\ \u{7}\u{8}\u{b}\u{c}\r".as_bytes()),
+            r#""zw\u200b \\ \a\b\v\f\r""#
+        );
+        // A truncated sequence is one `\x` per byte; a valid U+FFFD and astral runes stay.
+        assert_eq!(
+            quote(b"\xe2\x82 \xef\xbf\xbd \xf0\x9f\xa6\xb3"),
+            "\"\\xe2\\x82 \u{fffd} \u{1f9b3}\""
+        );
+        // Unassigned and private-use code points.
+        assert_eq!(
+            quote("\u{378}\u{e000}\u{10ffff}".as_bytes()),
+            r#""\u0378\ue000\U0010ffff""#
+        );
+    }
+
+    #[test]
+    fn exit_statuses_as_go_prints_them() {
+        assert_eq!(
+            exit_status_text(&ExitStatus::from_raw(1 << 8)),
+            "exit status 1"
+        );
+        assert_eq!(exit_status_text(&ExitStatus::from_raw(0)), "exit status 0");
+        assert_eq!(exit_status_text(&ExitStatus::from_raw(9)), "signal: killed");
+        assert_eq!(
+            exit_status_text(&ExitStatus::from_raw(6 | 0x80)),
+            "signal: aborted (core dumped)"
+        );
+        assert_eq!(
+            exit_status_text(&ExitStatus::from_raw(34)),
+            "signal: signal 34"
+        );
+    }
+
+    #[test]
+    fn clean_paths_as_filepath_clean() {
+        for (raw, clean) in [
+            ("/opt/cni/bin/x", "/opt/cni/bin/x"),
+            ("/opt//cni/./bin/x", "/opt/cni/bin/x"),
+            ("/opt/cni/../bin/x", "/opt/bin/x"),
+            ("/../x", "/x"),
+            ("bin/x", "bin/x"),
+            ("./bin/x", "bin/x"),
+            ("../../x", "../../x"),
+            ("a/../../x", "../x"),
+            ("", "."),
+        ] {
+            assert_eq!(clean_path(Path::new(raw)), PathBuf::from(clean), "{raw}");
+        }
     }
 }

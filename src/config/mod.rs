@@ -526,8 +526,10 @@ mod tests {
             br#"{"Policy":{"TYPE":"k8s"},"feature_control":{"Floating_IPs":true},"runtimeconfig":{},"QPS":5,"Kubernetes":{"Kubeconfig":"a","kubeconfig":"b"}}"#,
         )
         .unwrap();
-        let last = NetConf::parse(br#"{"name":"n","mtu":0,"MTU":1400,"kubernetes":{"kubeconfig":"b","Kubeconfig":"a"}}"#)
-            .unwrap();
+        let last = NetConf::parse(
+            br#"{"name":"n","mtu":0,"MTU":1400,"kubernetes":{"kubeconfig":"b","Kubeconfig":"a"}}"#,
+        )
+        .unwrap();
         assert_eq!((last.mtu, last.kubernetes.kubeconfig.as_str()), (1400, "a"));
         assert_eq!(c.policy.policy_type, "k8s");
         assert!(c.feature_control.floating_ips);

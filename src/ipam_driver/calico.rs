@@ -199,7 +199,9 @@ pub struct Prepared<'a> {
 pub async fn release_addresses<D: Datastore>(ds: &D, args: &CmdArgs, ips: &[IpAddr]) -> Result<()> {
     let call = prepare(args, None, false)?;
     let detected = detect_vm(ds, &call, None, true).await?;
-    if let Some(vmi) = persistent_vm(&Ipam::new(ds, &call.ids.node), detected, VmVerb::DelOrCheck).await? {
+    if let Some(vmi) =
+        persistent_vm(&Ipam::new(ds, &call.ids.node), detected, VmVerb::DelOrCheck).await?
+    {
         info!(
             ?ips,
             "a VM's pod failed its ADD: it stops owning the VM's addresses"
@@ -253,7 +255,12 @@ pub async fn assign<D: Datastore>(
     } = prepared;
     let lock_file = call.conf.ipam_lock_file();
     let ipam = Ipam::new(ds, &call.ids.node).write_beside(beside);
-    let vm = persistent_vm(&ipam, detect_vm(ds, call, pod_vmi, false).await?, VmVerb::Add).await?;
+    let vm = persistent_vm(
+        &ipam,
+        detect_vm(ds, call, pod_vmi, false).await?,
+        VmVerb::Add,
+    )
+    .await?;
     let handle = match &vm {
         Some(vmi) => vmi.handle_id(&call.conf.name),
         None => call.ids.handle_id(&call.conf.name),
@@ -437,7 +444,9 @@ async fn upgrade_host_once<D: Datastore>(ds: &D, node: &str) -> Result<()> {
 /// DEL).
 pub async fn release<D: Datastore>(ds: &D, call: &Call<'_>) -> Result<()> {
     let detected = detect_vm(ds, call, None, true).await?;
-    if let Some(vmi) = persistent_vm(&Ipam::new(ds, &call.ids.node), detected, VmVerb::DelOrCheck).await? {
+    if let Some(vmi) =
+        persistent_vm(&Ipam::new(ds, &call.ids.node), detected, VmVerb::DelOrCheck).await?
+    {
         release_vm(ds, call, &vmi).await?;
     }
     // Also a VM's pod: its container's handle, had it one (persistence turned on since).
@@ -772,7 +781,9 @@ pub async fn check_with<D: Datastore>(
             ids: Cow::Borrowed(ids),
         };
         let detected = detect_vm(ds, &call, None, false).await.context("CHECK")?;
-        if let Some(vmi) = persistent_vm(&Ipam::new(ds, &ids.node), detected, VmVerb::DelOrCheck).await? {
+        if let Some(vmi) =
+            persistent_vm(&Ipam::new(ds, &ids.node), detected, VmVerb::DelOrCheck).await?
+        {
             handle = vmi.handle_id(&conf.name);
         }
     }

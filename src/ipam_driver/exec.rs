@@ -1,7 +1,10 @@
 //! Running the IPAM plugin named in `ipam.type` (libcni `ipam.ExecAdd/ExecDel`): found in
 //! CNI_PATH, fed the same stdin, the same environment except CNI_COMMAND (and CNI_ARGS with
-//! `IgnoreUnknown=1` prepended), its result parsed from any CNI version and its error JSON
-//! passed through unchanged.
+//! `IgnoreUnknown=1` prepended), its result parsed from any CNI version. A plugin that fails
+//! is libcni's error of it (`super::plugin_error`): its own error object passed through, or
+//! libcni's words for its exit, its stderr or its undecodable stdout, with libcni's codes. A
+//! plugin whose file is busy (being written) is started again a second later, up to five
+//! times, as libcni's code means to (upstream's build gives up: docs/differences.md).
 //!
 //! A child plugin runs within the call's deadline (`crate::deadline`): it is given a budget
 //! (`CALICO_CALL_TIMEOUT_SECONDS`) of what is left minus the grace, in whole seconds and at
@@ -20,17 +23,21 @@
 //! for the attachment, and forgets the record once the plugin has released it. The rollback
 //! of a failed ADD is that DEL, on the record the ADD made.
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::process::Command;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
 use tracing::{debug, error, info, warn};
 
 use super::azure;
+use super::plugin_error::{ExecFailure, PluginError};
 use crate::error::{Context, Error, Result};
-use crate::skel::{CmdArgs, CniError, CniResult};
+use crate::gocompat;
+use crate::gojson::{self, GoJsonError};
+use crate::skel::{CmdArgs, CniResult};
 
 /// An IPAM plugin run as a child process, by its `ipam.type` name.
 #[derive(Clone, Debug)]
@@ -65,13 +72,13 @@ impl Exec {
     pub async fn add(&self, args: &CmdArgs) -> Result<CniResult> {
         let Some((network, store)) = &self.azure else {
             let out = exec(&self.plugin, "ADD", args, &args.stdin_data).await?;
-            return Ok(CniResult::parse(&out)?);
+            return parse_result(&out, &args.stdin_data);
         };
         info!("Configured to use Azure IPAM, check for subnet");
         let net = store.load_network(network)?;
         let stdin = azure::add_stdin(&args.stdin_data, &net)?;
         let out = exec(&self.plugin, "ADD", args, &stdin).await?;
-        let result = CniResult::parse(&out)?;
+        let result = parse_result(&out, &stdin)?;
         if let Err(e) = store.record(network, &args.container_id, &args.ifname, &result) {
             // Without the record no DEL could name the address: it is released now, with
             // the configuration DEL would have sent.
@@ -139,10 +146,10 @@ impl Exec {
     }
 }
 
-/// Locates `plugin` in the colon-separated CNI_PATH.
+/// Locates `plugin` in the colon-separated CNI_PATH (libcni's `FindInPath`: texts, order,
+/// and the path as `filepath.Join` makes it).
 pub fn find_plugin(plugin: &str, cni_path: &str) -> Result<PathBuf> {
     let dirs: Vec<&str> = cni_path.split(':').filter(|d| !d.is_empty()).collect();
-    // libcni's `FindInPath`, texts and order.
     if plugin.is_empty() {
         return Err(Error::msg("no plugin name provided"));
     }
@@ -153,7 +160,7 @@ pub fn find_plugin(plugin: &str, cni_path: &str) -> Result<PathBuf> {
         return Err(Error::msg("no paths provided"));
     }
     for d in &dirs {
-        let p = PathBuf::from(d).join(plugin);
+        let p = gocompat::clean_path(&Path::new(d).join(plugin));
         if p.is_file() {
             return Ok(p);
         }
@@ -164,19 +171,75 @@ pub fn find_plugin(plugin: &str, cni_path: &str) -> Result<PathBuf> {
     )))
 }
 
+/// libcni's `RawExec`: a plugin whose file is open for writing (`text file busy`: it is being
+/// installed) is started again a second later, up to five more times, within the call's
+/// deadline.
+const BUSY_RETRIES: u32 = 5;
+const BUSY_WAIT: Duration = Duration::from_secs(1);
+
+/// Runs the plugin for `command` with `stdin`: its stdout when it succeeds (what it wrote to
+/// stderr then goes to ours, as libcni passes it on), else libcni's error of it
+/// (`PluginError`).
 async fn exec(plugin: &str, command: &str, args: &CmdArgs, stdin: &[u8]) -> Result<Vec<u8>> {
     let path = find_plugin(plugin, &args.path)?;
     debug!(plugin = %path.display(), command, "executing IPAM plugin");
     let what = format!("running the IPAM plugin {} ({command})", path.display());
-    crate::deadline::check(what.as_str())?;
-    let mut cmd = Command::new(&path);
+    let mut child = start(&path, command, args, &what).await?;
+    let out = wait_for_child(&mut child, &path, stdin, &what).await?;
+    if !out.status.success() {
+        let failure = ExecFailure::Exited(out.status);
+        return Err(PluginError::from_output(failure, out.stdout, out.stderr).into());
+    }
+    // Go's exec reports a failed copy only for a plugin that succeeded; a plugin that exits
+    // without reading its input (EPIPE) is not one (`skipStdinCopyError`).
+    out.written
+        .with_context(|| format!("failed to write to {}", path.display()))?;
+    if !out.stderr.is_empty() {
+        let _ = std::io::stderr().write_all(&out.stderr);
+    }
+    Ok(out.stdout)
+}
+
+/// Starts the plugin, trying again while its file is busy (`BUSY_RETRIES`). A plugin that
+/// cannot be started is libcni's `netplugin failed with no error message: fork/exec ...`.
+async fn start(path: &Path, command: &str, args: &CmdArgs, what: &str) -> Result<Child> {
+    let mut retries = 0;
+    loop {
+        crate::deadline::check(what)?;
+        match plugin_command(path, command, args).spawn() {
+            Ok(child) => return Ok(child),
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && retries < BUSY_RETRIES => {
+                retries += 1;
+                warn!(plugin = %path.display(), retries,
+                    "the IPAM plugin's file is busy (being written): trying again in a second");
+                let (at, capped) = crate::deadline::cap_at(BUSY_WAIT);
+                tokio::time::sleep_until(at).await;
+                if capped {
+                    return Err(crate::deadline::expired(format!(
+                        "waiting to run the IPAM plugin {} ({command}), whose file is busy",
+                        path.display()
+                    ))
+                    .into());
+                }
+            }
+            Err(source) => {
+                let path = path.to_path_buf();
+                return Err(PluginError::Silent(ExecFailure::Start { path, source }).into());
+            }
+        }
+    }
+}
+
+/// The plugin's command: the same environment as ours but the CNI variables of this call
+/// (CNI_ARGS with `IgnoreUnknown=1` first), and the budget of the call's deadline.
+fn plugin_command(path: &Path, command: &str, args: &CmdArgs) -> Command {
+    let mut cmd = Command::new(path);
     let left = crate::deadline::remaining();
     if left != Duration::MAX {
         let budget = left.saturating_sub(crate::deadline::GRACE).as_secs().max(1);
         cmd.env(crate::deadline::ENV, budget.to_string());
     }
-    let mut child = cmd
-        .env("CNI_COMMAND", command)
+    cmd.env("CNI_COMMAND", command)
         .env("CNI_CONTAINERID", &args.container_id)
         .env("CNI_NETNS", &args.netns)
         .env("CNI_IFNAME", &args.ifname)
@@ -187,40 +250,83 @@ async fn exec(plugin: &str, command: &str, args: &CmdArgs, stdin: &[u8]) -> Resu
         .env("CNI_PATH", &args.path)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("failed to execute {}", path.display()))?;
-    let out = wait_for_child(&mut child, &path, stdin, &what).await?;
-    if out.status.success() {
-        return Ok(out.stdout);
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+/// The CNI versions a result can be decoded in (libcni's registered creators).
+const RESULT_VERSIONS: &[&str] = &[
+    "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0",
+];
+
+/// The result of a plugin that succeeded, as libcni's `ExecPluginWithResult` reads it
+/// (`fixupResultVersion`, then `create.Create`): a JSON object (or `null`), else `failed to
+/// unmarshal raw result: <Go's JSON error>`; without a `cniVersion` (or with an empty one) it
+/// is in the version of the config `netconf`; a version libcni does not know is
+/// `unsupported CNI result version "<v>"`.
+fn parse_result(out: &[u8], netconf: &[u8]) -> Result<CniResult> {
+    let raw = |e: GoJsonError| Error::chain("failed to unmarshal raw result", e);
+    gojson::check_syntax(out).map_err(|e| raw(e.into()))?;
+    let mut v: serde_json::Value = serde_json::from_slice(out)?;
+    let obj = match &mut v {
+        serde_json::Value::Null => {
+            v = serde_json::Value::Object(Default::default());
+            v.as_object_mut()
+        }
+        other => other.as_object_mut(),
+    };
+    let Some(obj) = obj else {
+        let kind = gojson::kind(&v);
+        let go_type = "map[string]interface {}".to_string();
+        return Err(raw(GoJsonError::Type { kind, go_type }));
+    };
+    let version = match obj.get("cniVersion") {
+        Some(serde_json::Value::String(s)) if !s.is_empty() => s.clone(),
+        _ => {
+            let conf: Option<serde_json::Value> = serde_json::from_slice(netconf).ok();
+            let version = conf
+                .as_ref()
+                .and_then(|c| c.get("cniVersion"))
+                .and_then(serde_json::Value::as_str)
+                .filter(|s| !s.is_empty())
+                .unwrap_or("0.1.0")
+                .to_string();
+            obj.insert("cniVersion".into(), version.clone().into());
+            version
+        }
+    };
+    if !RESULT_VERSIONS.contains(&version.as_str()) {
+        return Err(Error::msg(format!(
+            "unsupported CNI result version {}",
+            gocompat::quote(version.as_bytes())
+        )));
     }
-    // A plugin error is a CNI error object on stdout; pass it through as it is.
-    match serde_json::from_slice::<serde_json::Value>(&out.stdout) {
-        Ok(v) if v.get("code").is_some() => Err(Error::Cni(CniError::new(
-            v.get("code").and_then(|c| c.as_u64()).unwrap_or(999) as u32,
-            v.get("msg").and_then(|m| m.as_str()).unwrap_or_default(),
-            v.get("details")
-                .and_then(|m| m.as_str())
-                .unwrap_or_default(),
-        ))),
-        _ => Err(Error::msg(format!(
-            "netplugin failed: \"{}\"",
-            String::from_utf8_lossy(&out.stdout).trim()
-        ))),
-    }
+    Ok(CniResult::parse(&serde_json::to_vec(&v)?)?)
 }
 
 /// What a finished child left.
 struct ChildOutput {
     status: std::process::ExitStatus,
     stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    /// Whether its input was written (a child that exits without reading it is not an error).
+    written: std::io::Result<()>,
 }
 
-/// Feeds the child its stdin and collects its stdout while waiting for it to exit, until the
-/// call's limit; a child still running then is killed and reaped.
+/// Everything from `pipe` until its end.
+async fn read_pipe(pipe: Option<impl AsyncRead + Unpin>) -> std::io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    if let Some(mut pipe) = pipe {
+        pipe.read_to_end(&mut buf).await?;
+    }
+    Ok(buf)
+}
+
+/// Feeds the child its stdin and collects its stdout and stderr while waiting for it to
+/// exit, until the call's limit; a child still running then is killed and reaped.
 async fn wait_for_child(
-    child: &mut tokio::process::Child,
+    child: &mut Child,
     path: &Path,
     stdin: &[u8],
     what: &str,
@@ -230,26 +336,27 @@ async fn wait_for_child(
         |e: std::io::Error| Error::chain(format!("failed waiting for {}", path.display()), e);
     let input = child.stdin.take();
     let write = async move {
-        match input {
+        let written = match input {
             // Dropped at the end: the child sees end of input.
             Some(mut input) => input.write_all(stdin).await,
             None => Ok(()),
+        };
+        match written {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+            other => other,
         }
     };
-    let output = child.stdout.take();
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
     let read = async move {
-        let mut buf = Vec::new();
-        if let Some(mut o) = output {
-            o.read_to_end(&mut buf).await?;
-        }
-        Ok::<_, std::io::Error>(buf)
+        let (out, err) = tokio::join!(read_pipe(stdout), read_pipe(stderr));
+        Ok::<_, std::io::Error>((out?, err?))
     };
     tokio::pin!(read);
     let run = async { tokio::join!(write, child.wait()) };
     let mut read_done = None;
     let finished = async {
-        // The exit and stdout's end are awaited together: a child whose output fills the pipe
-        // only exits once it has been read.
+        // The exit and the pipes' ends are awaited together: a child whose output fills a
+        // pipe only exits once it has been read.
         tokio::pin!(run);
         loop {
             tokio::select! {
@@ -270,8 +377,7 @@ async fn wait_for_child(
         },
     };
     let status = status.map_err(waited)?;
-    written.with_context(|| format!("failed to write to {}", path.display()))?;
-    // The pipe closes when the child exits, unless it left a process holding it open. (A
+    // The pipes close when the child exits, unless it left a process holding them open. (A
     // moment's floor: what the child wrote just before exiting may not have been read yet.)
     let read_done = match read_done {
         Some(r) => r,
@@ -286,8 +392,13 @@ async fn wait_for_child(
             }
         }
     };
-    let stdout = read_done.map_err(waited)?;
-    Ok(ChildOutput { status, stdout })
+    let (stdout, stderr) = read_done.map_err(waited)?;
+    Ok(ChildOutput {
+        status,
+        stdout,
+        stderr,
+        written,
+    })
 }
 
 /// Whether `plugin` in CNI_PATH is this very executable (then Calico IPAM runs in-process):

@@ -15,6 +15,7 @@ pub mod exec;
 #[cfg(test)]
 pub mod fake;
 pub mod kubevirt;
+pub mod plugin_error;
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;

@@ -8,10 +8,7 @@ use std::net::IpAddr;
 
 use super::CniError;
 
-/// Go's `%q` of a string.
-fn go_quote(s: &str) -> String {
-    serde_json::to_string(s).unwrap_or_else(|_| format!("\"{s}\""))
-}
+use crate::gocompat::go_quote;
 
 /// How a known key's value is decoded (the Go field's `UnmarshalText`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

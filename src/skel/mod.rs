@@ -55,7 +55,7 @@ pub trait Plugin {
 
 #[derive(Serialize)]
 struct ErrorJson<'a> {
-    code: u32,
+    code: u64,
     msg: &'a str,
     #[serde(skip_serializing_if = "str::is_empty")]
     details: &'a str,

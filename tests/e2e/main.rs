@@ -23,6 +23,7 @@ mod dataplane;
 mod datastore_conformance;
 mod datastore_etcd;
 mod deadline;
+mod delegated_ipam;
 mod differential;
 mod grpc_dataplane;
 mod hangs_and_leaks;

@@ -1318,7 +1318,12 @@ fn ipam_upgrade(all: &mut Vec<Case>) {
     };
     seed.pools
         .push(Pool::new("podcidr-pool", "10.244.0.0/16", 26));
-    all.push(case("kdd/upgrade/node-without-bgp".into(), Store::Kdd, seed, vec![upgrade()]));
+    all.push(case(
+        "kdd/upgrade/node-without-bgp".into(),
+        Store::Kdd,
+        seed,
+        vec![upgrade()],
+    ));
     // Not yet upgraded: ClusterInformation not ready until it is.
     let mut seed = Seed {
         cluster_ready: Some(false),
