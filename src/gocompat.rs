@@ -47,6 +47,26 @@ pub fn parse_bool_go(s: &str) -> Result<bool, NumError> {
     })
 }
 
+/// Go's `strconv.Atoi` (a 64-bit `int`): an optional sign and decimal digits.
+pub fn atoi(s: &str) -> Result<i64, NumError> {
+    let err = |kind| NumError {
+        func: "Atoi",
+        num: s.to_string(),
+        kind,
+    };
+    let (negative, digits) = match s.as_bytes().first() {
+        Some(b'-') => (true, &s[1..]),
+        Some(b'+') => (false, &s[1..]),
+        _ => (false, s),
+    };
+    let magnitude = parse_uint(digits, 10, 64).map_err(|e| err(e.kind))?;
+    match negative {
+        true if magnitude <= 1u64 << 63 => Ok((magnitude as i64).wrapping_neg()),
+        false if magnitude < 1u64 << 63 => Ok(magnitude as i64),
+        _ => Err(err(NumErrorKind::Range)),
+    }
+}
+
 /// Go's `strconv.ParseUint(s, base, bits)` for an explicit `base` in 2..=36 (no `0x`-style
 /// prefixes, no underscores, no sign) and `bits` in 1..=64: the same answer and the same
 /// error, including which of the two errors a text with both an overflow and a bad digit

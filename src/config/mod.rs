@@ -263,8 +263,8 @@ impl NetConf {
     }
 
     /// `dataplane_options` as upstream's `GetDataplane`: without a `type` the Linux
-    /// dataplane; `grpc` needs a `socket` that names a Unix socket
-    /// (`grpc_socket_path`); any other type is refused.
+    /// dataplane; `grpc` needs a `socket` that names a target (`grpc_target`); any other
+    /// type is refused.
     pub fn check_dataplane(&self) -> Result<(), ConfigError> {
         let Some(opts) = &self.dataplane_options else {
             return Ok(());
@@ -276,7 +276,7 @@ impl NetConf {
             return Err(ConfigError::DataplaneType(go_percent_s(kind)));
         }
         match opts.get("socket").and_then(Value::as_str) {
-            Some(socket) => grpc_socket_path(socket).map(drop),
+            Some(socket) => grpc_target(socket).map(drop),
             None => Err(ConfigError::GrpcSocket),
         }
     }
@@ -331,9 +331,9 @@ impl NetConf {
 
     pub fn resolve_mtu_from(&self, file: &Path) -> Result<u32, ConfigError> {
         let from_file = match crate::input_file::read_to_string(file) {
-            Ok(s) => Some(s.trim().parse::<u32>().map_err(|e| {
-                ConfigError::MtuFile(format!("strconv.Atoi: parsing {:?}: {e}", s.trim()))
-            })?),
+            Ok(s) => Some(
+                crate::gocompat::atoi(s.trim()).map_err(|e| ConfigError::MtuFile(e.to_string()))?,
+            ),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 if self.require_mtu_file {
                     return Err(ConfigError::MtuFile(path_error("open", file, &e)));
@@ -347,7 +347,7 @@ impl NetConf {
         if self.mtu != 0 {
             return Ok(u32::try_from(self.mtu).unwrap_or(0));
         }
-        Ok(from_file.unwrap_or(0))
+        Ok(from_file.and_then(|m| u32::try_from(m).ok()).unwrap_or(0))
     }
 
     /// The labels of `args.org.apache.mesos.network_info.labels.labels`, keys and values
@@ -422,13 +422,19 @@ fn sanitize_label(s: &str) -> String {
     out.trim_matches(|c| c == '.' || c == '-').to_string()
 }
 
-/// The Unix socket path of a `socket` option. Accepted: `unix:///abs/path` and `unix:path`
-/// (both as grpc-go reads them), and a bare absolute path. Upstream hands a bare path to
-/// grpc-go's passthrough resolver, which dials it as a TCP address and fails at every ADD;
-/// here it can only mean the socket, so it is used as one (with a warning: upstream would
-/// not accept it). Anything else (TCP targets, `unix-abstract:`, `unix://host/...`) is
-/// refused, before IPAM.
-pub fn grpc_socket_path(socket: &str) -> Result<PathBuf, ConfigError> {
+/// Where the gRPC dataplane listens, as grpc-go reads a target with upstream's default
+/// scheme `passthrough`: `unix:///path` and `unix:path` are a Unix socket; `dns:///host:port`
+/// and `passthrough:///addr` are a TCP address; anything else (`host:port`, and a bare path,
+/// which then fails to dial) is handed to TCP as it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GrpcTarget {
+    Unix(PathBuf),
+    Tcp(String),
+}
+
+/// The `socket` option as a target (see [`GrpcTarget`]). `unix://host/path` (an authority)
+/// and `unix-abstract:` are refused, before IPAM.
+pub fn grpc_target(socket: &str) -> Result<GrpcTarget, ConfigError> {
     let refuse = |reason: &str| ConfigError::GrpcAddress {
         socket: socket.to_string(),
         reason: reason.to_string(),
@@ -442,21 +448,19 @@ pub fn grpc_socket_path(socket: &str) -> Result<PathBuf, ConfigError> {
         rest
     } else if let Some(rest) = socket.strip_prefix("unix:") {
         rest
-    } else if socket.starts_with('/') {
-        tracing::warn!(
-            socket,
-            "the gRPC dataplane socket has no unix: scheme; using it as a Unix socket path"
-        );
-        socket
+    } else if socket.starts_with("unix-abstract:") {
+        return Err(refuse("abstract Unix sockets are not supported"));
     } else {
-        return Err(refuse(
-            "only Unix sockets (unix:///path, unix:path) are supported",
-        ));
+        let addr = ["dns:///", "passthrough:///"]
+            .iter()
+            .find_map(|p| socket.strip_prefix(p))
+            .unwrap_or(socket);
+        return Ok(GrpcTarget::Tcp(addr.to_string()));
     };
     if path.is_empty() {
         return Err(refuse("no socket path"));
     }
-    Ok(PathBuf::from(path))
+    Ok(GrpcTarget::Unix(PathBuf::from(path)))
 }
 
 /// Go's `%s` of a decoded JSON value (`any`): strings as they are, maps and slices by their
@@ -560,7 +564,10 @@ mod tests {
         let c2 = NetConf::parse(br#"{"name":"n","mtu":9000}"#).unwrap();
         assert_eq!(c2.resolve_mtu_from(&f).unwrap(), 9000);
         std::fs::write(&f, "abc").unwrap();
-        assert!(c2.resolve_mtu_from(&f).is_err());
+        assert_eq!(
+            c2.resolve_mtu_from(&f).unwrap_err().to_string(),
+            "failed to read MTU file: strconv.Atoi: parsing \"abc\": invalid syntax"
+        );
         std::fs::remove_file(&f).unwrap();
         let c3 = NetConf::parse(br#"{"name":"n","require_mtu_file":true}"#).unwrap();
         assert!(c3.resolve_mtu_from(&f).is_err());
@@ -623,10 +630,35 @@ mod tests {
             check(r#"{"name":"n","dataplane_options":{"type":"grpc","socket":"unix:///x"}}"#),
             Ok(())
         );
-        assert!(matches!(
+        assert_eq!(
             check(r#"{"name":"n","dataplane_options":{"type":"grpc","socket":"host:1"}}"#),
+            Ok(()),
+            "a TCP target, as grpc-go's passthrough resolver takes it"
+        );
+        assert!(matches!(
+            check(r#"{"name":"n","dataplane_options":{"type":"grpc","socket":"unix://h/x"}}"#),
             Err(ConfigError::GrpcAddress { .. })
         ));
+        assert_eq!(
+            grpc_target("unix:///run/x.sock"),
+            Ok(GrpcTarget::Unix("/run/x.sock".into()))
+        );
+        assert_eq!(
+            grpc_target("unix:rel.sock"),
+            Ok(GrpcTarget::Unix("rel.sock".into()))
+        );
+        assert_eq!(
+            grpc_target("10.0.0.1:50051"),
+            Ok(GrpcTarget::Tcp("10.0.0.1:50051".into()))
+        );
+        assert_eq!(
+            grpc_target("dns:///agent:50051"),
+            Ok(GrpcTarget::Tcp("agent:50051".into()))
+        );
+        assert_eq!(
+            grpc_target("/run/x.sock"),
+            Ok(GrpcTarget::Tcp("/run/x.sock".into()))
+        );
     }
 
     #[test]

@@ -7,7 +7,6 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv6Addr};
-use std::path::PathBuf;
 
 use nix::errno::Errno;
 
@@ -137,10 +136,10 @@ pub enum DataplaneError {
         #[source]
         source: rtnetlink::Error,
     },
-    /// The gRPC dataplane could not be reached (`grpc.rs`), as Go words a failed dial.
-    #[error("cannot connect to grpc dataplane: {}", super::grpc::connect_text(.path, .source))]
+    /// The HTTP/2 connection to the gRPC dataplane failed once made (`grpc.rs`).
+    #[error("cannot connect to grpc dataplane at {target}: {source}")]
     GrpcConnect {
-        path: PathBuf,
+        target: String,
         #[source]
         source: tonic::transport::Error,
     },

@@ -1,17 +1,17 @@
 //! The gRPC dataplane (`dataplane_options: {type: grpc, socket: ...}`), as Calico v3.32's: the
-//! plugin builds no veth pair; an agent listening on a Unix socket (Calico/VPP's, for one)
+//! plugin builds no veth pair; an agent listening on a Unix socket or a TCP address
+//! (Calico/VPP's, for one)
 //! plumbs the pod's interface when asked with `Add` and removes it with `Del`
 //! (`grpc/cnibackend.proto`, wire-compatible with upstream's). ADD gets the host interface's
 //! name and the container's MAC back for the WorkloadEndpoint and the CNI result.
 //!
 //! Each request (connecting included) is bounded by upstream's 5 s and by the call's
 //! deadline (`crate::deadline`), and runs on the call's own (current-thread) runtime.
-//! Error texts are upstream's where it has one; a failed connection is worded
-//! `cannot connect to grpc dataplane: ...` (upstream dials lazily and reports the gRPC status
-//! of the request instead).
+//! Error texts are upstream's: a connection that cannot be made is the `Unavailable` status
+//! grpc-go's first request reports (it dials lazily). The target is grpc-go's, with
+//! upstream's default `passthrough` scheme (`GrpcTarget`): a Unix socket or a TCP address.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -42,14 +42,14 @@ pub const TIMEOUT: Duration = Duration::from_secs(5);
 /// gateway of an address IPAM gave none (Calico IPAM never does).
 const NIL_IP: &str = "<nil>";
 
-pub use crate::config::grpc_socket_path as socket_path;
+pub use crate::config::{grpc_target as target, GrpcTarget};
 
 /// The gRPC dataplane as configured by the NetConf.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GrpcDataplane {
     /// The `socket` option as written (for messages).
     socket: String,
-    path: PathBuf,
+    target: GrpcTarget,
     allow_ip_forwarding: bool,
     mtu: i32,
     /// Every string-valued option (`type` and `socket` included), passed along as upstream.
@@ -102,14 +102,14 @@ impl GrpcDataplane {
             .get("socket")
             .and_then(Value::as_str)
             .ok_or(ConfigError::GrpcSocket)?;
-        let path = socket_path(socket)?;
+        let target = target(socket)?;
         let options = opts
             .iter()
             .filter_map(|(k, v)| v.as_str().map(|s| (k.clone(), s.to_string())))
             .collect();
         Ok(GrpcDataplane {
             socket: socket.to_string(),
-            path,
+            target,
             allow_ip_forwarding: conf.container_settings.allow_ip_forwarding,
             mtu: i32::try_from(mtu).unwrap_or(i32::MAX),
             options,
@@ -249,24 +249,32 @@ impl GrpcDataplane {
         }
     }
 
-    /// A client on a new connection to the socket (plain HTTP/2, no TLS).
+    /// A client on a new connection to the target (plain HTTP/2, no TLS). A failed dial is
+    /// the status grpc-go's first request reports (it connects lazily).
     async fn client(&self) -> Result<CniDataplaneClient<Channel>, DataplaneError> {
-        let path = self.path.clone();
+        let stream = match &self.target {
+            GrpcTarget::Unix(path) => tokio::net::UnixStream::connect(path)
+                .await
+                .map(Connected::Unix)
+                .map_err(|e| dial_failed("unix", &path.display().to_string(), &e)),
+            GrpcTarget::Tcp(addr) => dial_tcp(addr).await.map(Connected::Tcp),
+        }?;
+        let stream = std::sync::Mutex::new(Some(stream));
         let connector = tower::service_fn(move |_: http::Uri| {
-            let path = path.clone();
+            let taken = stream.lock().ok().and_then(|mut s| s.take());
             async move {
-                tokio::net::UnixStream::connect(path)
-                    .await
+                taken
                     .map(hyper_util::rt::TokioIo::new)
+                    .ok_or_else(|| std::io::Error::other("the connection was used"))
             }
         });
         // The URI only gives the requests their `:authority` (grpc-go sends `localhost` on
-        // a Unix socket too); the connector ignores it.
+        // a Unix socket too); the connector hands over the connection made above.
         let channel = Endpoint::from_static("http://localhost")
             .connect_with_connector(connector)
             .await
             .map_err(|source| DataplaneError::GrpcConnect {
-                path: self.path.clone(),
+                target: self.socket.clone(),
                 source,
             })?;
         Ok(CniDataplaneClient::new(channel))
@@ -345,23 +353,96 @@ pub(super) fn code_name(code: tonic::Code) -> &'static str {
     }
 }
 
-/// Why connecting failed, as Go words a failed dial (`dial unix <path>: connect: <errno>`)
-/// when the cause is an OS error, else the transport's own chain.
-pub(super) fn connect_text(path: &std::path::Path, e: &tonic::transport::Error) -> String {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    let mut chain = Vec::new();
-    while let Some(c) = cause {
-        if let Some(io) = c.downcast_ref::<std::io::Error>() {
-            let text = match io.raw_os_error() {
-                Some(errno) => crate::gocompat::errno_text(errno),
-                None => io.to_string(),
-            };
-            return format!("dial unix {}: connect: {text}", path.display());
+/// A made connection, of either kind.
+enum Connected {
+    Unix(tokio::net::UnixStream),
+    Tcp(tokio::net::TcpStream),
+}
+
+impl tokio::io::AsyncRead for Connected {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Connected::Unix(s) => std::pin::Pin::new(s).poll_read(cx, buf),
+            Connected::Tcp(s) => std::pin::Pin::new(s).poll_read(cx, buf),
         }
-        chain.push(c.to_string());
-        cause = c.source();
     }
-    chain.join(": ")
+}
+
+impl tokio::io::AsyncWrite for Connected {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Connected::Unix(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+            Connected::Tcp(s) => std::pin::Pin::new(s).poll_write(cx, buf),
+        }
+    }
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Connected::Unix(s) => std::pin::Pin::new(s).poll_flush(cx),
+            Connected::Tcp(s) => std::pin::Pin::new(s).poll_flush(cx),
+        }
+    }
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Connected::Unix(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+            Connected::Tcp(s) => std::pin::Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// A TCP dial as Go's `net.Dial("tcp", addr)` words its failures.
+async fn dial_tcp(addr: &str) -> Result<tokio::net::TcpStream, DataplaneError> {
+    let Some((host, _)) = addr.rsplit_once(':') else {
+        return Err(grpc_unavailable(format!(
+            "dial tcp: address {addr}: missing port in address"
+        )));
+    };
+    let resolved: Vec<std::net::SocketAddr> = match tokio::net::lookup_host(addr).await {
+        Ok(a) => a.collect(),
+        Err(e) => {
+            return Err(grpc_unavailable(format!(
+                "dial tcp: lookup {}: {e}",
+                host.trim_start_matches('[').trim_end_matches(']')
+            )))
+        }
+    };
+    let mut last = None;
+    for a in &resolved {
+        match tokio::net::TcpStream::connect(a).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(dial_failed("tcp", &a.to_string(), &e)),
+        }
+    }
+    Err(last.unwrap_or_else(|| grpc_unavailable(format!("dial tcp: lookup {host}: no such host"))))
+}
+
+/// A failed dial, as the status grpc-go's request then fails with.
+fn dial_failed(network: &str, addr: &str, e: &std::io::Error) -> DataplaneError {
+    let why = match e.raw_os_error() {
+        Some(errno) => crate::gocompat::errno_text(errno),
+        None => e.to_string(),
+    };
+    grpc_unavailable(format!("dial {network} {addr}: connect: {why}"))
+}
+
+/// grpc-go's status of a request on a connection it could not make.
+fn grpc_unavailable(dial: String) -> DataplaneError {
+    DataplaneError::GrpcStatus(tonic::Status::unavailable(format!(
+        "connection error: desc = \"transport: Error while dialing: {dial}\""
+    )))
 }
 
 impl Dataplane for GrpcDataplane {
@@ -445,38 +526,54 @@ mod tests {
     }
 
     #[test]
-    fn socket_addresses() {
-        let ok = |s: &str| socket_path(s).unwrap().display().to_string();
+    fn targets_as_grpc_go_reads_them() {
+        let unix = |s: &str| match target(s) {
+            Ok(GrpcTarget::Unix(p)) => p.display().to_string(),
+            other => panic!("{s}: {other:?}"),
+        };
         assert_eq!(
-            ok("unix:///var/run/calico/cni-server.sock"),
+            unix("unix:///var/run/calico/cni-server.sock"),
             "/var/run/calico/cni-server.sock"
         );
-        assert_eq!(ok("unix:/run/x.sock"), "/run/x.sock");
-        assert_eq!(ok("unix:relative.sock"), "relative.sock");
-        assert_eq!(
-            ok("/var/run/calico/cni-server.sock"),
-            "/var/run/calico/cni-server.sock"
-        );
+        assert_eq!(unix("unix:/run/x.sock"), "/run/x.sock");
+        assert_eq!(unix("unix:relative.sock"), "relative.sock");
+        // The passthrough resolver: anything else is dialed over TCP as given.
+        for (t, addr) in [
+            ("localhost:50051", "localhost:50051"),
+            ("dns:///cni:50051", "cni:50051"),
+            (
+                "/var/run/calico/cni-server.sock",
+                "/var/run/calico/cni-server.sock",
+            ),
+            ("run/x.sock", "run/x.sock"),
+        ] {
+            assert_eq!(target(t), Ok(GrpcTarget::Tcp(addr.into())), "{t}");
+        }
         for bad in [
             "unix://host/run/x.sock",
             "unix://",
             "unix:",
-            "localhost:50051",
-            "dns:///cni:50051",
             "unix-abstract:cni",
-            "run/x.sock",
-            "",
         ] {
-            let e = socket_path(bad).unwrap_err();
+            let e = target(bad).unwrap_err();
             assert!(
                 matches!(&e, ConfigError::GrpcAddress { socket, .. } if socket == bad),
                 "{bad}: {e}"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn a_failed_dial_is_grpc_gos_unavailable_status() {
+        let e = dial_tcp("/run/x.sock").await.unwrap_err();
         assert_eq!(
-            socket_path("localhost:50051").unwrap_err().to_string(),
-            "invalid GRPC dataplane socket \"localhost:50051\": only Unix sockets \
-             (unix:///path, unix:path) are supported"
+            e.to_string(),
+            "rpc error: code = Unavailable desc = connection error: desc = \"transport: Error while dialing: dial tcp: address /run/x.sock: missing port in address\""
+        );
+        let e = dial_tcp("127.0.0.1:1").await.unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "rpc error: code = Unavailable desc = connection error: desc = \"transport: Error while dialing: dial tcp 127.0.0.1:1: connect: connection refused\""
         );
     }
 
@@ -489,7 +586,7 @@ mod tests {
         }));
         let dp = GrpcDataplane::for_conf(&c, 1440).unwrap().unwrap();
         assert_eq!(dp.socket(), "unix:///run/cni.sock");
-        assert_eq!(dp.path, PathBuf::from("/run/cni.sock"));
+        assert_eq!(dp.target, GrpcTarget::Unix("/run/cni.sock".into()));
         assert!(dp.allow_ip_forwarding);
         assert_eq!(dp.mtu, 1440);
         // String values only, as upstream.
@@ -504,7 +601,7 @@ mod tests {
         let no_socket = conf(json!({"dataplane_options": {"type": "grpc", "socket": 1}}));
         let e = GrpcDataplane::for_conf(&no_socket, 0).unwrap_err();
         assert_eq!(e.to_string(), "GRPC dataplane socket not configured");
-        let bad = conf(json!({"dataplane_options": {"type": "grpc", "socket": "tcp:1"}}));
+        let bad = conf(json!({"dataplane_options": {"type": "grpc", "socket": "unix://h/x"}}));
         assert!(matches!(
             GrpcDataplane::for_conf(&bad, 0),
             Err(ConfigError::GrpcAddress { .. })
@@ -655,7 +752,7 @@ mod tests {
         );
     }
 
-    /// Nothing listening: a connection error naming the socket, at once.
+    /// Nothing listening: grpc-go's status for a connection it could not make, at once.
     #[test]
     fn no_server_is_a_connection_error() {
         let dir = std::env::temp_dir().join(format!("grpc-unit-{}", std::process::id()));
@@ -670,7 +767,7 @@ mod tests {
         assert_eq!(
             e,
             format!(
-                "cannot connect to grpc dataplane: dial unix {}/none.sock: connect: no such file or directory",
+                "rpc error: code = Unavailable desc = connection error: desc = \"transport: Error while dialing: dial unix {}/none.sock: connect: no such file or directory\"",
                 dir.display()
             )
         );

@@ -176,7 +176,7 @@ fn addresses_are_kept_until_the_agent_removed_the_interface() {
     let err = w.calico(&inv.as_del(), &gone_conf).assert_err_fast();
     let msg = err["msg"].as_str().unwrap();
     assert!(
-        msg.starts_with("cannot connect to grpc dataplane: "),
+        msg.starts_with("rpc error: code = Unavailable desc = connection error: desc = \"transport: Error while dialing: dial unix "),
         "{msg}"
     );
     kept();
@@ -188,7 +188,7 @@ fn addresses_are_kept_until_the_agent_removed_the_interface() {
     let err = w.calico(&inv.as_del(), &conf).assert_err_fast();
     let msg = err["msg"].as_str().unwrap();
     assert!(
-        msg.starts_with("cannot connect to grpc dataplane: "),
+        msg.starts_with("rpc error: code = Unavailable desc = connection error: desc = \"transport: Error while dialing: dial unix "),
         "{msg}"
     );
     w.assert_clean();
@@ -271,7 +271,7 @@ fn no_agent_fails_at_once_and_leaves_nothing() {
     assert_eq!(
         err["msg"],
         format!(
-            "cannot connect to grpc dataplane: dial unix {}: connect: no such file or directory",
+            "rpc error: code = Unavailable desc = connection error: desc = \"transport: Error while dialing: dial unix {}: connect: no such file or directory\"",
             missing.display()
         )
         .as_str()

@@ -64,7 +64,9 @@ fn dataplane_options_are_checked_before_ipam() {
         .assert_err();
     let msg = err["msg"].as_str().unwrap();
     assert!(
-        msg.starts_with("cannot connect to grpc dataplane: dial unix /run/x.sock: "),
+        msg.starts_with(
+            "rpc error: code = Unavailable desc = connection error: desc = \"transport: Error while dialing: dial unix /run/x.sock: "
+        ),
         "{msg}"
     );
     assert!(!pod.has_link("eth0"));

@@ -184,17 +184,12 @@ pub fn to_cr(
         }
         Key::IpamConfig => ipam_config_spec(value),
         Key::Resource { .. } => {
-            // A v3 resource: its spec as is; its labels/annotations kept in the metadata
-            // annotation, Calico's own ones on the CR too.
+            // A v3 resource, as libcalico-go's `ConvertCalicoResourceToK8sResource` writes
+            // it: its spec as is, and its metadata (all of it but the name, namespace,
+            // resourceVersion and UID) in the metadata annotation, as Go's encoder writes
+            // an ObjectMeta.
             let m = value.get("metadata").cloned().unwrap_or(json!({}));
-            let mut keep = Map::new();
-            for field in ["labels", "annotations", "generateName"] {
-                if let Some(v) = m.get(field).filter(|v| !v.is_null()) {
-                    keep.insert(field.into(), v.clone());
-                }
-            }
-            keep.insert("creationTimestamp".into(), Value::Null);
-            v3_meta = Value::Object(keep);
+            v3_meta = Value::Object(object_meta_annotation(&m));
             value.get("spec").cloned().unwrap_or(json!({}))
         }
     };
@@ -210,6 +205,40 @@ pub fn to_cr(
         "metadata": Value::Object(meta),
         "spec": spec,
     }))
+}
+
+/// A v3 resource's metadata as libcalico-go keeps it in the metadata annotation: Go's
+/// `metav1.ObjectMeta` encoding (its field order, `omitempty` but for `creationTimestamp`)
+/// without the name, namespace, resourceVersion and UID.
+fn object_meta_annotation(m: &Value) -> Map<String, Value> {
+    let mut out = Map::new();
+    for field in [
+        "generateName",
+        "selfLink",
+        "generation",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "labels",
+        "annotations",
+        "ownerReferences",
+        "finalizers",
+        "managedFields",
+    ] {
+        let v = m.get(field).cloned().unwrap_or(Value::Null);
+        let empty = match &v {
+            Value::Null => true,
+            Value::String(s) => s.is_empty(),
+            Value::Number(n) => n.as_i64() == Some(0),
+            Value::Array(a) => a.is_empty(),
+            Value::Object(o) => o.is_empty(),
+            Value::Bool(_) => false,
+        };
+        if field == "creationTimestamp" || !empty {
+            out.insert(field.into(), v);
+        }
+    }
+    out
 }
 
 /// The block in the etcd format → the IPAMBlock spec.
@@ -352,19 +381,39 @@ pub fn from_cr(key: &Key, cr: &Value) -> Result<FromCr, DatastoreError> {
             (Value::Object(v), false)
         }
         Key::Resource { kind, name, .. } => {
-            let mut m: Map<String, Value> = meta
+            // libcalico-go's `ConvertK8sResourceToCalicoResource`: the metadata annotation's
+            // metadata, the CR's own labels and other annotations merged in, the CR's name,
+            // resourceVersion and UID, and its creation time where the annotation has none;
+            // without the annotation, the CR's metadata as it is.
+            let stored = meta
                 .get("annotations")
                 .and_then(|a| a.get(METADATA_ANNOTATION))
                 .and_then(Value::as_str)
-                .and_then(|s| serde_json::from_str::<Map<String, Value>>(s).ok())
-                .unwrap_or_default();
+                .and_then(|s| serde_json::from_str::<Map<String, Value>>(s).ok());
+            let mut m = match stored {
+                Some(mut m) => {
+                    for field in ["labels", "annotations"] {
+                        let mut merged = obj(meta.get(field).unwrap_or(&Value::Null));
+                        merged.remove(METADATA_ANNOTATION);
+                        merged.extend(obj(m.get(field).unwrap_or(&Value::Null)));
+                        match merged.is_empty() {
+                            true => m.remove(field),
+                            false => m.insert(field.into(), Value::Object(merged)),
+                        };
+                    }
+                    if m.get("creationTimestamp").is_none_or(Value::is_null) {
+                        if let Some(ts) = meta.get("creationTimestamp") {
+                            m.insert("creationTimestamp".into(), ts.clone());
+                        }
+                    }
+                    m
+                }
+                None => obj(&meta),
+            };
             m.insert("name".into(), Value::String(name.clone()));
             m.insert("resourceVersion".into(), Value::String(revision.clone()));
             if !uid.is_empty() {
                 m.insert("uid".into(), Value::String(uid.clone()));
-            }
-            if let Some(ts) = meta.get("creationTimestamp") {
-                m.insert("creationTimestamp".into(), ts.clone());
             }
             (
                 json!({
