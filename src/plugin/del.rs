@@ -2,10 +2,13 @@
 //! WorkloadEndpoint and remove the pod's interface. Every step tolerates "already gone", so
 //! DEL is idempotent; every step runs even when another failed (the runtime retries DEL, and
 //! each retry then has less left to do), and every failure is reported, in one error whose
-//! message joins them with "; ". Under a datastore that does not answer, DEL returns at the
-//! call's deadline (`crate::deadline`) with that error, having removed the interface.
-//! Without the node name (no nodename file yet at boot, `plugin::nodename`) it does all that
-//! needs none, finding the endpoint by container ID.
+//! message joins them with "; ". Nothing is removed before the datastore has answered, as
+//! upstream: a DEL refused by the ready gate or an unreachable datastore, and (Kubernetes) one
+//! whose endpoint cannot be read (any error but "not found": its container ID cannot be
+//! checked), touches nothing, so a false DEL is never destructive; the runtime retries it.
+//! Under a datastore that does not answer, DEL returns at the call's deadline
+//! (`crate::deadline`). Without the node name (no nodename file yet at boot,
+//! `plugin::nodename`) it does all that needs none, finding the endpoint by container ID.
 
 use tracing::{info, warn};
 
@@ -34,13 +37,11 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
     // everything that does not need it (upstream fails).
     let node = nodename::for_del(&conf);
     // The kernel's part, removing the pod's interface (one RTM_DELLINK whose teardown takes
-    // ~15 ms), needs neither the datastore nor its readiness: it runs on its own thread from
-    // the start, while the datastore is connected to, read and written; every path waits for
-    // it before returning. With k8s, the addresses are still released only once the
-    // interface's host side is gone (a new pod cannot get one while the old host route
-    // exists). A DEL refused by the ready gate, or by an unreachable datastore, has still
-    // removed the interface of a sandbox that is going away, and its retry finds nothing to
-    // remove.
+    // ~15 ms), starts once the datastore has answered the first round trip (the ready gate,
+    // and with k8s the endpoint's read), on its own thread while the datastore is written;
+    // every path waits for it before returning. With k8s, the addresses are released only
+    // once the interface's host side is gone (a new pod cannot get one while the old host
+    // route exists).
     let dataplane = conf.check_dataplane();
     // With the gRPC dataplane, its agent's Del replaces the kernel's part (also started at
     // once, as a task of this call), and there is no host veth of ours to watch.
@@ -55,17 +56,8 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
     let host_veth_gone = (dataplane.is_ok() && !uses_grpc)
         .then(|| host_veth_watch(args, &conf))
         .flatten();
-    let mut teardown = Teardown::start(dataplane.is_ok(), grpc, args);
     let mut failures = Failures::default();
-    let call = match connect_as(args, conf, node.as_deref().unwrap_or_default(), Verb::Other).await
-    {
-        Ok(call) => call,
-        Err(e) => {
-            failures.push(e);
-            failures.add(teardown.finish().await);
-            return failures.into_result();
-        }
-    };
+    let call = connect_as(args, conf, node.as_deref().unwrap_or_default(), Verb::Other).await?;
     let ids = &call.ids;
     // A name that cannot be built (a segment starting or ending with `-`) cannot have been
     // written by an ADD, so there is no endpoint to delete; the addresses and the interface
@@ -97,17 +89,22 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
         },
         call.ds.prefetch(&ahead)
     );
-    if let Err(e) = ready {
-        failures.push(e);
-        failures.add(teardown.finish().await);
-        return failures.into_result();
-    }
-
+    ready?;
     if call.plan.k8s {
         // A configuration error: nothing was started.
         if let Err(e) = dataplane {
             return Err(e.into());
         }
+        // Upstream's guard against a false DEL: an endpoint that cannot be read (but is not
+        // missing) leaves its container ID unchecked, so nothing is touched.
+        let first_read = match first_read {
+            Some(Err(e)) if !e.is_not_found() => {
+                warn!(error = %e, "the endpoint cannot be read: nothing is removed (a retried DEL does it)");
+                return Err(e.into());
+            }
+            other => other,
+        };
+        let mut teardown = Teardown::start(true, grpc, args);
         // The endpoint's deletion and the release (once the interface is gone) run together:
         // one round trip for both. Either may land without the other (a failure, a SIGKILL
         // in between); the runtime's retried DEL then finds what is left: the endpoint by
@@ -132,6 +129,7 @@ pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
         return failures.into_result();
     }
 
+    let mut teardown = Teardown::start(dataplane.is_ok(), grpc, args);
     failures.add(ipam.del(args).await);
     if let Some(name) = &name {
         failures.add(delete_endpoint(&call.ds, &ids.namespace, name).await);
