@@ -235,7 +235,53 @@ fn object_meta_annotation(m: &Value) -> Map<String, Value> {
             Value::Bool(_) => false,
         };
         if field == "creationTimestamp" || !empty {
+            // The structs inside in Go's field order too.
+            let order: &[&str] = match field {
+                "managedFields" => &[
+                    "manager",
+                    "operation",
+                    "apiVersion",
+                    "time",
+                    "fieldsType",
+                    "fieldsV1",
+                    "subresource",
+                ],
+                "ownerReferences" => &[
+                    "apiVersion",
+                    "kind",
+                    "name",
+                    "uid",
+                    "controller",
+                    "blockOwnerDeletion",
+                ],
+                _ => &[],
+            };
+            let v = match (v, order.is_empty()) {
+                (Value::Array(items), false) => Value::Array(
+                    items
+                        .into_iter()
+                        .map(|i| Value::Object(in_go_order(&obj(&i), order)))
+                        .collect(),
+                ),
+                (v, _) => v,
+            };
             out.insert(field.into(), v);
+        }
+    }
+    out
+}
+
+/// `m`'s keys in the order of a Go struct's fields (`order`), any others after them.
+fn in_go_order(m: &Map<String, Value>, order: &[&str]) -> Map<String, Value> {
+    let mut out = Map::new();
+    for k in order {
+        if let Some(v) = m.get(*k) {
+            out.insert((*k).to_string(), v.clone());
+        }
+    }
+    for (k, v) in m {
+        if !order.contains(&k.as_str()) {
+            out.insert(k.clone(), v.clone());
         }
     }
     out

@@ -92,6 +92,8 @@ pub struct DiffWorld {
     files: TempDir,
     /// A kubeconfig with the admin's token.
     admin_kubeconfig: PathBuf,
+    /// A kubeconfig with a token the API server refuses.
+    bad_kubeconfig: PathBuf,
     /// The host netns's own state, before any case.
     host_baseline: State,
     /// Calico's resource kinds (the CRDs' plurals).
@@ -128,6 +130,7 @@ impl DiffWorld {
             .expect("Calico's resources are served");
         let ours = BinDir::new(Path::new(env!("CARGO_BIN_EXE_calico")), "ours");
         let admin_kubeconfig = k8s.kubeconfig_with(&k8s.admin_token());
+        let bad_kubeconfig = k8s.kubeconfig_with("0123456789abcdef-not-a-token");
         let upstream = upstream.map(|dir| BinDir::new(&dir.join("calico"), "upstream"));
         let mut w = DiffWorld {
             pods: Vec::new(),
@@ -139,6 +142,7 @@ impl DiffWorld {
             upstream,
             files: TempDir::new("diff-files"),
             admin_kubeconfig,
+            bad_kubeconfig,
             host_baseline: State::new(),
             plurals,
             namespaces: vec!["default".into()],
@@ -186,6 +190,12 @@ impl DiffWorld {
             self.node_dir("etc-cni").join("node-kubeconfig"),
         )
         .expect("calico/node's kubeconfig");
+        // A token the API server does not know (an expired one).
+        std::fs::copy(
+            &self.bad_kubeconfig,
+            self.node_dir("etc-cni").join("bad-kubeconfig"),
+        )
+        .expect("a kubeconfig with a wrong token");
         if !seed.host_local_files.is_empty() {
             let d = self
                 .node_dir("var-lib-cni")
