@@ -167,13 +167,7 @@ impl WepIdentifiers {
     /// The host-side veth name.
     pub fn host_veth_name(&self) -> String {
         if self.is_k8s() {
-            let prefix = std::env::var("FELIX_INTERFACEPREFIX").unwrap_or_default();
-            let prefix = prefix.split(',').next().unwrap_or("").trim();
-            veth_name_for_workload(
-                if prefix.is_empty() { "cali" } else { prefix },
-                &self.namespace,
-                &self.pod,
-            )
+            veth_name_for_workload(&interface_prefix(), &self.namespace, &self.pod)
         } else {
             let cid: String = self.container_id.chars().take(11).collect();
             format!("cali{cid}")
@@ -217,6 +211,16 @@ pub fn parse_wep_name(name: &str) -> Option<WepIdentifiers> {
         endpoint,
         ..Default::default()
     })
+}
+
+/// The host veth's prefix, as libcalico-go's `VethNameForWorkload` reads
+/// `FELIX_INTERFACEPREFIX`: unset or empty is `cali`; else its first comma-separated entry,
+/// as it is (an empty first entry is no prefix).
+pub fn interface_prefix() -> String {
+    match std::env::var("FELIX_INTERFACEPREFIX") {
+        Ok(p) if !p.is_empty() => p.split(',').next().unwrap_or_default().to_string(),
+        _ => "cali".to_string(),
+    }
 }
 
 /// `<prefix>` + the first 11 hex digits of sha1("<namespace>.<pod>").

@@ -346,22 +346,35 @@ impl KubeClient {
         path: &str,
         body: Option<&(&str, Vec<u8>)>,
     ) -> Result<(ApiResponse, Option<Duration>), DatastoreError> {
-        let mut req = Request::builder()
-            .method(method.clone())
-            .uri(path)
-            .header(http::header::ACCEPT, "application/json");
-        let body = match body {
-            Some((content_type, bytes)) => {
-                req = req.header(http::header::CONTENT_TYPE, *content_type);
-                Body::from(bytes.clone())
-            }
-            None => Body::empty(),
+        let request = || {
+            let mut req = Request::builder()
+                .method(method.clone())
+                .uri(path)
+                .header(http::header::ACCEPT, "application/json");
+            let body = match body {
+                Some((content_type, bytes)) => {
+                    req = req.header(http::header::CONTENT_TYPE, *content_type);
+                    Body::from(bytes.clone())
+                }
+                None => Body::empty(),
+            };
+            req.body(body)
+                .map_err(|e| DatastoreError::Other(e.to_string()))
         };
-        let req = req
-            .body(body)
-            .map_err(|e| DatastoreError::Other(e.to_string()))?;
+        let req = request()?;
         let exchange = async {
-            let resp = self.client.send(req).await.map_err(|e| e.to_string())?;
+            // A request the server did not process because it closed the connection
+            // (HTTP/2 GOAWAY or REFUSED_STREAM; the API server sends one after answering an
+            // unauthenticated request on it) is sent again on a new connection, once, as
+            // Go's HTTP/2 transport does.
+            let resp = match self.client.send(req).await {
+                Err(e) if unprocessed(&e) => {
+                    tracing::debug!(%method, path, error = %e, "not processed by the API server (its connection closed): sent again");
+                    self.client.send(request().map_err(|e| e.to_string())?).await
+                }
+                other => other,
+            }
+            .map_err(|e| e.to_string())?;
             let status = resp.status().as_u16();
             let retry_after = retry_after(status, resp.headers());
             let body = resp
@@ -431,6 +444,19 @@ impl KubeClient {
         self.request(method, path, Some((content_type, bytes)))
             .await
     }
+}
+
+/// Whether the server closed the connection without processing the request: an HTTP/2
+/// GOAWAY, or a stream it refused (`REFUSED_STREAM`). Such a request may be sent again.
+fn unprocessed(e: &kube::Error) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if let Some(h2) = c.downcast_ref::<h2::Error>() {
+            return h2.is_go_away() || h2.reason() == Some(h2::Reason::REFUSED_STREAM);
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// How many times one request is sent again when the API server asks for it (client-go's

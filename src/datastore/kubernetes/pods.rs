@@ -244,11 +244,9 @@ pub fn pod_to_endpoint(pod: &Pod) -> Result<WorkloadEndpoint, String> {
     Ok(w)
 }
 
-/// `VethNameForWorkload` with `FELIX_INTERFACEPREFIX`'s first entry (default `cali`).
+/// `VethNameForWorkload` (`identifiers::interface_prefix`).
 fn interface_name(ns: &str, pod: &str) -> String {
-    let prefix = std::env::var("FELIX_INTERFACEPREFIX").unwrap_or_default();
-    let prefix = prefix.split(',').next().unwrap_or("").trim().to_string();
-    veth_name_for_workload(if prefix.is_empty() { "cali" } else { &prefix }, ns, pod)
+    veth_name_for_workload(&crate::identifiers::interface_prefix(), ns, pod)
 }
 
 /// The strategic-merge patch of `pods/<pod>/status` that records the endpoint (ADD): the

@@ -1,9 +1,11 @@
 //! The one connection a call makes to the API server. The first request opens it (TCP, then
 //! TLS offering ALPN `h2` and `http/1.1`); every later request reuses it. Over HTTP/2,
 //! requests issued together are multiplexed on it; over HTTP/1.1 (a server or proxy without
-//! h2) they queue on it one at a time. Either way a call costs exactly one TLS handshake,
-//! which hyper's pooled client does not guarantee: requests started before the first
-//! connection is up would each open their own.
+//! h2) they queue on it one at a time. Either way a call costs one TLS handshake, which
+//! hyper's pooled client does not guarantee: requests started before the first connection is
+//! up would each open their own. A connection the server has closed (an HTTP/2 GOAWAY: the
+//! API server sends one after answering an unauthenticated request) is replaced by a new one
+//! for the requests after it, as Go's transport does.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -17,7 +19,7 @@ use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls_pki_types::ServerName;
 use tokio::net::TcpStream;
-use tokio::sync::{Mutex, OnceCell};
+use tokio::sync::Mutex;
 use tokio_rustls::rustls::ClientConfig;
 use tokio_rustls::TlsConnector;
 
@@ -36,7 +38,10 @@ struct Inner {
     /// None for a plain `http://` server.
     tls: Option<(TlsConnector, ServerName<'static>)>,
     connect_timeout: Duration,
-    conn: OnceCell<Conn>,
+    /// The connection, once opened (replaced once the server has closed it).
+    conn: std::sync::Mutex<Option<Arc<Conn>>>,
+    /// Held while a connection is being opened: requests started meanwhile wait for it.
+    opening: Mutex<()>,
     handshakes: std::sync::atomic::AtomicUsize,
 }
 
@@ -79,7 +84,8 @@ impl OneConnection {
                 port,
                 tls,
                 connect_timeout,
-                conn: OnceCell::new(),
+                conn: std::sync::Mutex::new(None),
+                opening: Mutex::new(()),
                 handshakes: Default::default(),
             }),
         })
@@ -89,7 +95,7 @@ impl OneConnection {
     /// failure is only logged.
     pub async fn open(&self) {
         let inner = &self.inner;
-        if let Err(e) = inner.conn.get_or_try_init(|| inner.open()).await {
+        if let Err(e) = inner.current().await {
             tracing::debug!(error = %e, "could not open the API server connection early");
         }
     }
@@ -102,7 +108,39 @@ impl OneConnection {
     }
 }
 
+impl Conn {
+    fn is_closed(&self) -> bool {
+        match self {
+            Conn::H2(s) => s.is_closed(),
+            Conn::H1(s) => s.try_lock().is_ok_and(|s| s.is_closed()),
+        }
+    }
+}
+
 impl Inner {
+    /// The open connection, or a new one when there is none or the server closed it.
+    async fn current(&self) -> Result<Arc<Conn>, BoxError> {
+        let open = || {
+            self.conn
+                .lock()
+                .ok()
+                .and_then(|c| c.clone())
+                .filter(|c| !c.is_closed())
+        };
+        if let Some(c) = open() {
+            return Ok(c);
+        }
+        let _opening = self.opening.lock().await;
+        if let Some(c) = open() {
+            return Ok(c);
+        }
+        let c = Arc::new(self.open().await?);
+        if let Ok(mut slot) = self.conn.lock() {
+            *slot = Some(c.clone());
+        }
+        Ok(c)
+    }
+
     async fn open(&self) -> Result<Conn, BoxError> {
         let addr = (self.host.as_str(), self.port);
         let connect = async {
@@ -144,7 +182,8 @@ impl Inner {
     }
 
     async fn send(&self, mut req: Request<Body>) -> Result<Response<Incoming>, BoxError> {
-        let conn = self.conn.get_or_try_init(|| self.open()).await?;
+        let conn = self.current().await?;
+        let conn = conn.as_ref();
         if !req.headers().contains_key(http::header::USER_AGENT) {
             let agent = user_agent(req.uri().path(), matches!(conn, Conn::H2(_)));
             req.headers_mut().insert(

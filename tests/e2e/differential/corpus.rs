@@ -996,21 +996,35 @@ fn sequences(all: &mut Vec<Case>) {
                     del_new.clone(),
                 ],
             ));
-            // A DEL whose datastore refuses it (a wrong token; an etcd that is not there):
-            // nothing is removed; the retried DEL removes it all.
-            let refused = match store {
-                Store::Kdd => with(conf.clone(), json!({"kubernetes": {"kubeconfig": "/etc/cni/net.d/bad-kubeconfig"}})),
-                Store::Etcd => with(conf.clone(), json!({"etcd_endpoints": "http://127.0.0.1:1"})),
-            };
-            let mut del_refused = step("DEL", CID, orch, &refused);
-            del_refused.prev_result = false;
-            all.push(case(id("del-refused"), store, seed(), vec![add.clone(), del_refused.clone(), del.clone()]));
-            all.push(case(
-                id("stale-sandbox-del-refused"),
-                store,
-                seed(),
-                vec![add.clone(), add_new.clone(), del_refused, del.clone(), del_new.clone()],
-            ));
+            // A DEL whose datastore refuses it (a wrong token): nothing is removed; the
+            // retried DEL removes it all. (An etcd that does not answer holds upstream's DEL
+            // for minutes, docs/deadline.md: not a case.)
+            if store == Store::Kdd {
+                let refused = with(
+                    conf.clone(),
+                    json!({"kubernetes": {"kubeconfig": "/etc/cni/net.d/bad-kubeconfig"}}),
+                );
+                let mut del_refused = step("DEL", CID, orch, &refused);
+                del_refused.prev_result = false;
+                all.push(case(
+                    id("del-refused"),
+                    store,
+                    seed(),
+                    vec![add.clone(), del_refused.clone(), del.clone()],
+                ));
+                all.push(case(
+                    id("stale-sandbox-del-refused"),
+                    store,
+                    seed(),
+                    vec![
+                        add.clone(),
+                        add_new.clone(),
+                        del_refused,
+                        del.clone(),
+                        del_new.clone(),
+                    ],
+                ));
+            }
             // A DEL with another network's name.
             let other = with(conf.clone(), json!({"name": "other-net"}));
             all.push(case(

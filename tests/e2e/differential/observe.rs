@@ -342,6 +342,12 @@ pub fn netns_state(name: &str, prefix: &str, norm: &Norm, into: &mut State) {
     }
     for (part, family) in [(parts[2], 4), (parts[3], 6)] {
         for r in json(part) {
+            // The kernel's local and anycast routes of link-local addresses come when their
+            // duplicate address detection ends, a moment after the call: not the plugin's.
+            let dst = r["dst"].as_str().unwrap_or_default();
+            if r["table"] == "local" && dst.starts_with("fe80:") {
+                continue;
+            }
             let mut desc = format!(
                 "{prefix}:route{family}:{}:{} {}",
                 r["table"].as_str().unwrap_or("main"),
