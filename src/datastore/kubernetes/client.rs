@@ -447,12 +447,18 @@ impl KubeClient {
 }
 
 /// Whether the server closed the connection without processing the request: an HTTP/2
-/// GOAWAY, or a stream it refused (`REFUSED_STREAM`). Such a request may be sent again.
+/// GOAWAY, a stream it refused (`REFUSED_STREAM`), or a request hyper never sent because the
+/// connection had closed (canceled). Such a request may be sent again.
 fn unprocessed(e: &kube::Error) -> bool {
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(c) = cause {
         if let Some(h2) = c.downcast_ref::<h2::Error>() {
             return h2.is_go_away() || h2.reason() == Some(h2::Reason::REFUSED_STREAM);
+        }
+        if c.downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_canceled)
+        {
+            return true;
         }
         cause = c.source();
     }

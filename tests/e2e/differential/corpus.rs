@@ -674,6 +674,20 @@ fn annotations(all: &mut Vec<Case>) {
                 ],
             ));
         }
+        // Floating IPs on a re-ADD (upstream appends the NATs again on etcd).
+        let mut seed = seed_for(Family::V4, Orch::K8s);
+        seed.pods = vec![pod(json!({"app": "web"}), fips(r#"["1.2.3.4"]"#))];
+        let conf = with(base_conf(store, "1.0.0", Orch::K8s), both_features.clone());
+        all.push(case(
+            format!("{}/annotations/floatingIPs-v4-re-add", store.name()),
+            store,
+            seed,
+            vec![
+                step("ADD", CID, Orch::K8s, &conf),
+                step("ADD", CID, Orch::K8s, &conf),
+                step("DEL", CID, Orch::K8s, &conf),
+            ],
+        ));
         // Pools from the namespace, and the pod's over the namespace's.
         for (name, pod_ann) in [
             ("namespace-pools", Value::Null),

@@ -282,31 +282,43 @@ fn time_at(b: &[u8], i: usize) -> Option<usize> {
     Some(n.min(b.len() - i))
 }
 
-/// The script run in a netns to read its links, addresses, routes and the sysctls the
-/// plugins set (one `ip netns exec` for all of it).
-const NETNS_SCRIPT: &str = r#"ip -j -d link show; echo @@
-ip -j addr show; echo @@
-ip -j -4 route show table all; echo @@
-ip -j -6 route show table all; echo @@
-grep -H . /proc/sys/net/ipv4/ip_forward \
-  /proc/sys/net/ipv4/conf/*/forwarding /proc/sys/net/ipv4/conf/*/proxy_arp \
-  /proc/sys/net/ipv4/conf/*/route_localnet /proc/sys/net/ipv4/conf/*/rp_filter \
-  /proc/sys/net/ipv4/neigh/*/proxy_delay \
-  /proc/sys/net/ipv6/conf/*/disable_ipv6 /proc/sys/net/ipv6/conf/*/accept_dad \
-  /proc/sys/net/ipv6/conf/*/forwarding /proc/sys/net/ipv6/conf/*/proxy_ndp \
-  /proc/sys/net/ipv6/conf/*/accept_ra 2>/dev/null; true"#;
-
 /// The state of the netns `name` as facets `<prefix>:…`, normalized.
 pub fn netns_state(name: &str, prefix: &str, norm: &Norm, into: &mut State) {
-    let out = std::process::Command::new("ip")
-        .args(["netns", "exec", name, "sh", "-c", NETNS_SCRIPT])
-        .output()
-        .unwrap_or_else(|e| panic!("read netns {name}: {e}"));
-    let text = String::from_utf8_lossy(&out.stdout);
-    let parts: Vec<&str> = text.split("@@\n").collect();
-    assert!(parts.len() == 5, "netns {name}: unexpected output {text}");
-    let json = |s: &str| -> Vec<Value> { serde_json::from_str(s.trim()).unwrap_or_default() };
-    for l in json(parts[0]) {
+    // Three `ip` processes (links and addresses in one batch; each family's routes), the
+    // sysctls read in this process from a thread in the netns.
+    let ip = |args: &[&str], stdin: &str| -> Vec<Value> {
+        let mut child = std::process::Command::new("ip")
+            .args(["-n", name, "-j"])
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("read netns {name}: {e}"));
+        if let Some(mut input) = child.stdin.take() {
+            use std::io::Write as _;
+            let _ = input.write_all(stdin.as_bytes());
+        }
+        let out = child
+            .wait_with_output()
+            .unwrap_or_else(|e| panic!("read netns {name}: {e}"));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        serde_json::Deserializer::from_str(&text)
+            .into_iter::<Value>()
+            .map(|v| v.unwrap_or_else(|e| panic!("netns {name}: {e} in {text}")))
+            .collect()
+    };
+    let batch = ip(&["-d", "-batch", "-"], "link show\naddress show\n");
+    assert_eq!(batch.len(), 2, "netns {name}: unexpected output {batch:?}");
+    let v4 = ip(&["-4", "route", "show", "table", "all"], "");
+    let v6 = ip(&["-6", "route", "show", "table", "all"], "");
+    let arr = |v: &Value| v.as_array().cloned().unwrap_or_default();
+    let parts = [
+        arr(&batch[0]),
+        arr(&batch[1]),
+        v4.first().map(arr).unwrap_or_default(),
+        v6.first().map(arr).unwrap_or_default(),
+    ];
+    for l in parts[0].clone() {
         let name = l["ifname"].as_str().unwrap_or_default();
         let flags: Vec<&str> = l["flags"]
             .as_array()
@@ -324,7 +336,7 @@ pub fn netns_state(name: &str, prefix: &str, norm: &Norm, into: &mut State) {
         });
         into.insert(norm.text(&format!("{prefix}:link:{name}")), norm.value(&v));
     }
-    for l in json(parts[1]) {
+    for l in parts[1].clone() {
         let ifname = l["ifname"].as_str().unwrap_or_default();
         for a in l["addr_info"].as_array().into_iter().flatten() {
             let key = format!(
@@ -340,8 +352,8 @@ pub fn netns_state(name: &str, prefix: &str, norm: &Norm, into: &mut State) {
             into.insert(norm.text(&key), norm.value(&v));
         }
     }
-    for (part, family) in [(parts[2], 4), (parts[3], 6)] {
-        for r in json(part) {
+    for (part, family) in [(&parts[2], 4), (&parts[3], 6)] {
+        for r in part.clone() {
             // The kernel's local and anycast routes of link-local addresses come when their
             // duplicate address detection ends, a moment after the call: not the plugin's.
             let dst = r["dst"].as_str().unwrap_or_default();
@@ -369,13 +381,66 @@ pub fn netns_state(name: &str, prefix: &str, norm: &Norm, into: &mut State) {
             into.insert(norm.text(&desc), json!(true));
         }
     }
-    for line in parts[4].lines() {
-        if let Some((path, value)) = line.rsplit_once(':') {
-            let key = path.trim_start_matches("/proc/sys/");
-            into.insert(
-                norm.text(&format!("{prefix}:sysctl:{key}")),
-                Value::String(value.to_string()),
-            );
-        }
+    for (key, value) in sysctls(name) {
+        into.insert(
+            norm.text(&format!("{prefix}:sysctl:{key}")),
+            Value::String(value),
+        );
     }
+}
+
+/// The sysctls the plugins set, for every interface, read from a thread that joined the
+/// netns (`/proc/sys/net` is the reading thread's netns's).
+fn sysctls(netns: &str) -> Vec<(String, String)> {
+    let path = format!("/run/netns/{netns}");
+    let ns = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            use std::os::fd::AsFd;
+            nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+                .expect("join the netns");
+            let mut out = Vec::new();
+            let mut read = |key: String| {
+                if let Ok(v) = std::fs::read_to_string(format!("/proc/sys/{key}")) {
+                    out.push((key, v.trim_end().to_string()));
+                }
+            };
+            read("net/ipv4/ip_forward".into());
+            let per_interface: [(&str, &[&str]); 3] = [
+                (
+                    "net/ipv4/conf",
+                    &["forwarding", "proxy_arp", "route_localnet", "rp_filter"],
+                ),
+                ("net/ipv4/neigh", &["proxy_delay"]),
+                (
+                    "net/ipv6/conf",
+                    &[
+                        "disable_ipv6",
+                        "accept_dad",
+                        "forwarding",
+                        "proxy_ndp",
+                        "accept_ra",
+                    ],
+                ),
+            ];
+            for (dir, keys) in per_interface {
+                let mut names: Vec<String> = std::fs::read_dir(format!("/proc/sys/{dir}"))
+                    .map(|d| {
+                        d.filter_map(|e| e.ok())
+                            .map(|e| e.file_name().to_string_lossy().into_owned())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                names.sort();
+                for n in names {
+                    for k in keys {
+                        read(format!("{dir}/{n}/{k}"));
+                    }
+                }
+            }
+            out
+        })
+        .join()
+        .expect("the sysctl reader")
+    })
 }

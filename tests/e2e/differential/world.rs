@@ -245,33 +245,41 @@ impl DiffWorld {
         self.state = self.observe_state(case);
     }
 
+    /// The host netns as it was before any case: links a case made removed (their routes
+    /// and sysctls go with them), global sysctls a case changed written back.
     fn remove_host_veths(&self) {
-        let mut now = State::new();
-        netns_state(self.host.name(), "host", &Norm::default(), &mut now);
-        for k in now.keys() {
-            if let Some(name) = k.strip_prefix("host:link:") {
-                if !self.host_baseline.contains_key(k) {
-                    let _ = Command::new("ip")
-                        .args(["-n", self.host.name(), "link", "del", name])
-                        .output();
-                }
+        let capture = || {
+            let mut now = State::new();
+            netns_state(self.host.name(), "host", &Norm::default(), &mut now);
+            now
+        };
+        let mut now = capture();
+        let extra: Vec<String> = now
+            .keys()
+            .filter(|k| !self.host_baseline.contains_key(*k))
+            .filter_map(|k| k.strip_prefix("host:link:").map(str::to_string))
+            .collect();
+        if !extra.is_empty() {
+            for name in &extra {
+                let _ = Command::new("ip")
+                    .args(["-n", self.host.name(), "link", "del", name])
+                    .output();
             }
+            now = capture();
         }
-        let mut after = State::new();
-        netns_state(self.host.name(), "host", &Norm::default(), &mut after);
+        if now == self.host_baseline {
+            return;
+        }
         for (k, v) in &self.host_baseline {
-            if let Some(path) = k.strip_prefix("host:sysctl:") {
-                if after.get(k) != Some(v) {
-                    if let Some(v) = v.as_str() {
-                        self.host.set_sysctl(path, v);
-                    }
+            if let (Some(path), Some(v)) = (k.strip_prefix("host:sysctl:"), v.as_str()) {
+                if now.get(k).and_then(Value::as_str) != Some(v) {
+                    self.host.set_sysctl(path, v);
                 }
             }
         }
-        let mut after = State::new();
-        netns_state(self.host.name(), "host", &Norm::default(), &mut after);
         assert_eq!(
-            after, self.host_baseline,
+            capture(),
+            self.host_baseline,
             "the host netns could not be set back as it was"
         );
     }
@@ -573,26 +581,9 @@ impl DiffWorld {
                 .expect("upstream's binaries (CALICO_UPSTREAM_BIN)"),
         };
         let plugin = bins.0.path().join(&step.plugin);
-        let mounts: Vec<String> = NODE_DIRS
-            .iter()
-            .map(|(dir, mount)| {
-                format!("mount --bind '{}' '{mount}'", self.node_dir(dir).display())
-            })
-            .collect();
-        let mut cmd = Command::new("ip");
-        cmd.args([
-            "netns",
-            "exec",
-            self.host.name(),
-            "unshare",
-            "-m",
-            "sh",
-            "-c",
-        ])
-        .arg(format!("{} && exec \"$@\"", mounts.join(" && ")))
-        .arg("sh")
-        .arg(&plugin)
-        .args(&step.argv);
+        let mut cmd = Command::new(&plugin);
+        cmd.args(&step.argv);
+        self.enter_node(&mut cmd);
         cmd.env_clear().env(
             "PATH",
             "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -635,6 +626,61 @@ impl DiffWorld {
             CALL_LIMIT,
             &format!("{} {} {}", side.name(), step.plugin, step.command),
         )
+    }
+
+    /// Makes `cmd` run as a plugin runs on this node: in the host netns, in a mount
+    /// namespace of its own (as `ip netns exec` makes one: `/` a slave, `/sys` this netns's)
+    /// where the node's folders are the case's own (`NODE_DIRS`). Done in the child between
+    /// fork and exec, with syscalls alone (no `ip`, `unshare`, `sh` or `mount` processes).
+    fn enter_node(&self, cmd: &mut Command) {
+        use std::ffi::CString;
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        let netns = std::fs::File::open(self.host.path()).expect("open the host netns");
+        let c = |s: &str| CString::new(s).expect("a path without NUL");
+        let binds: Vec<(CString, CString)> = NODE_DIRS
+            .iter()
+            .map(|(dir, mount)| (c(&self.node_dir(dir).display().to_string()), c(mount)))
+            .collect();
+        let (root, sys, sysfs) = (c("/"), c("/sys"), c("sysfs"));
+        // SAFETY: the closure runs in the forked child before exec and only makes syscalls
+        // on memory prepared before the fork (no allocation, no locks).
+        unsafe {
+            cmd.pre_exec(move || {
+                let check = |r: libc::c_int| match r {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()),
+                };
+                check(libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET))?;
+                check(libc::unshare(libc::CLONE_NEWNS))?;
+                let none = std::ptr::null();
+                check(libc::mount(
+                    none,
+                    root.as_ptr(),
+                    none,
+                    libc::MS_SLAVE | libc::MS_REC,
+                    std::ptr::null(),
+                ))?;
+                check(libc::umount2(sys.as_ptr(), libc::MNT_DETACH))?;
+                check(libc::mount(
+                    sysfs.as_ptr(),
+                    sys.as_ptr(),
+                    sysfs.as_ptr(),
+                    0,
+                    std::ptr::null(),
+                ))?;
+                for (src, dst) in &binds {
+                    check(libc::mount(
+                        src.as_ptr(),
+                        dst.as_ptr(),
+                        none,
+                        libc::MS_BIND,
+                        std::ptr::null(),
+                    ))?;
+                }
+                Ok(())
+            });
+        }
     }
 
     /// `s` with the world's placeholders filled in.
