@@ -303,3 +303,38 @@ fn globs_match_whole_texts() {
     assert!(glob("exact", "exact"));
     assert!(glob("*", ""));
 }
+
+/// Every accepted difference names its reason and a section of docs/differences.md that
+/// exists (GitHub's anchors: lower case, spaces to `-`, punctuation dropped).
+#[test]
+fn every_accepted_difference_links_to_its_section() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let list = AcceptedList::load(&root.join("tests/differential/accepted.json"));
+    let doc = std::fs::read_to_string(root.join("docs/differences.md")).unwrap();
+    let anchors: Vec<String> = doc
+        .lines()
+        .filter_map(|l| l.strip_prefix("## "))
+        .map(|h| {
+            h.to_lowercase()
+                .chars()
+                .filter_map(|c| match c {
+                    ' ' => Some('-'),
+                    c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                    _ => None,
+                })
+                .collect()
+        })
+        .collect();
+    for a in &list.accepted {
+        assert!(!a.reason.is_empty(), "{}: no reason", a.id);
+        let anchor = a
+            .doc
+            .strip_prefix("docs/differences.md#")
+            .unwrap_or_else(|| panic!("{}: {} is not a section of docs/differences.md", a.id, a.doc));
+        assert!(
+            anchors.iter().any(|x| x == anchor),
+            "{}: no section #{anchor} in docs/differences.md ({anchors:?})",
+            a.id
+        );
+    }
+}
