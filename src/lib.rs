@@ -17,6 +17,7 @@ pub mod encoding;
 pub mod error;
 pub mod gocompat;
 pub mod gojson;
+pub mod http_proxy;
 pub mod identifiers;
 pub mod input_file;
 pub mod install;

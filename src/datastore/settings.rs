@@ -9,12 +9,23 @@
 //! environment is passed in, so these rules are unit-tested without touching the process.
 //! The Kubernetes client's rate limit comes this way too: `K8S_CLIENT_QPS` (the NetConf's
 //! `qps` when not 0) and `K8S_CLIENT_BURST` (`burst`), parsed as envconfig parses a float32
-//! and an int; a value that does not parse fails the call, as it fails upstream's.
+//! and an int; a value that does not parse fails the call, as it fails upstream's. So do the
+//! booleans envconfig reads (`K8S_INSECURE_SKIP_TLS_VERIFY`, `K8S_DISABLE_NODE_POLL`,
+//! `USE_POD_CIDR`) when set to anything Go's `strconv.ParseBool` refuses, `""` included; the
+//! first field that fails, in the struct's order, is the one named.
+//!
+//! Exceptions to the rule above, as upstream's: the datastore's token has no environment
+//! name of its own, so only `CALICO_K8SAPITOKEN` sets it (not `K8SAPITOKEN`, and not the
+//! NetConf's `policy.k8s_auth_token`, exported as `K8S_API_TOKEN`); the booleans have no
+//! NetConf value. Then apiconfig's defaults: no datastore type means etcd when endpoints
+//! are given, else Kubernetes; on Kubernetes with neither a kubeconfig nor an API endpoint,
+//! `$HOME/.kube/config` when `HOME` is set and that file exists. A `KUBECONFIG` of several
+//! files (`a:b`) is merged as client-go merges them (`KubeSettings::kubeconfig_list`).
 
 use crate::config::NetConf;
-use crate::datastore::kubernetes::client::KubeSettings;
+use crate::datastore::kubernetes::client::{is_kubeconfig_list, KubeSettings};
 use crate::datastore::kubernetes::ratelimit::RateLimit;
-use crate::gocompat::parse_bool;
+use crate::gocompat::{parse_bool_go, NumError, NumErrorKind};
 
 /// The resolved connection settings.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -36,6 +47,8 @@ pub struct DatastoreSettings {
     /// On etcd with policy type k8s, the API server an ADD reads the pod and its namespace
     /// from: connected to alongside etcd (`backend::connect`). None otherwise.
     pub policy_kube: Option<KubeSettings>,
+    /// `USE_POD_CIDR` (IPAM from the nodes' pod CIDRs): read, and used by `-upgrade` only.
+    pub use_pod_cidr: bool,
 }
 
 /// What reading the environment can refuse.
@@ -43,15 +56,41 @@ pub struct DatastoreSettings {
 pub enum SettingsError {
     #[error("unknown datastore type: {0}")]
     UnknownType(String),
-    /// envconfig's text for a value it cannot convert (it names the prefixed variable).
-    #[error("envconfig.Process: assigning {key} to {field}: converting '{value}' to type {type_name}. details: {detail}")]
-    Parse {
-        key: String,
+    /// apiconfig's `LoadClientConfigFromEnvironment` failing on what envconfig could not
+    /// convert.
+    #[error("failed to load config from env vars: {0}")]
+    Load(Box<EnvconfigError>),
+}
+
+/// envconfig's `*ParseError`: a value it cannot convert (named by the prefixed variable,
+/// whichever name held it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("envconfig.Process: assigning {key} to {field}: converting '{value}' to type {type_name}. details: {source}")]
+pub struct EnvconfigError {
+    pub key: String,
+    pub field: &'static str,
+    pub value: String,
+    pub type_name: &'static str,
+    #[source]
+    pub source: NumError,
+}
+
+impl SettingsError {
+    fn parse(
+        name: &str,
         field: &'static str,
         value: String,
         type_name: &'static str,
-        detail: String,
-    },
+        source: NumError,
+    ) -> SettingsError {
+        SettingsError::Load(Box::new(EnvconfigError {
+            key: format!("CALICO_{name}"),
+            field,
+            value,
+            type_name,
+            source,
+        }))
+    }
 }
 
 /// One envconfig-read setting: `CALICO_<name>` if present, else the NetConf value, else
@@ -81,23 +120,35 @@ fn setting_opt(
     env(name)
 }
 
-/// Go's `strconv.ParseFloat(s, 32)`, the error as its text ("invalid syntax", "value out of
-/// range"). Hexadecimal floats are not taken.
-fn parse_go_f32(s: &str) -> Result<f32, &'static str> {
-    let v: f32 = s.parse().map_err(|_| "invalid syntax")?;
+/// Go's `strconv.ParseFloat(s, 32)`. Hexadecimal floats are not taken.
+fn parse_go_f32(s: &str) -> Result<f32, NumError> {
+    let err = |kind| NumError {
+        func: "ParseFloat",
+        num: s.to_string(),
+        kind,
+    };
+    let v: f32 = s.parse().map_err(|_| err(NumErrorKind::Syntax))?;
     let spelled_infinite = s
         .trim_start_matches(['+', '-'])
         .to_ascii_lowercase()
         .starts_with("inf");
     if v.is_infinite() && !spelled_infinite {
-        return Err("value out of range");
+        return Err(err(NumErrorKind::Range));
     }
     Ok(v)
 }
 
 /// Go's `strconv.ParseInt(s, 0, 64)`: a sign, then `0x`, `0o`, `0b` or `0` (octal) for
 /// another base, where `_` may separate digits.
-fn parse_go_int(s: &str) -> Result<i64, &'static str> {
+fn parse_go_int(s: &str) -> Result<i64, NumError> {
+    parse_go_int_kind(s).map_err(|kind| NumError {
+        func: "ParseInt",
+        num: s.to_string(),
+        kind,
+    })
+}
+
+fn parse_go_int_kind(s: &str) -> Result<i64, NumErrorKind> {
     let (neg, body) = match s.as_bytes().first() {
         Some(b'-') => (true, &s[1..]),
         Some(b'+') => (false, &s[1..]),
@@ -119,22 +170,22 @@ fn parse_go_int(s: &str) -> Result<i64, &'static str> {
         let well_placed =
             !digits.starts_with('_') && !digits.ends_with('_') && !digits.contains("__");
         if !well_placed {
-            return Err("invalid syntax");
+            return Err(NumErrorKind::Syntax);
         }
         digits.replace('_', "")
     } else {
         digits
     };
     if digits.is_empty() || !digits.chars().all(|c| c.is_digit(base)) {
-        return Err("invalid syntax");
+        return Err(NumErrorKind::Syntax);
     }
-    let magnitude = u64::from_str_radix(&digits, base).map_err(|_| "value out of range")?;
+    let magnitude = u64::from_str_radix(&digits, base).map_err(|_| NumErrorKind::Range)?;
     let v = if neg {
         0i64.checked_sub_unsigned(magnitude)
     } else {
         i64::try_from(magnitude).ok()
     };
-    v.ok_or("value out of range")
+    v.ok_or(NumErrorKind::Range)
 }
 
 /// The datastore client's rate limit: `K8S_CLIENT_QPS` and `K8S_CLIENT_BURST` (the NetConf's
@@ -146,36 +197,68 @@ fn resolve_rate(
     let from_conf = |v: i64| if v != 0 { v.to_string() } else { String::new() };
     let qps = match setting_opt(env, "K8S_CLIENT_QPS", &from_conf(conf.qps)) {
         None => 0.0,
-        Some(v) => parse_go_f32(&v).map_err(|e| SettingsError::Parse {
-            key: "CALICO_K8S_CLIENT_QPS".into(),
-            field: "K8sClientQPS",
-            detail: format!("strconv.ParseFloat: parsing {v:?}: {e}"),
-            value: v,
-            type_name: "float32",
-        })?,
+        Some(v) => parse_go_f32(&v)
+            .map_err(|e| SettingsError::parse("K8S_CLIENT_QPS", "K8sClientQPS", v, "float32", e))?,
     };
     let burst = match setting_opt(env, "K8S_CLIENT_BURST", &from_conf(conf.burst)) {
         None => 0,
-        Some(v) => parse_go_int(&v).map_err(|e| SettingsError::Parse {
-            key: "CALICO_K8S_CLIENT_BURST".into(),
-            field: "K8sClientBurst",
-            detail: format!("strconv.ParseInt: parsing {v:?}: {e}"),
-            value: v,
-            type_name: "int",
-        })?,
+        Some(v) => parse_go_int(&v)
+            .map_err(|e| SettingsError::parse("K8S_CLIENT_BURST", "K8sClientBurst", v, "int", e))?,
     };
     Ok(RateLimit::calico(qps, burst))
 }
 
+/// One of envconfig's booleans (no NetConf value): unset is false; a set value must be Go's
+/// `strconv.ParseBool`'s, `""` included.
+fn env_bool(
+    env: &dyn Fn(&str) -> Option<String>,
+    name: &str,
+    field: &'static str,
+) -> Result<bool, SettingsError> {
+    match setting_opt(env, name, "") {
+        None => Ok(false),
+        Some(v) => parse_bool_go(&v).map_err(|e| SettingsError::parse(name, field, v, "bool", e)),
+    }
+}
+
+/// apiconfig's `applyConfigDefaults` for the kubeconfig: `$HOME/.kube/config` when `HOME`
+/// is set and the file exists (a Go `os.Stat`, so anything there counts).
+fn default_kubeconfig(env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+    let home = env("HOME").filter(|h| !h.is_empty())?;
+    let path = crate::gocompat::clean_path(&std::path::Path::new(&home).join(".kube/config"));
+    std::fs::metadata(&path).ok()?;
+    Some(path.display().to_string())
+}
+
 impl DatastoreSettings {
-    /// Resolves the settings from the NetConf and an environment lookup.
-    pub fn resolve(
+    /// `apiconfig.LoadClientConfig("")` as `CreateClient` calls it: envconfig over the
+    /// environment (the NetConf's values standing in for the plain names, as `CreateClient`
+    /// exports them), then apiconfig's defaults. The datastore type is not checked here.
+    pub fn load(
         conf: &NetConf,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<DatastoreSettings, SettingsError> {
         let get = |name: &str, from_conf: &str| setting(env, name, from_conf);
         let endpoints = get("ETCD_ENDPOINTS", &conf.etcd_endpoints);
         let mut datastore_type = get("DATASTORE_TYPE", &conf.datastore_type);
+        let (user, password) = (get("ETCD_USERNAME", ""), get("ETCD_PASSWORD", ""));
+        let (etcd_username, etcd_password) = if user.is_empty() || password.is_empty() {
+            (String::new(), String::new())
+        } else {
+            (user, password)
+        };
+        let mut kubeconfig = get("KUBECONFIG", &conf.kubernetes.kubeconfig);
+        let server = get("K8S_API_ENDPOINT", &conf.kubernetes.k8s_api_root);
+        // envconfig's fields in their order: the strings, which cannot fail, then the
+        // booleans, the QPS and the burst; the first that fails is the error.
+        let insecure_skip_tls_verify = env_bool(
+            env,
+            "K8S_INSECURE_SKIP_TLS_VERIFY",
+            "K8sInsecureSkipTLSVerify",
+        )?;
+        env_bool(env, "K8S_DISABLE_NODE_POLL", "K8sDisableNodePoll")?;
+        let use_pod_cidr = env_bool(env, "USE_POD_CIDR", "K8sUsePodCIDR")?;
+        let rate = resolve_rate(conf, env)?;
         if datastore_type.is_empty() {
             // Discovery alone does not select etcd: only endpoints do (apiconfig/load.go).
             datastore_type = if endpoints.is_empty() {
@@ -184,15 +267,9 @@ impl DatastoreSettings {
                 "etcdv3".into()
             };
         }
-        if datastore_type != "etcdv3" && datastore_type != "kubernetes" {
-            return Err(SettingsError::UnknownType(datastore_type));
+        if datastore_type == "kubernetes" && kubeconfig.is_empty() && server.is_empty() {
+            kubeconfig = default_kubeconfig(env).unwrap_or_default();
         }
-        let (user, password) = (get("ETCD_USERNAME", ""), get("ETCD_PASSWORD", ""));
-        let (etcd_username, etcd_password) = if user.is_empty() || password.is_empty() {
-            (String::new(), String::new())
-        } else {
-            (user, password)
-        };
         Ok(DatastoreSettings {
             datastore_type,
             etcd_endpoints: endpoints
@@ -208,22 +285,36 @@ impl DatastoreSettings {
             etcd_username,
             etcd_password,
             kube: KubeSettings {
-                kubeconfig: get("KUBECONFIG", &conf.kubernetes.kubeconfig),
-                server: get("K8S_API_ENDPOINT", &conf.kubernetes.k8s_api_root),
-                // The field has no envconfig name, so envconfig reads `CALICO_K8SAPITOKEN`
-                // or `K8SAPITOKEN`; the `K8S_API_TOKEN` the CNI exports is never read.
-                token: get("K8SAPITOKEN", ""),
+                kubeconfig_list: is_kubeconfig_list(&kubeconfig),
+                kubeconfig,
+                server,
+                // The field has no envconfig name: envconfig reads `CALICO_K8SAPITOKEN` and
+                // nothing else (no plain-name fallback without a name); the
+                // `K8S_API_TOKEN` the CNI exports is never read.
+                token: env("CALICO_K8SAPITOKEN").unwrap_or_default(),
                 ca_file: get("K8S_CA_FILE", ""),
                 cert_file: get("K8S_CERT_FILE", ""),
                 key_file: get("K8S_KEY_FILE", ""),
-                insecure_skip_tls_verify: parse_bool(&get("K8S_INSECURE_SKIP_TLS_VERIFY", ""))
-                    == Some(true),
+                insecure_skip_tls_verify,
                 context: get("K8S_CURRENT_CONTEXT", ""),
-                rate: resolve_rate(conf, env)?,
+                rate,
             },
             calico_api_group: get("CALICO_API_GROUP", &conf.calico_api_group),
             policy_kube: None,
+            use_pod_cidr,
         })
+    }
+
+    /// `load`, then the datastore type checked (libcalico-go's `client.New`).
+    pub fn resolve(
+        conf: &NetConf,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<DatastoreSettings, SettingsError> {
+        let s = Self::load(conf, env)?;
+        if s.datastore_type != "etcdv3" && s.datastore_type != "kubernetes" {
+            return Err(SettingsError::UnknownType(s.datastore_type));
+        }
+        Ok(s)
     }
 
     /// The API server the plugin itself reads pods, namespaces and nodes from (k8s.go
@@ -368,13 +459,121 @@ mod tests {
             ("/conf/kc", "https://a")
         );
         // The token the NetConf gives is exported as K8S_API_TOKEN, which the datastore
-        // never reads; only (CALICO_)K8SAPITOKEN reaches it.
+        // never reads; only CALICO_K8SAPITOKEN reaches it (the field has no envconfig name,
+        // so there is no plain name to fall back on).
         let s = resolve(
             r#"{"name":"n","policy":{"k8s_auth_token":"conf"}}"#,
             &[("K8S_API_TOKEN", "x"), ("K8SAPITOKEN", "y")],
         )
         .unwrap();
-        assert_eq!(s.kube.token, "y");
+        assert_eq!(s.kube.token, "");
+        let s = resolve(
+            r#"{"name":"n"}"#,
+            &[("K8SAPITOKEN", "y"), ("CALICO_K8SAPITOKEN", "z")],
+        )
+        .unwrap();
+        assert_eq!(s.kube.token, "z");
+    }
+
+    #[test]
+    fn booleans_as_envconfig_parses_them() {
+        let plain = r#"{"name":"n"}"#;
+        for (v, want) in [
+            ("1", true),
+            ("T", true),
+            ("true", true),
+            ("0", false),
+            ("False", false),
+        ] {
+            let s = resolve(plain, &[("K8S_INSECURE_SKIP_TLS_VERIFY", v)]).unwrap();
+            assert_eq!(s.kube.insecure_skip_tls_verify, want, "{v}");
+        }
+        assert!(!resolve(plain, &[]).unwrap().kube.insecure_skip_tls_verify);
+        // The prefixed name wins, even empty, and then fails.
+        let s = resolve(
+            plain,
+            &[
+                ("CALICO_K8S_INSECURE_SKIP_TLS_VERIFY", "0"),
+                ("K8S_INSECURE_SKIP_TLS_VERIFY", "1"),
+            ],
+        )
+        .unwrap();
+        assert!(!s.kube.insecure_skip_tls_verify);
+        for (k, v) in [
+            ("K8S_INSECURE_SKIP_TLS_VERIFY", ""),
+            ("CALICO_K8S_INSECURE_SKIP_TLS_VERIFY", "maybe"),
+        ] {
+            assert_eq!(
+                resolve(plain, &[(k, v)]).unwrap_err().to_string(),
+                format!("failed to load config from env vars: envconfig.Process: assigning CALICO_K8S_INSECURE_SKIP_TLS_VERIFY to K8sInsecureSkipTLSVerify: converting '{v}' to type bool. details: strconv.ParseBool: parsing \"{v}\": invalid syntax")
+            );
+        }
+        let e = resolve(plain, &[("K8S_DISABLE_NODE_POLL", "x")]).unwrap_err();
+        assert!(e.to_string().contains("assigning CALICO_K8S_DISABLE_NODE_POLL to K8sDisableNodePoll: converting 'x' to type bool"), "{e}");
+        assert!(resolve(plain, &[("USE_POD_CIDR", "yes")]).is_err());
+        assert!(
+            resolve(plain, &[("USE_POD_CIDR", "1")])
+                .unwrap()
+                .use_pod_cidr
+        );
+        // envconfig's field order: the boolean before the QPS; both before the type check.
+        let e = resolve(
+            plain,
+            &[
+                ("K8S_CLIENT_QPS", "x"),
+                ("USE_POD_CIDR", "x"),
+                ("DATASTORE_TYPE", "foo"),
+            ],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("K8sUsePodCIDR"), "{e}");
+        let e = resolve(plain, &[("K8S_CLIENT_QPS", "x"), ("DATASTORE_TYPE", "foo")]).unwrap_err();
+        assert!(e.to_string().contains("K8sClientQPS"), "{e}");
+    }
+
+    #[test]
+    fn kubeconfig_lists_and_the_home_default() {
+        let s = resolve(r#"{"name":"n"}"#, &[("KUBECONFIG", "/a:/b")]).unwrap();
+        assert!(s.kube.kubeconfig_list);
+        let s = resolve(r#"{"name":"n"}"#, &[("KUBECONFIG", "/a:")]).unwrap();
+        assert!(s.kube.kubeconfig_list, "an empty entry still makes a list");
+        let s = resolve(r#"{"name":"n"}"#, &[("KUBECONFIG", "/a")]).unwrap();
+        assert!(!s.kube.kubeconfig_list);
+        let home = std::env::temp_dir().join(format!("settings-home-{}", std::process::id()));
+        std::fs::create_dir_all(home.join(".kube")).unwrap();
+        let home_s = format!("{}/", home.display());
+        let plain = r#"{"name":"n"}"#;
+        assert_eq!(
+            resolve(plain, &[("HOME", &home_s)])
+                .unwrap()
+                .kube
+                .kubeconfig,
+            ""
+        );
+        std::fs::write(home.join(".kube/config"), "").unwrap();
+        let want = format!("{}/.kube/config", home.display());
+        assert_eq!(
+            resolve(plain, &[("HOME", &home_s)])
+                .unwrap()
+                .kube
+                .kubeconfig,
+            want
+        );
+        // Not when a kubeconfig or an API server is named, nor on etcd.
+        let s = resolve(
+            r#"{"name":"n","kubernetes":{"k8s_api_root":"https://a"}}"#,
+            &[("HOME", &home_s)],
+        )
+        .unwrap();
+        assert_eq!(s.kube.kubeconfig, "");
+        let s = resolve(
+            r#"{"name":"n","datastore_type":"etcdv3","etcd_endpoints":"http://e:1"}"#,
+            &[("HOME", &home_s)],
+        )
+        .unwrap();
+        assert_eq!(s.kube.kubeconfig, "");
+        assert_eq!(resolve(plain, &[("HOME", "")]).unwrap().kube.kubeconfig, "");
+        std::fs::remove_dir_all(&home).unwrap();
     }
 
     #[test]
@@ -442,7 +641,7 @@ mod tests {
         let e = resolve(plain, &[("K8S_CLIENT_QPS", "fast")]).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "envconfig.Process: assigning CALICO_K8S_CLIENT_QPS to K8sClientQPS: converting 'fast' to type float32. details: strconv.ParseFloat: parsing \"fast\": invalid syntax"
+            "failed to load config from env vars: envconfig.Process: assigning CALICO_K8S_CLIENT_QPS to K8sClientQPS: converting 'fast' to type float32. details: strconv.ParseFloat: parsing \"fast\": invalid syntax"
         );
         assert!(resolve(plain, &[("CALICO_K8S_CLIENT_BURST", "")]).is_err());
         assert!(resolve(plain, &[("K8S_CLIENT_BURST", "1.5")]).is_err());
@@ -454,18 +653,22 @@ mod tests {
 
     #[test]
     fn go_integers_and_floats() {
-        assert_eq!(parse_go_int("-0b101"), Ok(-5));
-        assert_eq!(parse_go_int("0o17"), Ok(15));
-        assert_eq!(parse_go_int("1_000"), Err("invalid syntax"));
-        assert_eq!(parse_go_int("0x1_0"), Ok(16));
+        let int_kind = |s: &str| parse_go_int(s).map_err(|e| e.kind);
+        assert_eq!(int_kind("-0b101"), Ok(-5));
+        assert_eq!(int_kind("0o17"), Ok(15));
+        assert_eq!(int_kind("1_000"), Err(NumErrorKind::Syntax));
+        assert_eq!(int_kind("0x1_0"), Ok(16));
         assert_eq!(
-            parse_go_int("9223372036854775808"),
-            Err("value out of range")
+            parse_go_int("9223372036854775808").unwrap_err().to_string(),
+            "strconv.ParseInt: parsing \"9223372036854775808\": value out of range"
         );
-        assert_eq!(parse_go_int("-9223372036854775808"), Ok(i64::MIN));
-        assert_eq!(parse_go_int(""), Err("invalid syntax"));
+        assert_eq!(int_kind("-9223372036854775808"), Ok(i64::MIN));
+        assert_eq!(int_kind(""), Err(NumErrorKind::Syntax));
         assert_eq!(parse_go_f32("+Inf"), Ok(f32::INFINITY));
         assert!(parse_go_f32("NaN").unwrap().is_nan());
-        assert_eq!(parse_go_f32(" 1"), Err("invalid syntax"));
+        assert_eq!(
+            parse_go_f32(" 1").unwrap_err().to_string(),
+            "strconv.ParseFloat: parsing \" 1\": invalid syntax"
+        );
     }
 }

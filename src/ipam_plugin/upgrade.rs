@@ -37,7 +37,7 @@ use crate::datastore::model::ClusterInformation;
 use crate::datastore::resources::{get_resource, update_resource};
 use crate::datastore::settings::DatastoreSettings;
 use crate::datastore::{Datastore, DatastoreError, Key, Kind};
-use crate::gocompat::{errno_text, io_error_text, parse_bool, path_error};
+use crate::gocompat::{errno_text, io_error_text, path_error};
 use crate::ipam::allocator::{Ipam, IpamError};
 use crate::net::ParseIpNetError;
 
@@ -284,40 +284,17 @@ pub fn run(opts: Options, env: &dyn Fn(&str) -> Option<String>) -> u8 {
     }
 }
 
-/// The API client configuration from the environment (`apiconfig.LoadClientConfig("")`),
-/// the datastore type then forced to Kubernetes as upstream forces it; and `USE_POD_CIDR`.
-/// As envconfig, `CALICO_<NAME>` beats `<NAME>`; a set but unparsable boolean fails the load.
-/// When the environment alone selects the Kubernetes datastore and names no API server,
-/// `$HOME/.kube/config` is used if it exists (apiconfig's `applyConfigDefaults`).
+/// The API client configuration from the environment (`apiconfig.LoadClientConfig("")`,
+/// with its defaults: `$HOME/.kube/config` when the environment selects the Kubernetes
+/// datastore and names no API server), the datastore type then forced to Kubernetes as
+/// upstream forces it; and `USE_POD_CIDR`. As envconfig, `CALICO_<NAME>` beats `<NAME>`; a
+/// set but unparsable boolean or number fails the load.
 pub fn api_settings(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> std::result::Result<(DatastoreSettings, bool), String> {
-    let get = |name: &str| env(&format!("CALICO_{name}")).or_else(|| env(name));
-    let use_pod_cidr = match get("USE_POD_CIDR") {
-        None => false,
-        Some(v) => parse_bool(&v).ok_or_else(|| {
-            format!("failed to load config from env vars: envconfig.Process: assigning CALICO_USE_POD_CIDR to K8sUsePodCIDR: converting '{v}' to type bool")
-        })?,
-    };
-    let detected = match get("DATASTORE_TYPE").filter(|t| !t.is_empty()) {
-        Some(t) => t,
-        None if get("ETCD_ENDPOINTS").is_some_and(|e| !e.is_empty()) => "etcdv3".into(),
-        None => "kubernetes".into(),
-    };
-    let forced = |name: &str| match name {
-        "CALICO_DATASTORE_TYPE" => Some("kubernetes".to_string()),
-        other => env(other),
-    };
-    let mut s =
-        DatastoreSettings::resolve(&NetConf::default(), &forced).map_err(|e| e.to_string())?;
-    if detected == "kubernetes" && s.kube.kubeconfig.is_empty() && s.kube.server.is_empty() {
-        if let Some(home) = env("HOME").filter(|h| !h.is_empty()) {
-            let default = Path::new(&home).join(".kube").join("config");
-            if default.exists() {
-                s.kube.kubeconfig = default.display().to_string();
-            }
-        }
-    }
+    let mut s = DatastoreSettings::load(&NetConf::default(), env).map_err(|e| e.to_string())?;
+    s.datastore_type = "kubernetes".into();
+    let use_pod_cidr = s.use_pod_cidr;
     Ok((s, use_pod_cidr))
 }
 

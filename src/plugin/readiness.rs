@@ -5,8 +5,13 @@
 //! once instead of after one interval, so a ready gate costs no pod-start time.
 //!
 //! The HTTP client is deliberately small: one HTTP/1.1 GET per probe, `Connection: close`,
-//! plain TCP for `http://` and rustls (system CA bundle) for `https://`; a 3xx counts as
-//! ready without following the redirect.
+//! plain TCP for `http://` and rustls for `https://`; a 3xx counts as ready without
+//! following the redirect. As Go's `http.Client{}` upstream probes with, it goes through the
+//! environment's proxy (`HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY`, Go's rules: see
+//! `crate::http_proxy`), and trusts Go's system roots on Linux (`crypto/x509`'s
+//! `root_linux.go` and `root_unix.go`): the first of its bundle files that can be read
+//! (`SSL_CERT_FILE` instead when set) and every file of its certificate directories
+//! (`SSL_CERT_DIR`'s, `:`-separated, instead when set), loaded once per process.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,13 +21,23 @@ use tokio::net::TcpStream;
 use tracing::{error, info};
 
 use crate::error::{Error, Result};
+use crate::http_proxy::{self, ProxyEnv, ProxyUrl};
 
 const POLL_INTERVAL: Duration = Duration::from_secs(5);
 const POLL_TIMEOUT: Duration = Duration::from_secs(30);
 /// The longest one gate can make ADD wait: its polling time, and a last probe's timeout.
 pub const MAX_WAIT_PER_GATE: Duration = POLL_TIMEOUT.saturating_add(POLL_INTERVAL);
-/// Where Debian (and most distributions) keep the system trust store as one PEM bundle.
-const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+/// Go's bundle files on Linux (`certFiles`), in its order: the first that reads is used.
+const CERT_FILES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt", // Debian/Ubuntu/Gentoo etc.
+    "/etc/pki/tls/certs/ca-bundle.crt",   // Fedora/RHEL 6
+    "/etc/ssl/ca-bundle.pem",             // OpenSUSE
+    "/etc/pki/tls/cacert.pem",            // OpenELEC
+    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem", // CentOS/RHEL 7
+    "/etc/ssl/cert.pem",                  // Alpine Linux
+];
+/// Go's certificate directories on Linux (`certDirectories`): every file in each is read.
+const CERT_DIRECTORIES: &[&str] = &["/etc/ssl/certs", "/etc/pki/tls/certs"];
 
 /// A request URI, split as a GET needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,6 +121,7 @@ pub fn parse(raw: &str) -> std::result::Result<GateUrl, String> {
 
 /// Waits until every gate is ready, in order; the first that is not fails the ADD.
 pub async fn wait_for_gates(gates: &[String]) -> Result<()> {
+    let proxies = ProxyEnv::from_process();
     for gate in gates {
         let url = parse(gate).map_err(|e| {
             Error::msg(format!(
@@ -113,15 +129,15 @@ pub async fn wait_for_gates(gates: &[String]) -> Result<()> {
             ))
         })?;
         let waiting = format!("waiting for readiness gate {gate}");
-        crate::deadline::bound(&waiting, poll(gate, &url)).await??;
+        crate::deadline::bound(&waiting, poll(gate, &url, &proxies)).await??;
     }
     Ok(())
 }
 
-async fn poll(raw: &str, url: &GateUrl) -> Result<()> {
+async fn poll(raw: &str, url: &GateUrl, proxies: &ProxyEnv) -> Result<()> {
     let deadline = tokio::time::Instant::now() + POLL_TIMEOUT;
     loop {
-        match tokio::time::timeout(POLL_INTERVAL, probe(url)).await {
+        match tokio::time::timeout(POLL_INTERVAL, probe(url, proxies)).await {
             Ok(Ok(status)) if (200..400).contains(&status) => {
                 info!(gate = raw, status, "readiness gate is ready");
                 return Ok(());
@@ -146,28 +162,49 @@ async fn poll(raw: &str, url: &GateUrl) -> Result<()> {
     }
 }
 
-/// One GET; the response's status code.
-async fn probe(url: &GateUrl) -> std::io::Result<u16> {
-    let tcp = TcpStream::connect((url.host.as_str(), url.port)).await?;
-    if url.https {
-        let tls = tls_connector()?;
-        let name = rustls_pki_types::ServerName::try_from(url.host.clone())
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-        let stream = tls.connect(name, tcp).await?;
-        get(stream, url).await
-    } else {
-        get(tcp, url).await
+/// One GET, through the proxy Go would choose for it; the response's status code.
+async fn probe(url: &GateUrl, proxies: &ProxyEnv) -> std::io::Result<u16> {
+    let scheme = if url.https { "https" } else { "http" };
+    let proxy = proxies
+        .for_go(scheme, &url.host, &url.port.to_string())
+        .map_err(std::io::Error::other)?;
+    let Some(proxy) = proxy else {
+        let tcp = TcpStream::connect((url.host.as_str(), url.port)).await?;
+        return match url.https {
+            true => get(tls_to(&url.host, tcp).await?, url, None).await,
+            false => get(tcp, url, None).await,
+        };
+    };
+    let proxy_tls = match proxy.is_https() {
+        true => Some(tls_connector()?),
+        false => None,
+    };
+    let mut io = http_proxy::connect(&proxy, proxy_tls.as_ref())
+        .await
+        .map_err(std::io::Error::other)?;
+    if !url.https {
+        return get(io, url, Some(&proxy)).await;
     }
+    let target = http_proxy::join_host_port(&url.host, &url.port.to_string());
+    http_proxy::tunnel(&mut io, &target, &proxy)
+        .await
+        .map_err(std::io::Error::other)?;
+    get(tls_to(&url.host, io).await?, url, None).await
 }
 
+/// The gate's TLS over `io`, checked against Go's system roots.
+async fn tls_to<S: AsyncRead + AsyncWrite + Unpin>(
+    host: &str,
+    io: S,
+) -> std::io::Result<tokio_rustls::client::TlsStream<S>> {
+    let name = rustls_pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    tls_connector()?.connect(name, io).await
+}
+
+/// A TLS client trusting Go's system roots.
 fn tls_connector() -> std::io::Result<tokio_rustls::TlsConnector> {
-    use rustls_pki_types::pem::PemObject;
-    let mut roots = tokio_rustls::rustls::RootCertStore::empty();
-    let certs = rustls_pki_types::CertificateDer::pem_file_iter(CA_BUNDLE)
-        .map_err(|e| std::io::Error::other(format!("{CA_BUNDLE}: {e}")))?;
-    for cert in certs.flatten() {
-        let _ = roots.add(cert);
-    }
+    let roots = system_roots().map_err(std::io::Error::other)?;
     let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
     let config = tokio_rustls::rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -177,15 +214,112 @@ fn tls_connector() -> std::io::Result<tokio_rustls::TlsConnector> {
     Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
 }
 
-async fn get<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, url: &GateUrl) -> std::io::Result<u16> {
-    let host = if url.host.contains(':') {
-        format!("[{}]", url.host)
-    } else {
-        url.host.clone()
+/// Go's system roots, loaded once per process (as Go loads them once).
+fn system_roots() -> std::result::Result<Arc<tokio_rustls::rustls::RootCertStore>, String> {
+    static ROOTS: std::sync::OnceLock<
+        std::result::Result<Arc<tokio_rustls::rustls::RootCertStore>, String>,
+    > = std::sync::OnceLock::new();
+    ROOTS
+        .get_or_init(|| {
+            load_roots(&|k| std::env::var(k).ok())
+                .map(Arc::new)
+                .map_err(|e| e.to_string())
+        })
+        .clone()
+}
+
+/// Go's `loadSystemRoots` on Linux: the first bundle file that reads (`SSL_CERT_FILE`
+/// instead of the list when set), then every file of each directory (`SSL_CERT_DIR`'s,
+/// `:`-separated, when set), leaving out symlinks to a name in the same directory. A file
+/// that is missing is no error; any other failure to read is kept, and fails the load only
+/// when no certificate was found at all.
+fn load_roots(
+    env: &dyn Fn(&str) -> Option<String>,
+) -> std::io::Result<tokio_rustls::rustls::RootCertStore> {
+    use std::io::ErrorKind::NotFound;
+    let mut roots = tokio_rustls::rustls::RootCertStore::empty();
+    let mut first_err: Option<std::io::Error> = None;
+    let keep = |e: std::io::Error, first_err: &mut Option<std::io::Error>| {
+        if first_err.is_none() && e.kind() != NotFound {
+            *first_err = Some(e);
+        }
+    };
+    let file_env = env("SSL_CERT_FILE").filter(|f| !f.is_empty());
+    let files: Vec<&str> = match &file_env {
+        Some(f) => vec![f.as_str()],
+        None => CERT_FILES.to_vec(),
+    };
+    for file in files {
+        match crate::input_file::read(std::path::Path::new(file)) {
+            Ok(pem) => {
+                add_pem(&mut roots, &pem);
+                break;
+            }
+            Err(e) => keep(
+                std::io::Error::new(e.kind(), crate::gocompat::path_error("open", file, &e)),
+                &mut first_err,
+            ),
+        }
+    }
+    let dir_env = env("SSL_CERT_DIR").filter(|d| !d.is_empty());
+    let dirs: Vec<&str> = match &dir_env {
+        Some(d) => d.split(':').collect(),
+        None => CERT_DIRECTORIES.to_vec(),
+    };
+    for dir in dirs {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) => {
+                let text = crate::gocompat::path_error("open", dir, &e);
+                keep(std::io::Error::new(e.kind(), text), &mut first_err);
+                continue;
+            }
+        };
+        for entry in entries.flatten() {
+            let path = std::path::Path::new(dir).join(entry.file_name());
+            let same_dir_link = entry.file_type().is_ok_and(|t| t.is_symlink())
+                && std::fs::read_link(&path)
+                    .is_ok_and(|t| !t.as_os_str().as_encoded_bytes().contains(&b'/'));
+            if same_dir_link {
+                continue;
+            }
+            if let Ok(pem) = crate::input_file::read(&path) {
+                add_pem(&mut roots, &pem);
+            }
+        }
+    }
+    match first_err {
+        Some(e) if roots.is_empty() => Err(e),
+        _ => Ok(roots),
+    }
+}
+
+/// Go's `AppendCertsFromPEM`: every CERTIFICATE block that parses; the rest is skipped.
+fn add_pem(roots: &mut tokio_rustls::rustls::RootCertStore, pem: &[u8]) {
+    use rustls_pki_types::pem::PemObject;
+    let certs = rustls_pki_types::CertificateDer::pem_slice_iter(pem).filter_map(|c| c.ok());
+    roots.add_parsable_certificates(certs);
+}
+
+/// The GET on `s`: to the gate itself, or (`proxy`) to the proxy for an `http://` gate, with
+/// the whole URL in the request line and the proxy's credentials, as Go sends it.
+async fn get<S: AsyncRead + AsyncWrite + Unpin>(
+    mut s: S,
+    url: &GateUrl,
+    proxy: Option<&ProxyUrl>,
+) -> std::io::Result<u16> {
+    let authority = http_proxy::join_host_port(&url.host, &url.port.to_string());
+    let (target, proxy_auth) = match proxy {
+        None => (url.target.clone(), String::new()),
+        Some(p) => (
+            format!("http://{authority}{}", url.target),
+            p.authorization()
+                .map(|a| format!("Proxy-Authorization: {a}\r\n"))
+                .unwrap_or_default(),
+        ),
     };
     let req = format!(
-        "GET {} HTTP/1.1\r\nHost: {host}:{}\r\nUser-Agent: calico-cni\r\nAccept: */*\r\nConnection: close\r\n\r\n",
-        url.target, url.port
+        "GET {target} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: calico-cni\r\nAccept: */*\r\n{proxy_auth}Connection: close\r\n\r\n",
     );
     s.write_all(req.as_bytes()).await?;
     let mut buf = Vec::new();
@@ -257,8 +391,99 @@ mod tests {
             }
         });
         let url = parse(&format!("http://127.0.0.1:{port}/ready")).unwrap();
-        assert_eq!(probe(&url).await.unwrap(), 200);
-        assert_eq!(probe(&url).await.unwrap(), 503);
+        let direct = ProxyEnv::default();
+        assert_eq!(probe(&url, &direct).await.unwrap(), 200);
+        assert_eq!(probe(&url, &direct).await.unwrap(), 503);
         server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_http_gate_through_a_proxy_is_asked_in_absolute_form() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut b = vec![0u8; 2048];
+            let n = s.read(&mut b).await.unwrap();
+            let _ = s.write_all(b"HTTP/1.1 204 No Content\r\n\r\n").await;
+            String::from_utf8_lossy(&b[..n]).into_owned()
+        });
+        let proxies = ProxyEnv::from_env(&|k| {
+            (k == "HTTP_PROXY").then(|| format!("http://u:p@127.0.0.1:{port}"))
+        });
+        // Not loopback, so proxied: the proxy (this server) answers for it.
+        let url = parse("http://gate.invalid:9099/ready?x=1").unwrap();
+        assert_eq!(probe(&url, &proxies).await.unwrap(), 204);
+        let req = server.await.unwrap();
+        assert!(
+            req.starts_with(
+                "GET http://gate.invalid:9099/ready?x=1 HTTP/1.1\r\nHost: gate.invalid:9099\r\n"
+            ),
+            "{req}"
+        );
+        assert!(req.contains(&format!(
+            "Proxy-Authorization: Basic {}\r\n",
+            crate::encoding::base64_std(b"u:p")
+        )));
+    }
+
+    #[test]
+    fn system_roots_as_go_searches_them() {
+        let dir = std::env::temp_dir().join(format!("go-roots-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let certs = dir.join("certs");
+        std::fs::create_dir_all(&certs).unwrap();
+        let pem = |cn: &str| {
+            let mut p = rcgen::CertificateParams::new(vec![cn.to_string()]).unwrap();
+            p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+            let key = rcgen::KeyPair::generate().unwrap();
+            p.self_signed(&key).unwrap().pem()
+        };
+        let env = |file: Option<String>, dirs: Option<String>| {
+            move |k: &str| match k {
+                "SSL_CERT_FILE" => file.clone(),
+                "SSL_CERT_DIR" => dirs.clone(),
+                _ => None,
+            }
+        };
+        let bundle = dir.join("bundle.pem");
+        std::fs::write(&bundle, format!("{}{}", pem("a"), pem("b"))).unwrap();
+        std::fs::write(certs.join("c.crt"), pem("c")).unwrap();
+        std::fs::write(certs.join("notes.txt"), "not a certificate").unwrap();
+        // A same-directory symlink (c_rehash's) is skipped; one elsewhere is read.
+        std::os::unix::fs::symlink("c.crt", certs.join("1234abcd.0")).unwrap();
+        std::os::unix::fs::symlink(&bundle, certs.join("bundle-link.pem")).unwrap();
+        let d = certs.display().to_string();
+        let f = bundle.display().to_string();
+        assert_eq!(
+            load_roots(&env(Some(f.clone()), Some("/nonexistent".into())))
+                .unwrap()
+                .len(),
+            2
+        );
+        assert_eq!(
+            load_roots(&env(Some("/nonexistent".into()), Some(d.clone())))
+                .unwrap()
+                .len(),
+            3
+        );
+        assert_eq!(
+            load_roots(&env(Some(f), Some(format!("{d}:/nonexistent"))))
+                .unwrap()
+                .len(),
+            5
+        );
+        // Nothing found and nothing failed: an empty pool, no error.
+        assert!(load_roots(&env(
+            Some("/nonexistent".into()),
+            Some("/nonexistent".into())
+        ))
+        .unwrap()
+        .is_empty());
+        // A failure other than a missing file fails the load only when nothing was found.
+        let e = load_roots(&env(Some(d.clone()), Some("/nonexistent".into()))).unwrap_err();
+        assert_eq!(e.to_string(), format!("open {d}: not a regular file"));
+        assert_eq!(load_roots(&env(Some(d.clone()), Some(d))).unwrap().len(), 3);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -41,9 +41,14 @@ pub struct Bin {
 
 impl Bin {
     pub fn new() -> Bin {
+        Bin::with_calico(Path::new(env!("CARGO_BIN_EXE_calico")))
+    }
+
+    /// The same layout around another `calico` binary (upstream's, to run a scenario with
+    /// both).
+    pub fn with_calico(exe: &Path) -> Bin {
         let dir = TempDir::new("cni-bin");
-        let exe = PathBuf::from(env!("CARGO_BIN_EXE_calico"));
-        std::os::unix::fs::symlink(&exe, dir.path().join("calico")).expect("symlink calico");
+        std::os::unix::fs::symlink(exe, dir.path().join("calico")).expect("symlink calico");
         std::os::unix::fs::symlink("calico", dir.path().join("calico-ipam"))
             .expect("symlink calico-ipam");
         for p in ["host-local", "portmap", "bandwidth", "ptp", "loopback"] {
@@ -79,6 +84,14 @@ impl Bin {
     ) -> std::process::Child {
         spawn_plugin(&self.plugin(name), &self.path(), Some(host), inv, conf)
     }
+}
+
+/// Upstream's `calico` binary, when `CALICO_UPSTREAM_BIN` names the folder holding it (as
+/// for the differential suite).
+pub fn upstream_calico() -> Option<PathBuf> {
+    let dir = std::env::var_os("CALICO_UPSTREAM_BIN")?;
+    let calico = PathBuf::from(dir).join("calico");
+    calico.is_file().then_some(calico)
 }
 
 /// One plugin invocation's environment.

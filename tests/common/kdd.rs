@@ -103,6 +103,14 @@ impl KddWorld<KubeApi> {
         let api = KubeApi::start_in_netns(host.path());
         KddWorld::seeded(api, host)
     }
+
+    /// On the test API server listening on every address of the host netns (its uplink's
+    /// 198.18.0.1 too, which is not loopback).
+    pub fn on_every_address() -> KddWorld<KubeApi> {
+        let host = HostNetns::new();
+        let api = KubeApi::start_in_netns_on(host.path(), "0.0.0.0");
+        KddWorld::seeded(api, host)
+    }
 }
 
 impl KddWorld<RealK8s> {

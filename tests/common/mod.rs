@@ -6,6 +6,7 @@ pub mod conformance;
 pub mod etcd;
 pub mod examples;
 pub mod grpc_dataplane;
+pub mod http_proxy;
 pub mod image;
 pub mod installer;
 pub mod ipam_churn;

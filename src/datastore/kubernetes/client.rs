@@ -3,6 +3,12 @@
 //! and out and every request bounded by a timeout and by the call's deadline
 //! (`crate::deadline`: `min(timeout, what is left)`; nothing is sent once it has passed). The
 //! bearer token is never logged.
+//!
+//! The kubeconfig is read as client-go's loading rules read it: one explicit file, or (the
+//! datastore's `KUBECONFIG` naming several, `a:b`) each file that exists merged into one,
+//! the first file to name a cluster, user or context winning it whole and the first
+//! non-empty `current-context` winning. The HTTP proxy is client-go's: the selected
+//! cluster's `proxy-url` when it has one, else the environment's (`crate::http_proxy`).
 
 use std::time::Duration;
 
@@ -14,14 +20,19 @@ use serde_json::Value;
 use tower::ServiceBuilder;
 
 use super::ratelimit::{RateLimit, RateLimiter, Refused};
-use super::transport::OneConnection;
+use super::transport::{OneConnection, Proxy, ProxyChoice};
 use crate::datastore::DatastoreError;
+use crate::http_proxy::{ProxyEnv, ProxyUrl};
 
 /// How to reach the API server: a kubeconfig file, and client-go's overrides on top of it.
 /// Its `Debug` never shows the token.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct KubeSettings {
     pub kubeconfig: String,
+    /// `kubeconfig` is a list of files to merge (`a:b`, Go's `filepath.SplitList`), as
+    /// libcalico-go hands the datastore's `KUBECONFIG` of more than one entry to client-go;
+    /// otherwise it is one explicit path, whatever it contains.
+    pub kubeconfig_list: bool,
     /// Overrides the kubeconfig's server (`https://host:port`).
     pub server: String,
     pub token: String,
@@ -38,6 +49,7 @@ impl std::fmt::Debug for KubeSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KubeSettings")
             .field("kubeconfig", &self.kubeconfig)
+            .field("kubeconfig_list", &self.kubeconfig_list)
             .field("server", &self.server)
             .field(
                 "token",
@@ -142,31 +154,31 @@ fn config_error(e: impl std::fmt::Display) -> DatastoreError {
     DatastoreError::Config(e.to_string())
 }
 
-/// kube's configuration for these settings, with client-go's overrides applied.
-async fn load_config(s: &KubeSettings) -> Result<kube::Config, DatastoreError> {
-    let mut cfg = if !s.kubeconfig.is_empty() {
-        // client-go's loading rules stat an explicit kubeconfig first, in Go's words.
-        if let Err(e) = std::fs::metadata(&s.kubeconfig) {
-            return Err(config_error(crate::gocompat::path_error(
-                "stat",
-                &s.kubeconfig,
-                &e,
-            )));
+/// kube's configuration for these settings, with client-go's overrides applied, and the
+/// selected cluster's `proxy-url` (empty when it has none).
+async fn load_config(s: &KubeSettings) -> Result<(kube::Config, ClusterProxy), DatastoreError> {
+    let (mut cfg, proxy_url) = match read_kubeconfig(s)? {
+        Some(mut file) => {
+            refuse_irregular_in(&file)?;
+            let context = (!s.context.is_empty()).then(|| s.context.clone());
+            let proxy_url = take_proxy_urls(&mut file, context.as_deref());
+            let opts = kube::config::KubeConfigOptions {
+                context,
+                ..Default::default()
+            };
+            let cfg = kube::Config::from_custom_kubeconfig(file, &opts)
+                .await
+                .map_err(config_error)?;
+            (cfg, proxy_url)
         }
-        refuse_irregular(&s.kubeconfig)?;
-        let file = kube::config::Kubeconfig::read_from(&s.kubeconfig).map_err(config_error)?;
-        refuse_irregular_in(&file)?;
-        let opts = kube::config::KubeConfigOptions {
-            context: (!s.context.is_empty()).then(|| s.context.clone()),
-            ..Default::default()
-        };
-        kube::Config::from_custom_kubeconfig(file, &opts)
-            .await
-            .map_err(config_error)?
-    } else if !s.server.is_empty() {
-        kube::Config::new(parse_server(&s.server)?)
-    } else {
-        kube::Config::incluster_env().map_err(|_| config_error(NO_CONFIGURATION))?
+        None if !s.server.is_empty() => (
+            kube::Config::new(parse_server(&s.server)?),
+            ClusterProxy::default(),
+        ),
+        None => (
+            kube::Config::incluster_env().map_err(|_| config_error(NO_CONFIGURATION))?,
+            ClusterProxy::default(),
+        ),
     };
     if !s.server.is_empty() {
         cfg.cluster_url = parse_server(&s.server)?;
@@ -192,7 +204,186 @@ async fn load_config(s: &KubeSettings) -> Result<kube::Config, DatastoreError> {
     if s.insecure_skip_tls_verify {
         cfg.accept_invalid_certs = true;
     }
-    Ok(cfg)
+    Ok((cfg, proxy_url))
+}
+
+/// The kubeconfig to build the configuration from, `None` when there is none or (as
+/// client-go takes it) it is empty: then the server override or the in-cluster
+/// configuration serves. One explicit file must exist (`stat`, in Go's words); of a list,
+/// missing files are skipped, and any other failure to read one fails the whole (client-go's
+/// `error loading config file "<f>": …`, several in brackets).
+fn read_kubeconfig(s: &KubeSettings) -> Result<Option<kube::config::Kubeconfig>, DatastoreError> {
+    use kube::config::Kubeconfig;
+    if s.kubeconfig.is_empty() {
+        return Ok(None);
+    }
+    if !s.kubeconfig_list {
+        if let Err(e) = std::fs::metadata(&s.kubeconfig) {
+            return Err(config_error(crate::gocompat::path_error(
+                "stat",
+                &s.kubeconfig,
+                &e,
+            )));
+        }
+        refuse_irregular(&s.kubeconfig)?;
+        let file = Kubeconfig::read_from(&s.kubeconfig).map_err(config_error)?;
+        return Ok(Some(file).filter(|f| !is_empty_kubeconfig(f)));
+    }
+    let mut files = Vec::new();
+    let mut errors = Vec::new();
+    for path in kubeconfig_paths(&s.kubeconfig) {
+        let failed =
+            |e: &dyn std::fmt::Display| format!("error loading config file \"{path}\": {e}");
+        match std::fs::metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Ok(m) if !m.is_file() && !m.is_dir() => {
+                errors.push(failed(&crate::input_file::not_regular()));
+                continue;
+            }
+            _ => {}
+        }
+        match Kubeconfig::read_from(path) {
+            Ok(f) => files.push(f),
+            Err(kube::config::KubeconfigError::ReadConfig(e, _))
+                if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => errors.push(failed(&e)),
+        }
+    }
+    match errors.len() {
+        0 => {}
+        1 => return Err(config_error(errors.remove(0))),
+        _ => return Err(config_error(format!("[{}]", errors.join(", ")))),
+    }
+    if files.is_empty() {
+        tracing::debug!(kubeconfig = %s.kubeconfig, "none of the kubeconfig files exists");
+    }
+    Ok(Some(merge_kubeconfigs(files)).filter(|f| !is_empty_kubeconfig(f)))
+}
+
+/// The files of a `KUBECONFIG` list: Go's `filepath.SplitList`, empty entries dropped and
+/// repeated ones kept once, in order (libcalico-go's `deduplicate`).
+pub fn kubeconfig_paths(list: &str) -> Vec<&str> {
+    let mut seen = std::collections::HashSet::new();
+    list.split(':')
+        .filter(|p| !p.is_empty() && seen.insert(*p))
+        .collect()
+}
+
+/// Whether libcalico-go hands this `KUBECONFIG` to client-go as a list to merge (more than
+/// one entry, empty ones counted, as `filepath.SplitList` counts them) rather than as one
+/// explicit path.
+pub fn is_kubeconfig_list(kubeconfig: &str) -> bool {
+    kubeconfig.split(':').count() > 1
+}
+
+/// client-go's merge of the files of a list: for clusters, users and contexts the first file
+/// to name one wins it whole; the first non-empty `current-context` wins.
+fn merge_kubeconfigs(files: Vec<kube::config::Kubeconfig>) -> kube::config::Kubeconfig {
+    fn add_new<T>(base: &mut Vec<T>, next: Vec<T>, name: impl Fn(&T) -> &String) {
+        for item in next {
+            if !base.iter().any(|b| name(b) == name(&item)) {
+                base.push(item);
+            }
+        }
+    }
+    let mut merged = kube::config::Kubeconfig::default();
+    for f in files {
+        add_new(&mut merged.clusters, f.clusters, |c| &c.name);
+        add_new(&mut merged.auth_infos, f.auth_infos, |u| &u.name);
+        add_new(&mut merged.contexts, f.contexts, |c| &c.name);
+        if merged.current_context.as_deref().unwrap_or("").is_empty() {
+            merged.current_context = f.current_context;
+        }
+        merged.kind = merged.kind.or(f.kind);
+        merged.api_version = merged.api_version.or(f.api_version);
+    }
+    merged
+}
+
+/// A kubeconfig that names nothing (client-go's empty config).
+fn is_empty_kubeconfig(f: &kube::config::Kubeconfig) -> bool {
+    f.clusters.is_empty()
+        && f.auth_infos.is_empty()
+        && f.contexts.is_empty()
+        && f.current_context.as_deref().unwrap_or("").is_empty()
+}
+
+/// The cluster `context` (or the current context) selects: its name and `proxy-url`.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct ClusterProxy {
+    cluster: String,
+    proxy_url: String,
+}
+
+/// client-go's refusal of a cluster's `proxy-url` (its `validateClusterInfo`).
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: invalid 'proxy-url' {} for cluster {}: {source}", crate::gocompat::go_quote(.url), crate::gocompat::go_quote(.cluster))]
+struct InvalidProxyUrl {
+    url: String,
+    cluster: String,
+    #[source]
+    source: crate::http_proxy::ProxyUrlError,
+}
+
+/// The `proxy-url` of the cluster `context` (or the current context) selects, taken out of
+/// the file so that kube never chooses a proxy itself: a cluster without one would make it
+/// read `HTTPS_PROXY` with rules of its own (and fail on a value that is no URI), so every
+/// cluster is given a fixed valid one instead, which the client ignores.
+fn take_proxy_urls(file: &mut kube::config::Kubeconfig, context: Option<&str>) -> ClusterProxy {
+    const IGNORED: &str = "http://ignored.invalid";
+    let context = context.or(file.current_context.as_deref());
+    let cluster = file
+        .contexts
+        .iter()
+        .find(|c| Some(c.name.as_str()) == context)
+        .and_then(|c| c.context.as_ref())
+        .map(|c| c.cluster.clone());
+    let mut selected: Option<ClusterProxy> = None;
+    for named in &mut file.clusters {
+        if let Some(c) = named.cluster.as_mut() {
+            let url = c.proxy_url.replace(IGNORED.to_string()).unwrap_or_default();
+            if Some(&named.name) == cluster.as_ref() && selected.is_none() {
+                selected = Some(ClusterProxy {
+                    cluster: named.name.clone(),
+                    proxy_url: url,
+                });
+            }
+        }
+    }
+    selected.unwrap_or_default()
+}
+
+/// The proxy client-go's transport uses for `server`: the kubeconfig's `proxy-url` when
+/// set (for every request, whatever `NO_PROXY` says; one client-go refuses fails the
+/// client, with its text), else the environment's (`ProxyFromEnvironment` behind
+/// apimachinery's CIDR check, whose refusal fails each request instead).
+fn choose_proxy(
+    server: &http::Uri,
+    kubeconfig: &ClusterProxy,
+    env: &ProxyEnv,
+) -> Result<Result<Option<ProxyUrl>, crate::http_proxy::ProxyError>, DatastoreError> {
+    if !kubeconfig.proxy_url.is_empty() {
+        return ProxyUrl::from_kubeconfig(&kubeconfig.proxy_url)
+            .map(|p| Ok(Some(p)))
+            .map_err(|source| {
+                config_error(InvalidProxyUrl {
+                    url: kubeconfig.proxy_url.clone(),
+                    cluster: kubeconfig.cluster.clone(),
+                    source,
+                })
+            });
+    }
+    let scheme = server.scheme_str().unwrap_or("https");
+    let host = server
+        .host()
+        .unwrap_or_default()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let port = server
+        .port()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_default();
+    Ok(env.for_client_go(scheme, host, &port))
 }
 
 /// A server given as `host:port` or a URL; anything after `/api/` is dropped (old configs
@@ -245,17 +436,29 @@ impl KubeClient {
     /// Builds the client; nothing is sent until the first request.
     pub async fn new(s: &KubeSettings, timeout: Duration) -> Result<KubeClient, DatastoreError> {
         s.rate.check().map_err(config_error)?;
-        let cfg = load_config(s).await?;
+        let (cfg, proxy_url) = load_config(s).await?;
         let tls = if cfg.cluster_url.scheme_str() == Some("http") {
             None
         } else {
             Some(cfg.rustls_client_config().map_err(config_error)?)
+        };
+        let proxy = match choose_proxy(&cfg.cluster_url, &proxy_url, &ProxyEnv::from_process())? {
+            Ok(None) => ProxyChoice::Direct,
+            Ok(Some(url)) => {
+                let tls = match url.is_https() {
+                    true => Some(cfg.rustls_client_config().map_err(config_error)?),
+                    false => None,
+                };
+                ProxyChoice::Via(Box::new(Proxy { url, tls }))
+            }
+            Err(refused) => ProxyChoice::Refused(refused),
         };
         let transport = OneConnection::new(
             &cfg.cluster_url,
             tls,
             cfg.tls_server_name.as_deref(),
             timeout,
+            proxy,
         )
         .map_err(config_error)?;
         let service = ServiceBuilder::new()
@@ -538,6 +741,197 @@ mod tests {
             parse_server("10.0.0.1:6443").unwrap().to_string(),
             "https://10.0.0.1:6443/"
         );
+    }
+
+    fn kubeconfig(cluster: &str, server: &str, user: &str, token: &str, current: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: {cluster}\n  cluster:\n    server: {server}\n    insecure-skip-tls-verify: true\nusers:\n- name: {user}\n  user:\n    token: {token}\ncontexts:\n- name: {cluster}\n  context:\n    cluster: {cluster}\n    user: {user}\ncurrent-context: \"{current}\"\n"
+        )
+    }
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("kubeconfig-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn listed(paths: &[&std::path::Path]) -> KubeSettings {
+        let kubeconfig = paths
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(":");
+        KubeSettings {
+            kubeconfig_list: is_kubeconfig_list(&kubeconfig),
+            kubeconfig,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn kubeconfig_lists_split_as_go_splits_them() {
+        assert_eq!(kubeconfig_paths("/a:/b::/a:/c"), vec!["/a", "/b", "/c"]);
+        assert!(kubeconfig_paths("").is_empty());
+        assert!(is_kubeconfig_list("/a:"));
+        assert!(!is_kubeconfig_list("/a"));
+        assert!(!is_kubeconfig_list(""));
+    }
+
+    #[tokio::test]
+    async fn a_kubeconfig_list_is_merged_first_file_wins() {
+        let dir = scratch("merge");
+        let (a, b) = (dir.join("a"), dir.join("b"));
+        // Both name cluster `c`: the first file's wins whole; `b` adds user `u2` and context
+        // `d`; the first non-empty current-context wins (`a`'s is empty).
+        std::fs::write(&a, kubeconfig("c", "https://10.0.0.1:6443", "u1", "t1", "")).unwrap();
+        std::fs::write(
+            &b,
+            kubeconfig("c", "https://10.0.0.2:6443", "u2", "t2", "c").replace(
+                "current-context:",
+                "- name: d\n  context:\n    cluster: c\n    user: u2\ncurrent-context:",
+            ),
+        )
+        .unwrap();
+        let missing = dir.join("missing");
+        let s = listed(&[&missing, &a, &b]);
+        let (cfg, proxy) = load_config(&s).await.unwrap();
+        assert_eq!(cfg.cluster_url.to_string(), "https://10.0.0.1:6443/");
+        // Context `c` of the first file uses `u1`.
+        assert_eq!(
+            cfg.auth_info
+                .token
+                .as_ref()
+                .map(|t| secrecy::ExposeSecret::expose_secret(t).to_string()),
+            Some("t1".to_string())
+        );
+        assert_eq!(proxy.proxy_url, "");
+        // A context override picks the second file's context, and its user.
+        let s = KubeSettings {
+            context: "d".into(),
+            ..listed(&[&a, &b])
+        };
+        let (cfg, _) = load_config(&s).await.unwrap();
+        assert_eq!(
+            cfg.auth_info
+                .token
+                .as_ref()
+                .map(|t| secrecy::ExposeSecret::expose_secret(t).to_string()),
+            Some("t2".to_string())
+        );
+        // No current context anywhere but a server override: client-go's empty-context path
+        // is not this one; with every file missing, the override serves alone.
+        let s = KubeSettings {
+            server: "https://10.9.9.9:6443".into(),
+            ..listed(&[&missing, &dir.join("missing2")])
+        };
+        let (cfg, _) = load_config(&s).await.unwrap();
+        assert_eq!(cfg.cluster_url.to_string(), "https://10.9.9.9:6443/");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_kubeconfig_list_fails_on_a_file_that_is_not_a_kubeconfig() {
+        let dir = scratch("bad");
+        let (a, bad) = (dir.join("a"), dir.join("bad"));
+        std::fs::write(
+            &a,
+            kubeconfig("c", "https://10.0.0.1:6443", "u1", "t1", "c"),
+        )
+        .unwrap();
+        std::fs::write(&bad, "clusters: 7\n").unwrap();
+        let e = load_config(&listed(&[&a, &bad]))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!(
+                "error loading config file \"{}\": ",
+                bad.display()
+            )),
+            "{e}"
+        );
+        let e = load_config(&listed(&[&bad, &dir]))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with('[') && e.contains(&bad.display().to_string()),
+            "{e}"
+        );
+        // As one explicit path, the list is a file name that does not exist.
+        let joined = format!("{}:{}", a.display(), bad.display());
+        let s = KubeSettings {
+            kubeconfig: joined.clone(),
+            ..Default::default()
+        };
+        assert_eq!(
+            load_config(&s).await.unwrap_err().to_string(),
+            format!("stat {joined}: no such file or directory")
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_selected_clusters_proxy_url_is_kept_and_kube_chooses_none() {
+        let dir = scratch("proxy");
+        let kc = dir.join("kc");
+        let text = kubeconfig("c", "https://10.0.0.1:6443", "u", "t", "c").replace(
+            "    insecure-skip-tls-verify: true\n",
+            "    insecure-skip-tls-verify: true\n    proxy-url: http://user:pw@proxy:3128\n",
+        );
+        std::fs::write(&kc, text).unwrap();
+        let s = KubeSettings {
+            kubeconfig: kc.display().to_string(),
+            ..Default::default()
+        };
+        let (cfg, proxy) = load_config(&s).await.unwrap();
+        assert_eq!(
+            proxy,
+            ClusterProxy {
+                cluster: "c".into(),
+                proxy_url: "http://user:pw@proxy:3128".into()
+            }
+        );
+        let env = ProxyEnv::from_env(&|k| (k == "NO_PROXY").then(|| "*".to_string()));
+        let chosen = choose_proxy(&cfg.cluster_url, &proxy, &env)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            chosen.map(|p| p.to_string()).as_deref(),
+            Some("http://proxy:3128")
+        );
+        let ftp = ClusterProxy {
+            cluster: "c".into(),
+            proxy_url: "ftp://p".into(),
+        };
+        assert_eq!(
+            choose_proxy(&cfg.cluster_url, &ftp, &env)
+                .unwrap_err()
+                .to_string(),
+            "invalid configuration: invalid 'proxy-url' \"ftp://p\" for cluster \"c\": unsupported scheme \"ftp\", must be http, https, or socks5"
+        );
+        // Without one: the environment's, with NO_PROXY.
+        let env = ProxyEnv::from_env(&|k| match k {
+            "HTTPS_PROXY" => Some("proxy:3128".into()),
+            "NO_PROXY" => Some("10.0.0.2".into()),
+            _ => None,
+        });
+        let uri = |u: &str| u.parse::<http::Uri>().unwrap();
+        let via = |u: &str| {
+            choose_proxy(&uri(u), &ClusterProxy::default(), &env)
+                .unwrap()
+                .unwrap()
+                .map(|p| p.to_string())
+        };
+        assert_eq!(
+            via("https://10.0.0.1:6443").as_deref(),
+            Some("http://proxy:3128")
+        );
+        assert_eq!(via("https://10.0.0.2:6443"), None);
+        assert_eq!(via("https://[::1]:6443"), None);
+        assert_eq!(via("http://10.0.0.1:8080"), None, "HTTP_PROXY is not set");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -111,11 +111,19 @@ impl KubeApi {
     /// Serves from inside a network namespace (its loopback), so that a plugin run in that
     /// namespace reaches it at 127.0.0.1: the listener is bound by a thread that entered it.
     pub fn start_in_netns(netns_path: &str) -> KubeApi {
+        KubeApi::start_in_netns_on(netns_path, "127.0.0.1")
+    }
+
+    /// `start_in_netns`, listening on `bind` (`0.0.0.0`: every address of the netns, so that
+    /// a client can reach it at one that is not loopback). Its kubeconfig still names
+    /// 127.0.0.1, the name its certificate is for.
+    pub fn start_in_netns_on(netns_path: &str, bind: &str) -> KubeApi {
         let path = netns_path.to_string();
+        let bind = format!("{bind}:0");
         let listener = std::thread::spawn(move || {
             let ns = fs::File::open(&path).expect("open the netns");
             nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("enter the netns");
-            std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0 in the netns")
+            std::net::TcpListener::bind(&bind).expect("bind in the netns")
         })
         .join()
         .expect("bind thread");
