@@ -490,3 +490,61 @@ fn readiness_gates_trust_go_system_roots() {
     assert!(gate.seen().iter().all(|s| s.target == "/ready"));
     w.assert_clean();
 }
+
+/// An `https://` proxy URL: the proxy itself is reached over TLS, with the API client's own
+/// TLS settings (here the kubeconfig's `insecure-skip-tls-verify`), and with Go's system
+/// roots for the readiness gates; the tunnel and the server's TLS run inside that.
+#[test]
+fn an_https_proxy_is_reached_over_tls() {
+    require_root();
+    let w = KddWorld::on_every_address();
+    let (proxy_ca, proxy_tls) = tls_server(&["127.0.0.1"], &[b"http/1.1"]);
+    let proxy = TestProxy::start_tls_in(&w.host, proxy_tls);
+    let (gate_ca, gate_tls) = tls_server(&["gate.proxy.test"], &[b"http/1.1"]);
+    let gate = TestProxy::start_on(&w.host, "127.0.0.1", Some(gate_tls));
+    proxy.route(
+        "gate.proxy.test:443",
+        SocketAddr::from(([127, 0, 0, 1], gate.port())),
+    );
+    let roots = w.scratch.path().join("roots.pem");
+    std::fs::write(&roots, format!("{proxy_ca}{gate_ca}")).unwrap();
+    let port = w.api.port();
+    let kc = w.scratch.path().join("insecure");
+    std::fs::write(
+        &kc,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: https://{UPLINK_V4}:{port}\n    insecure-skip-tls-verify: true\nusers:\n- name: test\n  user:\n    token: {}\ncontexts:\n- name: test\n  context:\n    cluster: test\n    user: test\ncurrent-context: test\n",
+            w.api.token()
+        ),
+    )
+    .unwrap();
+    let conf = conf_with(
+        &w,
+        &kc,
+        json!({"readiness_gates": ["https://gate.proxy.test/ready"]}),
+    );
+    let env = proxy_env(&[
+        ("HTTPS_PROXY", &proxy.url_with_user("u", "p")),
+        ("SSL_CERT_FILE", &roots.display().to_string()),
+    ]);
+    assert!(proxy.url().starts_with("https://"));
+    for (who, bin) in binaries() {
+        proxy.clear();
+        let add = add_del(&w, &bin, &format!("tls-{who}"), &conf, &env);
+        add.assert_ok();
+        assert!(add.elapsed < FAST, "{who}: {:?}", add.elapsed);
+        let seen = proxy.seen();
+        let api = format!("{UPLINK_V4}:{port}");
+        assert!(seen.iter().any(|s| s.target == api), "{who}: {seen:?}");
+        assert!(
+            seen.iter().any(|s| s.target == "gate.proxy.test:443"),
+            "{who}: {seen:?}"
+        );
+        assert!(
+            seen.iter()
+                .all(|s| s.method == "CONNECT" && s.status == 200),
+            "{who}: {seen:?}"
+        );
+    }
+    w.assert_clean();
+}
