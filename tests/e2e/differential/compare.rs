@@ -330,7 +330,12 @@ fn every_accepted_difference_links_to_its_section() {
         let anchor = a
             .doc
             .strip_prefix("docs/differences.md#")
-            .unwrap_or_else(|| panic!("{}: {} is not a section of docs/differences.md", a.id, a.doc));
+            .unwrap_or_else(|| {
+                panic!(
+                    "{}: {} is not a section of docs/differences.md",
+                    a.id, a.doc
+                )
+            });
         assert!(
             anchors.iter().any(|x| x == anchor),
             "{}: no section #{anchor} in docs/differences.md ({anchors:?})",
