@@ -1,12 +1,12 @@
 //! `readiness_gates` (plugin.go at v3.32.1): before ADD does any IPAM or netns work, each URL
 //! must be a valid request URI (`invalid URL set for ReadinessGates:<u> Error:<e>`) and must
-//! answer a GET with a 2xx or 3xx status. Each gate is probed every 5 s for up to 30 s, each
+//! answer a GET with a status from 200 to 399, after following redirects as Go's client does
+//! (301, 302, 303, 307 and 308 with a `Location`, at most 10). Each gate is probed every 5 s for up to 30 s, each
 //! probe bounded by the interval, as upstream; unlike upstream the first probe goes out at
 //! once instead of after one interval, so a ready gate costs no pod-start time.
 //!
 //! The HTTP client is deliberately small: one HTTP/1.1 GET per probe, `Connection: close`,
-//! plain TCP for `http://` and rustls for `https://`; a 3xx counts as ready without
-//! following the redirect. As Go's `http.Client{}` upstream probes with, it goes through the
+//! plain TCP for `http://` and rustls for `https://`, each redirect a new GET. As Go's `http.Client{}` upstream probes with, it goes through the
 //! environment's proxy (`HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY`, Go's rules: see
 //! `crate::http_proxy`), and trusts Go's system roots on Linux (`crypto/x509`'s
 //! `root_linux.go` and `root_unix.go`): the first of its bundle files that can be read
@@ -47,6 +47,67 @@ pub struct GateUrl {
     pub port: u16,
     /// Path and query, at least `/`.
     pub target: String,
+}
+
+impl GateUrl {
+    /// A redirect's `Location` resolved against this URL, as Go's `URL.Parse` resolves a
+    /// reference: absolute, scheme-relative (`//host/p`), an absolute path, a query, or a
+    /// path relative to this one's folder; dot segments removed; the fragment dropped.
+    pub fn join(&self, location: &str) -> std::result::Result<GateUrl, String> {
+        let location = location.split('#').next().unwrap_or_default();
+        let scheme = if self.https { "https" } else { "http" };
+        let authority = http_proxy::join_host_port(&self.host, &self.port.to_string());
+        let (path, _) = self.target.split_once('?').unwrap_or((&self.target, ""));
+        let has_scheme = location
+            .split_once(':')
+            .is_some_and(|(s, _)| !s.is_empty() && !s.contains(['/', '?']));
+        let absolute = if has_scheme {
+            location.to_string()
+        } else if location.starts_with("//") {
+            format!("{scheme}:{location}")
+        } else if location.starts_with('/') {
+            format!("{scheme}://{authority}{}", remove_dot_segments(location))
+        } else if location.is_empty() {
+            format!("{scheme}://{authority}{}", self.target)
+        } else if let Some(query) = location.strip_prefix('?') {
+            format!("{scheme}://{authority}{path}?{query}")
+        } else {
+            let folder = &path[..path.rfind('/').map_or(0, |i| i + 1)];
+            let joined = format!("{folder}{location}");
+            format!("{scheme}://{authority}{}", remove_dot_segments(&joined))
+        };
+        parse(&absolute)
+    }
+}
+
+/// RFC 3986's `remove_dot_segments` on a path with its query (Go's `resolvePath`).
+fn remove_dot_segments(target: &str) -> String {
+    let (path, query) = match target.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (target, None),
+    };
+    let mut out: Vec<&str> = Vec::new();
+    let segments: Vec<&str> = path.split('/').skip(1).collect();
+    for (i, seg) in segments.iter().enumerate() {
+        let last = i + 1 == segments.len();
+        match *seg {
+            "." if last => out.push(""),
+            "." => {}
+            ".." => {
+                out.pop();
+                if last {
+                    out.push("");
+                }
+            }
+            s => out.push(s),
+        }
+    }
+    let mut resolved = format!("/{}", out.join("/"));
+    if let Some(q) = query {
+        resolved.push('?');
+        resolved.push_str(q);
+    }
+    resolved
 }
 
 /// Go's `url.ParseRequestURI` acceptance (an absolute URI or an absolute path), then what
@@ -162,8 +223,39 @@ async fn poll(raw: &str, url: &GateUrl, proxies: &ProxyEnv) -> Result<()> {
     }
 }
 
-/// One GET, through the proxy Go would choose for it; the response's status code.
+/// Go's `http.Client` limit (`defaultCheckRedirect`): the 10th redirect is not followed.
+const MAX_REDIRECTS: usize = 10;
+
+/// The gate's status code: its GET's, or the last one's after following redirects as Go's
+/// `http.Client` does (a 301, 302, 303, 307 or 308 with a `Location`; any other answer,
+/// including a 3xx without a `Location`, is the final one).
 async fn probe(url: &GateUrl, proxies: &ProxyEnv) -> std::io::Result<u16> {
+    let mut url = url.clone();
+    let mut followed = 0;
+    loop {
+        let answer = request(&url, proxies).await?;
+        let location = match answer.location {
+            Some(l) if matches!(answer.status, 301 | 302 | 303 | 307 | 308) => l,
+            _ => return Ok(answer.status),
+        };
+        if followed + 1 >= MAX_REDIRECTS {
+            return Err(std::io::Error::other(format!(
+                "Get \"{location}\": stopped after {MAX_REDIRECTS} redirects"
+            )));
+        }
+        url = url.join(&location).map_err(std::io::Error::other)?;
+        followed += 1;
+    }
+}
+
+/// What a GET's answer says that the probe needs.
+struct Answer {
+    status: u16,
+    location: Option<String>,
+}
+
+/// One GET, through the proxy Go would choose for it.
+async fn request(url: &GateUrl, proxies: &ProxyEnv) -> std::io::Result<Answer> {
     let scheme = if url.https { "https" } else { "http" };
     let proxy = proxies
         .for_go(scheme, &url.host, &url.port.to_string())
@@ -307,7 +399,7 @@ async fn get<S: AsyncRead + AsyncWrite + Unpin>(
     mut s: S,
     url: &GateUrl,
     proxy: Option<&ProxyUrl>,
-) -> std::io::Result<u16> {
+) -> std::io::Result<Answer> {
     let authority = http_proxy::join_host_port(&url.host, &url.port.to_string());
     let (target, proxy_auth) = match proxy {
         None => (url.target.clone(), String::new()),
@@ -319,25 +411,35 @@ async fn get<S: AsyncRead + AsyncWrite + Unpin>(
         ),
     };
     let req = format!(
-        "GET {target} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: calico-cni\r\nAccept: */*\r\n{proxy_auth}Connection: close\r\n\r\n",
+        "GET {target} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: Go-http-client/1.1\r\nAccept: */*\r\n{proxy_auth}Connection: close\r\n\r\n",
     );
     s.write_all(req.as_bytes()).await?;
     let mut buf = Vec::new();
     let mut chunk = [0u8; 512];
-    // The status line is all we need.
-    while !buf.windows(2).any(|w| w == b"\r\n") && buf.len() < 4096 {
+    // The status line and the headers are all we need.
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 64 * 1024 {
         let n = s.read(&mut chunk).await?;
         if n == 0 {
             break;
         }
         buf.extend_from_slice(&chunk[..n]);
     }
-    let line = String::from_utf8_lossy(&buf);
-    line.split_whitespace()
+    let head = String::from_utf8_lossy(&buf);
+    let mut lines = head.split("\r\n");
+    let line = lines.next().unwrap_or_default();
+    let status = line
+        .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
         .filter(|_| line.starts_with("HTTP/"))
-        .ok_or_else(|| std::io::Error::other(format!("malformed HTTP response: {line:.60}")))
+        .ok_or_else(|| std::io::Error::other(format!("malformed HTTP response: {line:.60}")))?;
+    let location = lines
+        .take_while(|l| !l.is_empty())
+        .filter_map(|l| l.split_once(':'))
+        .find(|(name, _)| name.trim().eq_ignore_ascii_case("location"))
+        .map(|(_, value)| value.trim().to_string())
+        .filter(|v| !v.is_empty());
+    Ok(Answer { status, location })
 }
 
 #[cfg(test)]
@@ -374,6 +476,96 @@ mod tests {
             parse("::bad").unwrap_err(),
             "parse \"::bad\": missing protocol scheme"
         );
+    }
+
+    #[test]
+    fn redirects_resolve_as_go_resolves_them() {
+        let base = parse("http://127.0.0.1:9099/a/b/ready?x=1").unwrap();
+        let join = |l: &str| {
+            let u = base.join(l).unwrap();
+            (u.https, u.host, u.port, u.target)
+        };
+        let local = |t: &str| (false, "127.0.0.1".to_string(), 9099, t.to_string());
+        assert_eq!(join("/ok"), local("/ok"));
+        assert_eq!(join("ok?y"), local("/a/b/ok?y"));
+        assert_eq!(join("../c/./d"), local("/a/c/d"));
+        assert_eq!(join("?z=2"), local("/a/b/ready?z=2"));
+        assert_eq!(join("../.."), local("/"));
+        assert_eq!(
+            join("https://[::1]:8443/r#f"),
+            (true, "::1".to_string(), 8443, "/r".to_string())
+        );
+        assert_eq!(
+            join("//other/x"),
+            (false, "other".to_string(), 80, "/x".to_string())
+        );
+        assert_eq!(
+            base.join("ftp://h/x").unwrap_err(),
+            "Get \"ftp://h/x\": unsupported protocol scheme \"ftp\""
+        );
+    }
+
+    /// A server answering each connection in turn with the next of `answers`.
+    async fn serve(answers: Vec<String>) -> (u16, tokio::task::JoinHandle<Vec<String>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            let mut asked = Vec::new();
+            for answer in answers {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut b = [0u8; 1024];
+                let n = s.read(&mut b).await.unwrap_or(0);
+                let req = String::from_utf8_lossy(&b[..n]).into_owned();
+                asked.push(req.lines().next().unwrap_or_default().to_string());
+                let _ = s
+                    .write_all(answer.replace("{port}", &port.to_string()).as_bytes())
+                    .await;
+            }
+            asked
+        });
+        (port, server)
+    }
+
+    #[tokio::test]
+    async fn redirects_are_followed_to_the_final_answer() {
+        let (port, server) = serve(vec![
+            "HTTP/1.1 302 Found\r\nlocation: /next\r\n\r\n".into(),
+            "HTTP/1.1 307 Temporary Redirect\r\nLocation: http://127.0.0.1:{port}/last\r\n\r\n"
+                .into(),
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n".into(),
+            "HTTP/1.1 301 Moved Permanently\r\nContent-Length: 0\r\n\r\n".into(),
+        ])
+        .await;
+        let url = parse(&format!("http://127.0.0.1:{port}/ready")).unwrap();
+        let direct = ProxyEnv::default();
+        assert_eq!(probe(&url, &direct).await.unwrap(), 503);
+        // A 3xx without a Location is the answer (ready, as any status below 400).
+        assert_eq!(probe(&url, &direct).await.unwrap(), 301);
+        assert_eq!(
+            server.await.unwrap(),
+            [
+                "GET /ready HTTP/1.1",
+                "GET /next HTTP/1.1",
+                "GET /last HTTP/1.1",
+                "GET /ready HTTP/1.1"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn the_tenth_redirect_is_not_followed() {
+        let (port, server) = serve(vec![
+            "HTTP/1.1 302 Found\r\nLocation: /again\r\n\r\n".into();
+            10
+        ])
+        .await;
+        let url = parse(&format!("http://127.0.0.1:{port}/ready")).unwrap();
+        let err = probe(&url, &ProxyEnv::default()).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "Get \"/again\": stopped after 10 redirects"
+        );
+        assert_eq!(server.await.unwrap().len(), 10);
     }
 
     #[tokio::test]

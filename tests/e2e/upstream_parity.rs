@@ -150,6 +150,58 @@ fn readiness_gates_and_a_profile_created_meanwhile() {
     w.assert_clean();
 }
 
+/// A readiness gate that redirects is judged by where the redirect leads, as Go's
+/// `http.Client` follows it: `/ready` sends to `/next`, which answers 503 at first (not
+/// ready: the next probe goes out 5 s later) and then 200.
+#[test]
+fn a_readiness_gate_is_judged_after_its_redirects() {
+    let w = World::new();
+    let pod = w.pod();
+    let listener = w.host.run_in(|| TcpListener::bind("127.0.0.1:0").unwrap());
+    let port = listener.local_addr().unwrap().port();
+    let answers = [
+        "302 Found\r\nLocation: /next",
+        "503 Service Unavailable",
+        "302 Found\r\nLocation: /next",
+        "200 OK",
+    ];
+    let server = std::thread::spawn(move || {
+        let mut asked = Vec::new();
+        for answer in answers {
+            let Ok((mut s, _)) = listener.accept() else {
+                break;
+            };
+            let mut buf = [0u8; 1024];
+            let n = s.read(&mut buf).unwrap_or(0);
+            let request = String::from_utf8_lossy(&buf[..n]).into_owned();
+            asked.push(request.lines().next().unwrap_or_default().to_string());
+            let _ =
+                s.write_all(format!("HTTP/1.1 {answer}\r\nContent-Length: 0\r\n\r\n").as_bytes());
+        }
+        asked
+    });
+    let conf = w.conf(json!({"readiness_gates": [format!("http://127.0.0.1:{port}/ready")]}));
+    let inv = Invocation::new("ADD", "rg2", pod.path());
+    let out = w.calico(&inv, &conf);
+    out.assert_ok();
+    assert!(
+        out.elapsed >= Duration::from_secs(5) && out.elapsed < Duration::from_secs(15),
+        "one probe after the 503: {:?}",
+        out.elapsed
+    );
+    assert_eq!(
+        server.join().unwrap(),
+        [
+            "GET /ready HTTP/1.1",
+            "GET /next HTTP/1.1",
+            "GET /ready HTTP/1.1",
+            "GET /next HTTP/1.1"
+        ]
+    );
+    w.calico(&inv.as_del(), &conf).assert_ok();
+    w.assert_clean();
+}
+
 /// Item 12: `policy_setup_timeout_seconds` (k8s): a negative value is refused before IPAM;
 /// a positive one waits for Felix's status file, and only so long.
 #[test]
