@@ -1,7 +1,8 @@
 //! Go's renderings and parsers that upstream's texts and inputs depend on, in one place:
 //! `strconv.ParseBool`, `strconv.ParseUint` and their `*strconv.NumError`, `strconv.Quote`
 //! (`%q`), `syscall.Errno.Error()`, `*os.PathError` and `*os.ProcessState` (an exited
-//! child's status) texts, `filepath.Clean`.
+//! child's status) texts, `filepath.Clean`, and the `flag` package's parsing of boolean
+//! flags.
 
 use std::fmt::Write as _;
 use std::io;
@@ -502,5 +503,98 @@ mod tests {
         ] {
             assert_eq!(clean_path(Path::new(raw)), PathBuf::from(clean), "{raw}");
         }
+    }
+}
+
+/// Why Go's `flag.FlagSet.Parse` stopped (with `ExitOnError`: `Help` exits 0 after the
+/// usage, `Refused` prints its text and the usage and exits 2).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FlagError {
+    Help,
+    Refused(String),
+}
+
+/// Go's `flag.FlagSet.Parse` for a set of boolean flags (`names`, all `false` at first):
+/// `-name` or `--name`, optionally `=value` (`strconv.ParseBool`'s values), each later one
+/// winning; parsing stops at the first argument that is not a flag (`-` or anything not
+/// starting with `-`) and after `--`. Returns each flag's value, in `names`' order.
+pub fn parse_bool_flags<const N: usize>(
+    args: &[String],
+    names: [&str; N],
+) -> Result<[bool; N], FlagError> {
+    let mut values = [false; N];
+    for arg in args {
+        let Some(flag) = arg.strip_prefix('-').filter(|f| !f.is_empty()) else {
+            break;
+        };
+        let flag = match flag.strip_prefix('-') {
+            Some("") => break,
+            Some(f) => f,
+            None => flag,
+        };
+        if flag.starts_with(['-', '=']) {
+            return Err(FlagError::Refused(format!("bad flag syntax: {arg}")));
+        }
+        // `=` cannot be the name's first character: that was refused above.
+        let (name, value) = match flag.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (flag, None),
+        };
+        let Some(i) = names.iter().position(|n| *n == name) else {
+            if name == "h" || name == "help" {
+                return Err(FlagError::Help);
+            }
+            return Err(FlagError::Refused(format!(
+                "flag provided but not defined: -{name}"
+            )));
+        };
+        values[i] = match value {
+            None => true,
+            Some(v) => parse_bool(v).ok_or_else(|| {
+                FlagError::Refused(format!(
+                    "invalid boolean value {} for -{name}: parse error",
+                    go_quote(v)
+                ))
+            })?,
+        };
+    }
+    Ok(values)
+}
+
+#[cfg(test)]
+mod flag_tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<[bool; 2], FlagError> {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        parse_bool_flags(&args, ["t", "v"])
+    }
+
+    #[test]
+    fn boolean_flags_parse_as_go_parses_them() {
+        assert_eq!(parse(&[]), Ok([false, false]));
+        assert_eq!(parse(&["-v"]), Ok([false, true]));
+        assert_eq!(parse(&["--t", "-v=T"]), Ok([true, true]));
+        assert_eq!(parse(&["-v", "-v=false"]), Ok([false, false]));
+        assert_eq!(parse(&["foo", "-v"]), Ok([false, false]));
+        assert_eq!(parse(&["-", "-v"]), Ok([false, false]));
+        assert_eq!(parse(&["--", "-v"]), Ok([false, false]));
+        assert_eq!(parse(&["-h"]), Err(FlagError::Help));
+        assert_eq!(parse(&["-v", "--help"]), Err(FlagError::Help));
+        let refused = |t: &str| Err(FlagError::Refused(t.to_string()));
+        assert_eq!(
+            parse(&["-version"]),
+            refused("flag provided but not defined: -version")
+        );
+        assert_eq!(
+            parse(&["-v", "--x=1"]),
+            refused("flag provided but not defined: -x")
+        );
+        assert_eq!(
+            parse(&["-v=yes"]),
+            refused("invalid boolean value \"yes\" for -v: parse error")
+        );
+        assert_eq!(parse(&["---v"]), refused("bad flag syntax: ---v"));
+        assert_eq!(parse(&["-=v"]), refused("bad flag syntax: -=v"));
     }
 }

@@ -1,6 +1,6 @@
 //! One binary, two plugins and the node installer: run as `calico` it is the network plugin,
 //! as `calico-ipam` (a symlink) the IPAM plugin, as `install` the installer of the calico/cni
-//! image (`install`). Flags: `-v`/`--version` prints the version; `calico -t` tests the
+//! image (`install`). Flags, parsed as Go's `flag` package does: `-v` prints the version; `calico -t` tests the
 //! datastore connection (used by installers to gate writing the CNI config); `calico-ipam
 //! -upgrade` migrates this node from host-local IPAM (`ipam_plugin::upgrade`).
 
@@ -62,38 +62,28 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let flag_set = if is_ipam { "calico-ipam" } else { "Calico" };
-    let mut test_connection = false;
-    let mut migrate = false;
-    for arg in &args[1..] {
-        match arg.as_str() {
-            "-v" | "--v" | "-v=true" | "--v=true" | "-version" | "--version" => {
-                println!("{}", calico_cni::VERSION);
-                return ExitCode::SUCCESS;
-            }
-            "-t" | "--t" | "-t=true" | "--t=true" if !is_ipam => test_connection = true,
-            "-upgrade" | "--upgrade" if is_ipam => migrate = true,
-            a if is_ipam && (a.starts_with("-upgrade=") || a.starts_with("--upgrade=")) => {
-                let value = a.split_once('=').map(|(_, v)| v).unwrap_or_default();
-                match calico_cni::gocompat::parse_bool(value) {
-                    Some(v) => migrate = v,
-                    None => {
-                        eprintln!("invalid boolean value {value:?} for -upgrade: parse error");
-                        usage(flag_set, is_ipam);
-                        return ExitCode::from(2);
-                    }
-                }
-            }
-            "-h" | "--h" | "-help" | "--help" => {
+    // Go's `flag` package, as upstream's `Main`s parse: `-v` and `-t` (`calico`), `-v` and
+    // `-upgrade` (`calico-ipam`); the version wins, then `-t` or `-upgrade`.
+    let (flag_set, second) = match is_ipam {
+        true => ("calico-ipam", "upgrade"),
+        false => ("Calico", "t"),
+    };
+    let (version, test_connection, migrate) =
+        match calico_cni::gocompat::parse_bool_flags(&args[1..], ["v", second]) {
+            Ok([version, other]) => (version, other && !is_ipam, other && is_ipam),
+            Err(calico_cni::gocompat::FlagError::Help) => {
                 usage(flag_set, is_ipam);
                 return ExitCode::SUCCESS;
             }
-            other => {
-                eprintln!("flag provided but not defined: {other}");
+            Err(calico_cni::gocompat::FlagError::Refused(why)) => {
+                eprintln!("{why}");
                 usage(flag_set, is_ipam);
                 return ExitCode::from(2);
             }
-        }
+        };
+    if version {
+        println!("{}", calico_cni::VERSION);
+        return ExitCode::SUCCESS;
     }
     if test_connection {
         return run_connection_test();

@@ -50,8 +50,34 @@ fn argv0_dispatch_and_version_flag() {
             out,
             format!("v3.32.1+calico-cni-rs.{}\n", env!("CARGO_PKG_VERSION"))
         );
-        let (code, out, _) = exec(&bin.plugin(name), &["--version"], &[], "");
+        // Go's `flag` package: `--v` is `-v`; `-v=false` and a first argument that is not a
+        // flag leave the plugin to run (here: the about text, no CNI_COMMAND); `-version`
+        // is no flag of upstream's.
+        let (code, out, _) = exec(&bin.plugin(name), &["--v"], &[], "");
         assert_eq!((code, out.is_empty()), (0, false));
+        for args in [&["-v=false"][..], &["foo", "-v"]] {
+            let (code, out, err) = exec(&bin.plugin(name), args, &[], "");
+            assert_eq!((code, out.as_str()), (0, ""), "{args:?}");
+            assert!(
+                err.contains("CNI protocol versions supported"),
+                "{args:?}: {err}"
+            );
+        }
+        for (args, why) in [
+            (&["-version"][..], "flag provided but not defined: -version"),
+            (&["-v", "-x"], "flag provided but not defined: -x"),
+            (
+                &["-v=maybe"],
+                "invalid boolean value \"maybe\" for -v: parse error",
+            ),
+        ] {
+            let (code, out, err) = exec(&bin.plugin(name), args, &[], "");
+            assert_eq!((code, out.as_str()), (2, ""), "{args:?}");
+            assert!(
+                err.starts_with(&format!("{why}\nUsage of ")),
+                "{args:?}: {err}"
+            );
+        }
     }
     let dir = TempDir::new("argv0");
     let other = dir.path().join("not-calico");
