@@ -79,11 +79,18 @@ async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     let conf = load(args)?;
     let ds = client::connect(&conf).await?;
     let call = calico::identify(args, conf, true)?;
+    let requested = calico::requested_ip(args)?;
+    // Pools are chosen (and the namespace read for their selectors) only when no address
+    // is asked for, as upstream's AutoAssign branch.
+    let namespace_labels = match requested {
+        Some(_) => Default::default(),
+        None => calico::namespace_labels(&call.conf, &call.ids.namespace, &ds).await?,
+    };
     let prepared = Prepared {
-        namespace_labels: calico::namespace_labels(&call.conf, &call.ids.namespace, &ds).await?,
+        namespace_labels,
         ..Default::default()
     };
-    calico::assign(&ds, &call, calico::requested_ip(args)?, prepared).await
+    calico::assign(&ds, &call, requested, prepared).await
 }
 
 async fn cmd_del(args: &CmdArgs) -> Result<()> {

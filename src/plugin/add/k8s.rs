@@ -160,9 +160,14 @@ impl AddressRequestOf<'_> {
                         families = None;
                     }
                 }
+                // `IP=` in CNI_ARGS asks for an address: no pools are chosen.
+                let namespace_labels = match calico::requested_ip(&ipam_args)? {
+                    Some(_) => BTreeMap::new(),
+                    None => namespace_labels(call, self.pod).await?,
+                };
                 let prepared = Prepared {
                     pod_vmi: self.pod.kubevirt.clone(),
-                    namespace_labels: namespace_labels(call, self.pod).await?,
+                    namespace_labels,
                     reads: ipam_reads.reads,
                     lock: ipam_reads.lock,
                     beside: self.beside,
@@ -173,10 +178,9 @@ impl AddressRequestOf<'_> {
             AddressSource::IpAddrs(ips) => {
                 // Each address is assigned by its own calico-ipam call, which takes the lock.
                 drop(ipam_reads);
-                let labels = namespace_labels(call, self.pod).await?;
                 let ipam = async {
                     release_old_addresses(call, args, old_addresses).await?;
-                    self.assign_each(&ips, labels).await
+                    self.assign_each(&ips).await
                 };
                 let veth = self.veth(Some(families_of(&ips)));
                 addresses_and_interface(made, args, veth, ipam).await
@@ -203,21 +207,15 @@ impl AddressRequestOf<'_> {
     /// `ipAddrs`: calico-ipam once per address with `IP=<address>` added to CNI_ARGS. Each
     /// address is recorded as it is assigned: a failure leaves them to the rollback. The
     /// result holds the addresses and no routes, as upstream's.
-    async fn assign_each(
-        &self,
-        ips: &[IpAddr],
-        labels: BTreeMap<String, String>,
-    ) -> Result<CniResult> {
+    /// Each call asks for its address, so no pool is chosen: no namespace labels (upstream's
+    /// calico-ipam reads the namespace only to choose pools).
+    async fn assign_each(&self, ips: &[IpAddr]) -> Result<CniResult> {
         let (call, args) = (self.cx.call, self.args);
         let mut result = CniResult::default();
         for ip in ips {
             let mut one = args.clone();
             one.args = format!("{};IP={ip}", args.args);
-            let prepared = Prepared {
-                namespace_labels: labels.clone(),
-                ..Default::default()
-            };
-            let got = call.ipam().add(&one, prepared).await;
+            let got = call.ipam().add(&one, Prepared::default()).await;
             if let Ok(r) = &got {
                 self.made.addresses_given(args, &addresses_of(r));
             }

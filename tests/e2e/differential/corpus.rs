@@ -1260,6 +1260,29 @@ fn routes_and_settings(all: &mut Vec<Case>) {
                 vec![add, del],
             ));
         }
+        // A namespace that does not exist: read only to choose pools, so an `IP=` call
+        // never reads it, and an AutoAssign call fails on it.
+        for (name, ip) in [("ip-arg", Some("10.65.2.3")), ("auto", None)] {
+            let conf = base_conf(store, "1.0.0", Orch::K8s);
+            let mut add = ipam_step("ADD", CID, Orch::K8s, &conf);
+            // As kubelet sends them: calico-ipam refuses the K8S_* args without it.
+            add.cni_args = format!(
+                "IgnoreUnknown=1;{}",
+                add.cni_args
+                    .replace("K8S_POD_NAMESPACE=default", "K8S_POD_NAMESPACE=nowhere")
+            );
+            if let Some(ip) = ip {
+                add.cni_args = format!("{};IP={ip}", add.cni_args);
+            }
+            let mut del = add.clone();
+            del.command = "DEL".into();
+            all.push(case(
+                format!("{}/ipam-alone/{name}-unknown-namespace", store.name()),
+                store,
+                seed_for(Family::V4, Orch::K8s),
+                vec![add, del],
+            ));
+        }
     }
 }
 
