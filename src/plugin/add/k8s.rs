@@ -160,8 +160,9 @@ impl AddressRequestOf<'_> {
                         families = None;
                     }
                 }
-                // `IP=` in CNI_ARGS asks for an address: no pools are chosen.
-                let namespace_labels = match calico::requested_ip(&ipam_args)? {
+                // `IP=` in CNI_ARGS (read as calico-ipam reads it) asks for an address: no
+                // pools are chosen.
+                let namespace_labels = match calico::requested_ip(&calico::ipam_args(&ipam_args))? {
                     Some(_) => BTreeMap::new(),
                     None => namespace_labels(call, self.pod).await?,
                 };
