@@ -37,7 +37,7 @@ STATIC_BIN := $(CARGO_OUT)/$(MUSL_TARGET)/release/calico
 ARM64_TARGET := aarch64-unknown-linux-musl
 STATIC_BIN_ARM64 := $(CARGO_OUT)/$(ARM64_TARGET)/release/calico
 
-.PHONY: all build release static image deps lint test unit e2e install demo bench clean FORCE \
+.PHONY: all build release static image deps lint test unit e2e install demo bench clean FORCE upstream-check \
 	differential oracle
 
 all: build
@@ -62,7 +62,7 @@ image: deps static
 
 # Install the Debian packages the build and the tests need, only when one is missing.
 deps:
-	@missing=""; for p in $(APT_PACKAGES); do \
+	@missing=""; for p in $(APT_PACKAGES) $(EXTRA_APT_PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -n "$$missing" ]; then \
@@ -99,6 +99,14 @@ differential: deps
 
 oracle: deps
 	cargo test --test e2e differential::record_the_oracle -- --ignored --nocapture
+
+# Calico v3.32.1's own components acting on what ours writes, each test with upstream's plugin
+# as the control (tests/e2e/upstream_check, docs/swap-in.md): CALICO_UPSTREAM_BIN names the
+# folder of upstream's calico, calicoctl and calico-felix, built from its source outside this
+# repository. Never part of `make test`. Felix execs ipset, nft and conntrack.
+upstream-check:
+	$(MAKE) deps EXTRA_APT_PACKAGES="ipset nftables conntrack"
+	cargo test --test e2e upstream_check:: -- --ignored --nocapture --test-threads=1
 
 install: $(BIN)
 	install -d $(DESTDIR)$(PREFIX) $(DESTDIR)$(CONF_DIR)

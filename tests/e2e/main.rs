@@ -49,4 +49,5 @@ mod real_k8s_install;
 mod real_node;
 mod same_sandbox_add;
 mod shared_scenarios;
+mod upstream_check;
 mod upstream_parity;

@@ -1,0 +1,103 @@
+//! `make upstream-check`: the rest of Calico v3.32.1 acting on what ours writes, each test run
+//! once with our plugin and once with upstream's as the control, in fresh worlds.
+//!
+//! Every test here needs upstream's own binaries, built from its source outside this
+//! repository (nothing of it is in the repository): `CALICO_UPSTREAM_BIN` names their folder
+//! (`calico`, `calicoctl`, `calico-felix`, ...). They are `#[ignore]`d, so `make test` never
+//! runs them; `make upstream-check` does, and fails, saying what is missing, when the folder
+//! or a binary is not there. Felix execs `ipset`, `nft`, `conntrack` and the iptables tools:
+//! `make upstream-check` installs them.
+//!
+//! - `felix`: Felix on etcd programs our workloads as it programs upstream's (the same
+//!   iptables rules, ipsets and routes), enforces a policy on them, and forgets them after
+//!   DEL; calicoctl reads the same endpoints, blocks and profile from both.
+
+mod felix;
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+/// The folder of upstream's v3.32.1 binaries and one of them, or a panic that says how to
+/// give it.
+pub fn upstream(binary: &str) -> PathBuf {
+    let Some(dir) = std::env::var_os("CALICO_UPSTREAM_BIN") else {
+        panic!(
+            "CALICO_UPSTREAM_BIN is not set: make upstream-check needs a folder holding \
+             upstream Calico v3.32.1's binaries (calico, calicoctl, calico-felix), built from \
+             its source outside this repository"
+        );
+    };
+    let path = PathBuf::from(dir).join(binary);
+    assert!(
+        path.is_file(),
+        "{} is missing: CALICO_UPSTREAM_BIN must hold upstream v3.32.1's {binary}",
+        path.display()
+    );
+    path
+}
+
+/// Upstream's `calicoctl` in `netns`, on the datastore `env` names; its output.
+pub fn calicoctl(netns: &str, env: &[(&str, String)], args: &[&str], stdin: &str) -> Output {
+    use std::io::Write;
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", netns])
+        .arg(upstream("calicoctl"))
+        .args(args)
+        // The worlds' ClusterInformation names calico/node's version, not calicoctl's.
+        .arg("--allow-version-mismatch")
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn calicoctl");
+    if let Some(mut s) = child.stdin.take() {
+        let _ = s.write_all(stdin.as_bytes());
+    }
+    child.wait_with_output().expect("calicoctl")
+}
+
+/// `calicoctl` that must succeed: its stdout.
+pub fn calicoctl_ok(netns: &str, env: &[(&str, String)], args: &[&str], stdin: &str) -> String {
+    let out = calicoctl(netns, env, args, stdin);
+    assert!(
+        out.status.success(),
+        "calicoctl {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A resource as calicoctl prints it, without what differs between any two runs: UIDs,
+/// resourceVersions, creation times, the IPAM attributes' timestamps and the pods' MACs
+/// (the kernel's random choice).
+pub fn without_run_identity(mut v: Value) -> Value {
+    fn walk(v: &mut Value) {
+        match v {
+            Value::Object(m) => {
+                for k in [
+                    "uid",
+                    "resourceVersion",
+                    "creationTimestamp",
+                    "timestamp",
+                    "mac",
+                ] {
+                    if m.contains_key(k) {
+                        m.insert(k.into(), Value::String("<run>".into()));
+                    }
+                }
+                m.values_mut().for_each(walk);
+            }
+            Value::Array(a) => a.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    walk(&mut v);
+    v
+}
