@@ -6,14 +6,15 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use super::{calicoctl_ok, upstream, without_run_identity};
-use crate::common::cni::{Bin, Invocation, TempDir};
+use crate::common::cni::{Bin, Invocation, Outcome, TempDir};
+use crate::common::kdd::KddWorld;
 use crate::common::netns::{ping_available, require_root, Netns};
 use crate::common::world::World;
 
@@ -24,23 +25,27 @@ struct Felix {
     child: Child,
     log: PathBuf,
     status: TempDir,
+    /// `cni` or `k8s`: the status files' first word.
+    orchestrator: &'static str,
     _lib: TempDir,
 }
 
 impl Felix {
-    fn start_on_etcd(w: &World) -> Felix {
+    /// Felix for node `node1` in `host`, on the datastore `datastore` names (libcalico-go's
+    /// variables: Felix v3.32.1 connects with those, its FELIX_DATASTORETYPE is not applied
+    /// to the connection); its log in `scratch`. Returns once its dataplane is in sync.
+    fn start(
+        host: &Netns,
+        scratch: &Path,
+        datastore: &[(&str, String)],
+        orchestrator: &'static str,
+    ) -> Felix {
         let lib = TempDir::new("felix-lib");
         let status = TempDir::new("felix-status");
-        let log = w.scratch.path().join("felix.log");
+        let log = scratch.join("felix.log");
         std::fs::create_dir_all("/var/lib/calico").expect("mount point /var/lib/calico");
-        let endpoint = w.etcd.endpoint();
-        let env = [
-            // Felix v3.32.1 connects with libcalico-go's variables (its FELIX_DATASTORETYPE
-            // is not applied to the datastore connection).
-            ("DATASTORE_TYPE", "etcdv3".to_string()),
-            ("ETCD_ENDPOINTS", endpoint.clone()),
-            ("FELIX_DATASTORETYPE", "etcdv3".into()),
-            ("FELIX_ETCDENDPOINTS", endpoint),
+        let mut env: Vec<(&str, String)> = datastore.to_vec();
+        env.extend([
             ("FELIX_FELIXHOSTNAME", crate::common::world::NODE.into()),
             ("FELIX_LOGSEVERITYSCREEN", "info".into()),
             ("FELIX_LOGFILEPATH", "none".into()),
@@ -57,7 +62,7 @@ impl Felix {
             // A build without cgo has no libbpf: skip the one BPF clean-up the iptables
             // dataplane makes at start.
             ("FELIX_DebugSkipCTLBCleanup", "true".into()),
-        ];
+        ]);
         let script = format!(
             "mount --bind {} /var/lib/calico && exec {}",
             lib.path().display(),
@@ -66,7 +71,7 @@ impl Felix {
         let out = std::fs::File::create(&log).expect("felix log");
         let err = out.try_clone().expect("felix log");
         let child = Command::new("ip")
-            .args(["netns", "exec", w.host.name()])
+            .args(["netns", "exec", host.name()])
             .args([
                 "unshare",
                 "-m",
@@ -88,10 +93,11 @@ impl Felix {
             child,
             log,
             status,
+            orchestrator,
             _lib: lib,
         };
         felix.wait_for("Felix's dataplane to be ready", || {
-            readiness(w).is_some_and(|body| body.contains("InternalDataplaneMainLoop"))
+            readiness(host).is_some_and(|body| body.contains("InternalDataplaneMainLoop"))
                 && felix
                     .log_text()
                     .contains("flushing the dataplane for the first time")
@@ -103,13 +109,14 @@ impl Felix {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// Felix's status file for a plain-CNI workload `cid` (it appears once the endpoint is
-    /// programmed and up, and goes with the endpoint).
-    fn status_file(&self, cid: &str) -> PathBuf {
+    /// Felix's status file for workload `name` of namespace `default` (a container ID
+    /// outside Kubernetes, a pod's name in it): it appears once the endpoint is programmed
+    /// and up, and goes with the endpoint.
+    fn status_file(&self, name: &str) -> PathBuf {
         self.status
             .path()
             .join("endpoint-status")
-            .join(format!("cni default%2F{cid} eth0"))
+            .join(format!("{} default%2F{name} eth0", self.orchestrator))
     }
 
     fn wait_for(&self, what: &str, mut done: impl FnMut() -> bool) {
@@ -138,8 +145,8 @@ fn tail(text: &str, lines: usize) -> String {
 }
 
 /// Felix's `/readiness` body, asked inside the host netns.
-fn readiness(w: &World) -> Option<String> {
-    w.host.run_in(|| {
+fn readiness(host: &Netns) -> Option<String> {
+    host.run_in(|| {
         let mut s = TcpStream::connect(("127.0.0.1", 9099)).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
         s.write_all(b"GET /readiness HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
@@ -199,7 +206,6 @@ fn pings(from: &Netns, to: &str) -> bool {
 }
 
 /// What one run shows at each step.
-#[derive(Debug, PartialEq)]
 struct Run {
     /// Felix's dataplane with both pods, with the policy, after the second pod's DEL.
     dataplane: Vec<(&'static str, Value)>,
@@ -207,97 +213,212 @@ struct Run {
     calicoctl: Vec<(&'static str, Value)>,
 }
 
-/// One run with `bin`'s plugin; `None` when the plugin is ours.
-fn run(bin: Option<Bin>) -> Run {
+/// One datastore's side of a run: how its pods are networked and torn down, and how the
+/// policy that stops pod 2 reaching pod 1 (and nothing else) is made and removed.
+struct Node<'a> {
+    host: &'a Netns,
+    felix: &'a Felix,
+    ctl_env: &'a [(&'a str, String)],
+    /// The workloads' names in Felix's status files (container IDs, or pods' names).
+    names: [&'a str; 2],
+    add: &'a dyn Fn(usize, &Netns) -> Outcome,
+    del: &'a dyn Fn(usize, &Netns),
+    deny: &'a dyn Fn(&str),
+    allow: &'a dyn Fn(),
+    /// calicoctl's views to compare (each parsed as JSON when it is).
+    views: &'a [(&'static str, &'a [&'a str])],
+}
+
+/// Two pods networked, reaching each other; the policy applied and removed; pod 2 deleted;
+/// what Felix programmed and calicoctl shows along the way.
+fn exercise(n: &Node) -> Run {
+    let (p1, p2) = (Netns::new("pod"), Netns::new("pod"));
+    let mut ips = Vec::new();
+    let mut ifaces = Vec::new();
+    for (i, pod) in [&p1, &p2].into_iter().enumerate() {
+        let out = (n.add)(i, pod);
+        out.assert_ok();
+        let result = out.json();
+        let address = result["ips"][0]["address"].as_str().expect("an address");
+        ips.push(address.split('/').next().unwrap_or_default().to_string());
+        ifaces.push(
+            result["interfaces"][0]["name"]
+                .as_str()
+                .expect("a host veth")
+                .to_string(),
+        );
+        let status = n.felix.status_file(n.names[i]);
+        n.felix
+            .wait_for(&format!("{}'s status file", n.names[i]), || status.exists());
+    }
+    let (ip1, ip2) = (&ips[0], &ips[1]);
+    let mut shown = Run {
+        dataplane: vec![("two pods", dataplane(n.host))],
+        calicoctl: Vec::new(),
+    };
+    assert!(
+        pings(&p2, ip1) && pings(&p1, ip2),
+        "the pods reach each other"
+    );
+    for (what, args) in n.views {
+        let text = calicoctl_ok(n.host.name(), n.ctl_env, args, "");
+        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        shown.calicoctl.push((what, without_run_identity(value)));
+    }
+    let endpoints = shown.calicoctl[0].1.to_string();
+    assert!(
+        ifaces.iter().all(|i| endpoints.contains(i.as_str())),
+        "calicoctl lists both endpoints: {endpoints}"
+    );
+
+    (n.deny)(ip2);
+    n.felix
+        .wait_for("the policy to stop pod 2", || !pings(&p2, ip1));
+    assert!(pings(&p1, ip2), "pod 1 still reaches pod 2");
+    shown.dataplane.push(("the policy", dataplane(n.host)));
+    (n.allow)();
+    n.felix
+        .wait_for("pod 2 to reach pod 1 again", || pings(&p2, ip1));
+
+    (n.del)(1, &p2);
+    let status = n.felix.status_file(n.names[1]);
+    n.felix
+        .wait_for("pod 2's status file to go", || !status.exists());
+    n.felix.wait_for("pod 2's chains to go", || {
+        !dataplane(n.host).to_string().contains(&ifaces[1])
+    });
+    shown.dataplane.push(("pod 2 deleted", dataplane(n.host)));
+    (n.del)(0, &p1);
+    shown
+}
+
+/// etcd, plain CNI containers: the policy is a GlobalNetworkPolicy denying ingress from pod
+/// 2's address (everything else passes on to the profile).
+fn run_on_etcd(bin: Option<Bin>) -> Run {
     let mut w = World::new();
     if let Some(bin) = bin {
         w.bin = bin;
     }
-    let felix = Felix::start_on_etcd(&w);
     let ctl_env = [
         ("DATASTORE_TYPE", "etcdv3".to_string()),
         ("ETCD_ENDPOINTS", w.etcd.endpoint()),
     ];
+    let felix = Felix::start(&w.host, w.scratch.path(), &ctl_env, "cni");
     let conf = w.conf(json!({"mtu": 1500}));
-    let (p1, p2) = (w.pod(), w.pod());
-    let mut ips = Vec::new();
-    for (cid, pod) in [("felix1", &p1), ("felix2", &p2)] {
-        let out = w.calico(&Invocation::new("ADD", cid, pod.path()), &conf);
-        out.assert_ok();
-        let address = out.json()["ips"][0]["address"]
-            .as_str()
-            .expect("an address")
-            .to_string();
-        ips.push(address.split('/').next().unwrap_or_default().to_string());
-        let status = felix.status_file(cid);
-        felix.wait_for(&format!("{cid}'s status file"), || status.exists());
-    }
-    let (ip1, ip2) = (ips[0].clone(), ips[1].clone());
-    let mut shown = Run {
-        dataplane: vec![("two pods", dataplane(&w.host))],
-        calicoctl: Vec::new(),
-    };
-    assert!(
-        pings(&p2, &ip1) && pings(&p1, &ip2),
-        "the pods reach each other"
-    );
-
+    let cids = ["felix1", "felix2"];
     let host = w.host.name().to_string();
-    for (what, args) in [
-        (
-            "workloadendpoints",
-            &["get", "workloadendpoints", "-o", "json"][..],
-        ),
-        ("profiles", &["get", "profiles", "-o", "json"]),
-        ("blocks", &["ipam", "show", "--show-blocks"]),
-    ] {
-        let text = calicoctl_ok(&host, &ctl_env, args, "");
-        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        shown.calicoctl.push((what, without_run_identity(value)));
-    }
-    // (`calicoctl ipam check` compares with the Kubernetes API's pods: the real-cluster
-    // suites run it.)
-
-    // Ingress from pod 2 is denied everywhere; everything else passes on to the profile.
-    let policy = json!({"apiVersion": "projectcalico.org/v3", "kind": "GlobalNetworkPolicy",
-        "metadata": {"name": "deny-from-pod2"},
-        "spec": {"selector": "all()", "types": ["Ingress"], "ingress": [
-            {"action": "Deny", "source": {"nets": [format!("{ip2}/32")]}},
-            {"action": "Pass"}]}});
-    calicoctl_ok(&host, &ctl_env, &["apply", "-f", "-"], &policy.to_string());
-    felix.wait_for("the policy to stop pod 2", || !pings(&p2, &ip1));
-    assert!(pings(&p1, &ip2), "pod 1 still reaches pod 2");
-    shown
-        .dataplane
-        .push(("with the policy", dataplane(&w.host)));
-    calicoctl_ok(
-        &host,
-        &ctl_env,
-        &["delete", "globalnetworkpolicy", "deny-from-pod2"],
-        "",
-    );
-    felix.wait_for("pod 2 to reach pod 1 again", || pings(&p2, &ip1));
-
-    let del2 = Invocation::new("DEL", "felix2", p2.path());
-    w.calico(&del2, &conf).assert_ok();
-    let status = felix.status_file("felix2");
-    felix.wait_for("felix2's status file to go", || !status.exists());
-    felix.wait_for("felix2's chains to go", || {
-        !dataplane(&w.host).to_string().contains("califelix2")
+    let run = exercise(&Node {
+        host: &w.host,
+        felix: &felix,
+        ctl_env: &ctl_env,
+        names: cids,
+        add: &|i, pod| w.calico(&Invocation::new("ADD", cids[i], pod.path()), &conf),
+        del: &|i, pod| {
+            w.calico(&Invocation::new("DEL", cids[i], pod.path()), &conf)
+                .assert_ok();
+        },
+        deny: &|ip2| {
+            let policy = json!({"apiVersion": "projectcalico.org/v3", "kind": "GlobalNetworkPolicy",
+                "metadata": {"name": "deny-from-pod2"},
+                "spec": {"selector": "all()", "types": ["Ingress"], "ingress": [
+                    {"action": "Deny", "source": {"nets": [format!("{ip2}/32")]}},
+                    {"action": "Pass"}]}});
+            calicoctl_ok(&host, &ctl_env, &["apply", "-f", "-"], &policy.to_string());
+        },
+        allow: &|| {
+            let args = ["delete", "globalnetworkpolicy", "deny-from-pod2"];
+            calicoctl_ok(&host, &ctl_env, &args, "");
+        },
+        views: &[
+            (
+                "workloadendpoints",
+                &["get", "workloadendpoints", "-o", "json"],
+            ),
+            ("profiles", &["get", "profiles", "-o", "json"]),
+            ("blocks", &["ipam", "show", "--show-blocks"]),
+        ],
     });
-    shown
-        .dataplane
-        .push(("after pod 2's DEL", dataplane(&w.host)));
-    let del1 = Invocation::new("DEL", "felix1", p1.path());
-    w.calico(&del1, &conf).assert_ok();
+    // (`calicoctl ipam check` compares with the Kubernetes API's pods: see the KDD run.)
     drop(felix);
     w.assert_clean();
-    shown
+    run
 }
 
-#[test]
-#[ignore = "needs upstream's binaries: make upstream-check"]
-fn felix_programs_our_workloads_as_upstreams_on_etcd() {
+/// The Kubernetes datastore (a real kube-apiserver), pods with policy type k8s: the policy
+/// is a NetworkPolicy denying all ingress to pod 1. Felix and calicoctl use the admin's
+/// credentials; the plugin its own RBAC.
+fn run_on_kdd(bin: Option<Bin>) -> Run {
+    let mut w = KddWorld::real();
+    if let Some(bin) = bin {
+        w.bin = bin;
+    }
+    w.api.ensure_namespace("default");
+    let admin = w.api.kubeconfig_with(&w.api.admin_token());
+    let ctl_env = [
+        ("DATASTORE_TYPE", "kubernetes".to_string()),
+        ("KUBECONFIG", admin.display().to_string()),
+    ];
+    let felix = Felix::start(&w.host, w.scratch.path(), &ctl_env, "k8s");
+    // `calicoctl ipam check` reads it (kube-controllers would have made it).
+    let kcc = json!({"apiVersion": "projectcalico.org/v3", "kind": "KubeControllersConfiguration",
+        "metadata": {"name": "default"}, "spec": {"controllers": {"node": {}}}});
+    calicoctl_ok(
+        w.host.name(),
+        &ctl_env,
+        &["apply", "-f", "-"],
+        &kcc.to_string(),
+    );
+    let conf = w.conf(json!({"mtu": 1500}));
+    let pods = ["pod1", "pod2"];
+    for pod in pods {
+        w.seed_pod("default", pod, json!({}));
+    }
+    let cid = |i: usize| format!("felixk8s{i}");
+    let policy_path = "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies";
+    let ipam_check = ["ipam", "check"];
+    let run = exercise(&Node {
+        host: &w.host,
+        felix: &felix,
+        ctl_env: &ctl_env,
+        names: pods,
+        add: &|i, pod| {
+            let inv = Invocation::new("ADD", &cid(i), pod.path()).k8s("default", pods[i]);
+            w.calico(&inv, &conf)
+        },
+        del: &|i, pod| {
+            let inv = Invocation::new("DEL", &cid(i), pod.path()).k8s("default", pods[i]);
+            w.calico(&inv, &conf).assert_ok();
+        },
+        deny: &|_| {
+            let policy = json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                "metadata": {"name": "deny-to-pod1", "namespace": "default"},
+                "spec": {"podSelector": {"matchLabels": {"app": "pod1"}}, "policyTypes": ["Ingress"]}});
+            let a = w.api.post(policy_path, policy);
+            assert_eq!(a.status, 201, "{a:?}");
+        },
+        allow: &|| w.api.remove(&format!("{policy_path}/deny-to-pod1")),
+        views: &[
+            (
+                "workloadendpoints",
+                &["get", "workloadendpoints", "-o", "json"],
+            ),
+            ("profiles", &["get", "profiles", "-o", "json"]),
+            ("blocks", &["ipam", "show", "--show-blocks"]),
+            ("ipam check", &ipam_check),
+        ],
+    });
+    let check = calicoctl_ok(w.host.name(), &ctl_env, &ipam_check, "");
+    assert!(
+        check.contains("found 0 problems"),
+        "after the DELs: {check}"
+    );
+    drop(felix);
+    w.assert_clean();
+    run
+}
+
+/// Upstream's plugin as the control, then ours: every snapshot and view the same.
+fn compare(store: &str, run: fn(Option<Bin>) -> Run) {
     require_root();
     assert!(ping_available(), "ping is needed (make deps installs it)");
     let control = run(Some(Bin::with_calico(&upstream("calico"))));
@@ -321,14 +442,26 @@ fn felix_programs_our_workloads_as_upstreams_on_etcd() {
     }
     assert!(
         differences.is_empty() && ours.dataplane.len() == control.dataplane.len(),
-        "ours differs from upstream's (- upstream, + ours):\n{}",
+        "{store}: ours differs from upstream's (- upstream, + ours):\n{}",
         differences.join("\n")
     );
     eprintln!(
-        "felix on etcd: {} dataplane snapshots and {} calicoctl views identical",
+        "felix on {store}: {} dataplane snapshots and {} calicoctl views identical",
         ours.dataplane.len(),
         ours.calicoctl.len()
     );
+}
+
+#[test]
+#[ignore = "needs upstream's binaries: make upstream-check"]
+fn felix_programs_our_workloads_as_upstreams_on_etcd() {
+    compare("etcd", run_on_etcd);
+}
+
+#[test]
+#[ignore = "needs upstream's binaries: make upstream-check"]
+fn felix_programs_our_workloads_as_upstreams_on_kdd() {
+    compare("the Kubernetes datastore", run_on_kdd);
 }
 
 /// The lines of `want` and `got` (pretty JSON) that only one has.
