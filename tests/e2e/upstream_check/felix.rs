@@ -7,12 +7,11 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::{calicoctl_ok, upstream, without_run_identity};
+use super::{calicoctl_ok, upstream, without_run_identity, Daemon};
 use crate::common::cni::{Bin, Invocation, Outcome, TempDir};
 use crate::common::kdd::KddWorld;
 use crate::common::netns::{ping_available, require_root, Netns};
@@ -22,8 +21,7 @@ use crate::common::world::World;
 /// `/var/lib/calico` (Felix writes its MTU file there) is a scratch folder; its endpoint
 /// status files go to another. Killed (by PID) on drop.
 struct Felix {
-    child: Child,
-    log: PathBuf,
+    daemon: Daemon,
     status: TempDir,
     /// `cni` or `k8s`: the status files' first word.
     orchestrator: &'static str,
@@ -42,7 +40,6 @@ impl Felix {
     ) -> Felix {
         let lib = TempDir::new("felix-lib");
         let status = TempDir::new("felix-status");
-        let log = scratch.join("felix.log");
         std::fs::create_dir_all("/var/lib/calico").expect("mount point /var/lib/calico");
         let mut env: Vec<(&str, String)> = datastore.to_vec();
         env.extend([
@@ -68,30 +65,18 @@ impl Felix {
             lib.path().display(),
             upstream("calico-felix").display()
         );
-        let out = std::fs::File::create(&log).expect("felix log");
-        let err = out.try_clone().expect("felix log");
-        let child = Command::new("ip")
-            .args(["netns", "exec", host.name()])
-            .args([
-                "unshare",
-                "-m",
-                "--propagation",
-                "private",
-                "sh",
-                "-c",
-                &script,
-            ])
-            .env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("spawn calico-felix");
+        let argv = [
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &script,
+        ];
+        let daemon = Daemon::spawn(host, &argv, &env, &scratch.join("felix.log"));
         let felix = Felix {
-            child,
-            log,
+            daemon,
             status,
             orchestrator,
             _lib: lib,
@@ -99,14 +84,11 @@ impl Felix {
         felix.wait_for("Felix's dataplane to be ready", || {
             readiness(host).is_some_and(|body| body.contains("InternalDataplaneMainLoop"))
                 && felix
+                    .daemon
                     .log_text()
                     .contains("flushing the dataplane for the first time")
         });
         felix
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// Felix's status file for workload `name` of namespace `default` (a container ID
@@ -119,29 +101,9 @@ impl Felix {
             .join(format!("{} default%2F{name} eth0", self.orchestrator))
     }
 
-    fn wait_for(&self, what: &str, mut done: impl FnMut() -> bool) {
-        let start = Instant::now();
-        while !done() {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "timed out waiting for {what}; Felix's log ends:\n{}",
-                tail(&self.log_text(), 40)
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+    fn wait_for(&self, what: &str, done: impl FnMut() -> bool) {
+        self.daemon.wait_for(what, Duration::from_secs(30), done);
     }
-}
-
-impl Drop for Felix {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn tail(text: &str, lines: usize) -> String {
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// Felix's `/readiness` body, asked inside the host netns.

@@ -13,9 +13,13 @@
 //!   DEL; calicoctl reads the same endpoints, blocks and profile from both.
 
 mod felix;
+mod kube_controllers;
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::netns::Netns;
 
 use serde_json::Value;
 
@@ -100,4 +104,61 @@ pub fn without_run_identity(mut v: Value) -> Value {
     }
     walk(&mut v);
     v
+}
+
+/// One of upstream's long-running components, started in a netns with only `env` (and a
+/// PATH), its stdout and stderr in `log`; killed by PID on drop.
+pub struct Daemon {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Daemon {
+    pub fn spawn(netns: &Netns, argv: &[&str], env: &[(&str, String)], log: &Path) -> Daemon {
+        let out = std::fs::File::create(log).expect("daemon log");
+        let err = out.try_clone().expect("daemon log");
+        let child = Command::new("ip")
+            .args(["netns", "exec", netns.name()])
+            .args(argv)
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {argv:?}: {e}"));
+        Daemon {
+            child,
+            log: log.to_path_buf(),
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Polls `done` every 100 ms for up to `limit`; a timeout fails with the log's end.
+    pub fn wait_for(&self, what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !done() {
+            if start.elapsed() > limit {
+                let text = self.log_text();
+                let lines: Vec<&str> = text.lines().collect();
+                panic!(
+                    "timed out after {limit:?} waiting for {what}; {} ends:\n{}",
+                    self.log.display(),
+                    lines[lines.len().saturating_sub(40)..].join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
