@@ -178,16 +178,7 @@ fn run(bin: Option<Bin>) -> Value {
     // Two more grace periods: the live pods' addresses stay.
     std::thread::sleep(Duration::from_secs(12));
     assert_eq!(holders(&w), live, "only the live pods' addresses are held");
-    let handles: Vec<String> = w
-        .crs("ipamhandles")
-        .iter()
-        .map(|h| {
-            h["metadata"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string()
-        })
-        .collect();
+    let handles = w.crs("ipamhandles");
     assert_eq!(handles.len(), 2, "only the live pods' handles: {handles:?}");
     let state = ipam_state(&w);
     drop(controllers);
