@@ -3,7 +3,8 @@
 //! control, by upstream's plugin: a Pod deleted without a CNI DEL has its address, handle
 //! and block attribute released after the leak grace period; a deleted Node's addresses
 //! and affinity go; the live pods' addresses are never released, also while pods come and
-//! go; no address is ever held twice. The IPAM state it leaves is the same for both.
+//! go; no address is ever held twice; `calicoctl ipam release` gives back one address by
+//! hand. The IPAM state it leaves is the same for both.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -124,6 +125,31 @@ fn run(bin: Option<Bin>) -> Value {
             .assert_ok();
         netns.insert(pod, ns);
     }
+    // calicoctl releases one pod's address by hand, as an operator cleaning a leak would.
+    let released = Netns::new("pod");
+    let inv = Invocation::new("ADD", "kc4", released.path()).k8s("default", "released");
+    w.seed_pod("default", "released", json!({}));
+    let out = w.calico(&inv, &w.conf(json!({})));
+    out.assert_ok();
+    let address = out.json()["ips"][0]["address"]
+        .as_str()
+        .and_then(|a| a.split('/').next())
+        .expect("an address")
+        .to_string();
+    let said = calicoctl_ok(
+        &host,
+        &env,
+        &["ipam", "release", &format!("--ip={address}")],
+        "",
+    );
+    assert!(
+        said.contains(&format!("Successfully released IP address {address}")),
+        "{said}"
+    );
+    assert!(!holders(&w).contains_key(&address), "{address} is released");
+    w.api.remove("/api/v1/namespaces/default/pods/released");
+    drop(released);
+
     let live: BTreeMap<String, String> = holders(&w)
         .into_iter()
         .filter(|(_, h)| h.ends_with(".kc0") || h.ends_with(".kc1"))
