@@ -130,6 +130,8 @@ pub struct RealK8s {
     kubeconfigs: AtomicUsize,
     markers: AtomicUsize,
     startup: Duration,
+    /// The netns it listens in (on its 127.0.0.1).
+    netns: String,
 }
 
 impl RealK8s {
@@ -221,6 +223,7 @@ rules:
             kubeconfigs: AtomicUsize::new(0),
             markers: AtomicUsize::new(0),
             startup: Duration::ZERO,
+            netns: netns.name().to_string(),
         };
         k.wait_ready();
         let t_ready = t0.elapsed();
@@ -832,6 +835,42 @@ current-context: real
             bad.is_empty(),
             "the real API server refused or rejected the plugin's requests:\n{}",
             bad.join("\n")
+        );
+        self.assert_ipam_check_clean();
+    }
+
+    /// Upstream's `calicoctl ipam check` finds no problem (`make upstream-check` runs the
+    /// real-cluster suites with it); nothing when `CALICO_UPSTREAM_BIN` holds no calicoctl.
+    pub fn assert_ipam_check_clean(&self) {
+        let Some(calicoctl) = std::env::var_os("CALICO_UPSTREAM_BIN")
+            .map(|d| PathBuf::from(d).join("calicoctl"))
+            .filter(|c| c.is_file())
+        else {
+            return;
+        };
+        // It reads the KubeControllersConfiguration (kube-controllers would have made it).
+        let a = self.post(
+            "/apis/crd.projectcalico.org/v1/kubecontrollersconfigurations",
+            json!({"apiVersion": "crd.projectcalico.org/v1", "kind": "KubeControllersConfiguration",
+                "metadata": {"name": "default"}, "spec": {"controllers": {"node": {}}}}),
+        );
+        assert!(a.status == 201 || a.status == 409, "{a:?}");
+        let admin = self.kubeconfig_with(&self.admin_token);
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.netns])
+            .arg(&calicoctl)
+            .args(["ipam", "check", "--allow-version-mismatch"])
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("DATASTORE_TYPE", "kubernetes")
+            .env("KUBECONFIG", &admin)
+            .output()
+            .expect("calicoctl ipam check");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("found 0 problems"),
+            "calicoctl ipam check: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
         );
     }
 

@@ -196,14 +196,17 @@ fn libcni_cache_left(sandboxes: &BTreeSet<String>) -> Vec<String> {
         .collect()
 }
 
-/// Waits for [`leftovers`] to be empty, saying what is left whenever that changes.
+/// Waits for [`leftovers`] to be empty, saying what is left whenever that changes; then
+/// upstream's `calicoctl ipam check` must find nothing (when `CALICO_UPSTREAM_BIN` has it).
 fn settle(node: &RealNode, what: &str) -> Duration {
     let started = Instant::now();
     let mut last: Vec<String> = vec![];
     while started.elapsed() < SETTLE_TIMEOUT {
         let now = leftovers(node);
         if now.is_empty() {
-            return started.elapsed();
+            let settled = started.elapsed();
+            node.api().assert_ipam_check_clean();
+            return settled;
         }
         if now != last {
             say(&format!("{what}, at {:?}: left {now:?}", started.elapsed()));
