@@ -568,14 +568,24 @@ impl KubeClient {
         let exchange = async {
             // A request the server did not process because it closed the connection
             // (HTTP/2 GOAWAY or REFUSED_STREAM; the API server sends one after answering an
-            // unauthenticated request on it) is sent again on a new connection, once, as
-            // Go's HTTP/2 transport does.
-            let resp = match self.client.send(req).await {
-                Err(e) if unprocessed(&e) => {
-                    tracing::debug!(%method, path, error = %e, "not processed by the API server (its connection closed): sent again");
-                    self.client.send(request().map_err(|e| e.to_string())?).await
+            // unauthenticated request on it, so of several requests in flight one is answered
+            // per connection) is sent again on a new connection, at most 6 times as Go's
+            // HTTP/2 transport does; at once each time (Go backs off after the first), as
+            // each goes to a connection of its own and the call's deadline bounds them all.
+            let mut req = Some(req);
+            let mut resent: u32 = 0;
+            let resp = loop {
+                let this = match req.take() {
+                    Some(r) => r,
+                    None => request().map_err(|e| e.to_string())?,
+                };
+                match self.client.send(this).await {
+                    Err(e) if unprocessed(&e) && resent < MAX_RESENDS => {
+                        tracing::debug!(%method, path, error = %e, resent, "not processed by the API server (its connection closed): sent again");
+                        resent += 1;
+                    }
+                    other => break other,
                 }
-                other => other,
             }
             .map_err(|e| e.to_string())?;
             let status = resp.status().as_u16();
@@ -667,6 +677,10 @@ fn unprocessed(e: &kube::Error) -> bool {
     }
     false
 }
+
+/// How many times a request the server closed its connection on unprocessed is sent again
+/// (Go's HTTP/2 transport's limit).
+const MAX_RESENDS: u32 = 6;
 
 /// How many times one request is sent again when the API server asks for it (client-go's
 /// default `maxRetries`).

@@ -294,9 +294,31 @@ impl Inner {
         }
     }
 
-    async fn send(&self, mut req: Request<Body>) -> Result<Response<Incoming>, BoxError> {
+    /// Takes `conn` out of use (when it is still the current one): the next request opens a
+    /// new connection, as Go's transport stops reusing one that failed a request (a GOAWAY,
+    /// a reset) even while it still drains.
+    fn retire(&self, conn: &Arc<Conn>) {
+        if let Ok(mut slot) = self.conn.lock() {
+            if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+                *slot = None;
+            }
+        }
+    }
+
+    async fn send(&self, req: Request<Body>) -> Result<Response<Incoming>, BoxError> {
         let conn = self.current().await?;
-        let conn = conn.as_ref();
+        let sent = self.send_on(&conn, req).await;
+        if sent.is_err() {
+            self.retire(&conn);
+        }
+        sent
+    }
+
+    async fn send_on(
+        &self,
+        conn: &Conn,
+        mut req: Request<Body>,
+    ) -> Result<Response<Incoming>, BoxError> {
         if !req.headers().contains_key(http::header::USER_AGENT) {
             let agent = user_agent(req.uri().path(), matches!(conn, Conn::H2(_)));
             req.headers_mut().insert(
