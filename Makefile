@@ -103,11 +103,13 @@ oracle: deps
 # Calico v3.32.1's own components acting on what ours writes, each test with upstream's plugin
 # as the control (tests/e2e/upstream_check, docs/swap-in.md): CALICO_UPSTREAM_BIN names the
 # folder of upstream's calico, calicoctl and calico-felix, built from its source outside this
-# repository. Never part of `make test`. Felix execs ipset, nft and conntrack. Then the
-# real-cluster suites (churn, kills mid-ADD, a frozen API server, kubelet + containerd), each
-# ending with upstream's `calicoctl ipam check` finding no problem.
+# repository. Never part of `make test`. Felix execs ipset, nft and conntrack; the two-node
+# rolling swap runs our image's install (`make image`). Then the real-cluster suites (churn,
+# kills mid-ADD, a frozen API server, kubelet + containerd), each ending with upstream's
+# `calicoctl ipam check` finding no problem.
 upstream-check:
 	$(MAKE) deps EXTRA_APT_PACKAGES="ipset nftables conntrack"
+	$(MAKE) image
 	cargo test --test e2e upstream_check:: -- --ignored --nocapture --test-threads=1
 	cargo test --test e2e -- --test-threads=1 kdd_concurrency:: kdd_frozen_api_server:: \
 	  calico_kdd:: kubevirt:: real_node::

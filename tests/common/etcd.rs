@@ -194,6 +194,12 @@ impl EtcdServer {
             let log = dir.join(format!("etcd{attempt}.log"));
             let scheme = if tls { "https" } else { "http" };
             let client_url = format!("{scheme}://127.0.0.1:{port}");
+            // In a netns of its own, on all of its addresses: a second node reaches it over
+            // the node link (real_node.rs's `NodePair`).
+            let listen_url = match netns {
+                Some(_) => format!("{scheme}://0.0.0.0:{port}"),
+                None => client_url.clone(),
+            };
             let peer_url = format!("http://127.0.0.1:{peer}");
             let logf = fs::File::create(&log).expect("create etcd log");
             let mut cmd = command_in(netns, ETCD);
@@ -202,7 +208,7 @@ impl EtcdServer {
                 .arg("--data-dir")
                 .arg(&data)
                 .arg("--listen-client-urls")
-                .arg(&client_url)
+                .arg(&listen_url)
                 .arg("--advertise-client-urls")
                 .arg(&client_url)
                 .arg("--listen-peer-urls")

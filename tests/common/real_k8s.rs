@@ -187,7 +187,8 @@ rules:
             .arg(&k8s.apiserver)
             .arg(format!("--etcd-servers={}", etcd.endpoint()))
             .arg(format!("--secure-port={port}"))
-            .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"])
+            // All of the netns's addresses: a second node reaches it over the node link.
+            .args(["--bind-address=0.0.0.0", "--advertise-address=127.0.0.1"])
             .arg(format!("--tls-cert-file={}", s("tls.crt")))
             .arg(format!("--tls-private-key-file={}", s("tls.key")))
             .arg(format!("--token-auth-file={}", s("tokens.csv")))
@@ -1061,7 +1062,11 @@ fn free_port_in(netns: &Netns) -> u16 {
 
 // --------------------------------------------------------------------------- TLS
 
-/// A CA, kube-apiserver's serving certificate for 127.0.0.1 signed by it, and the
+/// The node link's addresses of a two-node cluster (real_node.rs's `NodePair`): the API
+/// server's node first, whose address its certificate names.
+pub const NODE_LINK_V4: [&str; 2] = ["10.99.0.11", "10.99.0.12"];
+
+/// A CA, kube-apiserver's serving certificate for 127.0.0.1 (and the node link) signed by it, and the
 /// ServiceAccount signing key.
 struct Tls {
     ca_pem: String,
@@ -1092,8 +1097,12 @@ impl Tls {
         let ca_cert = ca.self_signed(&ca_key).unwrap();
         let (ca_pem, ca_der) = (ca_cert.pem(), ca_cert.der().to_vec());
         let issuer = Issuer::new(ca, ca_key);
-        let mut leaf =
-            CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
+        let mut leaf = CertificateParams::new(vec![
+            "127.0.0.1".into(),
+            "localhost".into(),
+            NODE_LINK_V4[0].into(),
+        ])
+        .unwrap();
         leaf.distinguished_name
             .push(DnType::CommonName, "kube-apiserver");
         leaf.key_usages = vec![

@@ -24,7 +24,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::fcntl::{Flock, FlockArg};
@@ -34,6 +34,7 @@ use sha2::{Digest, Sha256};
 use super::cni::{run_command_within, Outcome, TempDir};
 use super::netns::{HostNetns, UPLINK_V4};
 use super::real_k8s::RealK8s;
+use super::real_k8s::NODE_LINK_V4;
 
 /// The programs a node runs (peers `make deps` builds, common/peers.rs): kubelet v1.35,
 /// containerd 2 with its runc shim and `ctr`, beside the API server's ([`real_k8s::needs`]).
@@ -496,6 +497,8 @@ fn remove_runtime_leftovers(log: &Path, sock: &Path) {
     }
     for id in ids {
         let _ = fs::remove_file(format!("/var/lib/cni/results/k8s-pod-network-{id}-eth0"));
+        // containerd's own loopback network, removed only with the sandbox.
+        let _ = fs::remove_file(format!("/var/lib/cni/results/cni-loopback-{id}-lo"));
         let key = format!("{}/k8s.io/{id}", sock.display());
         let _ = fs::remove_file(format!(
             "/run/containerd/s/{}",
@@ -1006,15 +1009,13 @@ pub struct Kubelet {
 }
 
 impl Kubelet {
-    pub fn start(
-        kubelet: &Path,
-        dir: &Path,
-        netns_path: &str,
-        node: &str,
-        kubeconfig: &Path,
-        containerd: &Containerd,
-        cgroup_root: &str,
-    ) -> Kubelet {
+    /// kubelet for `node` (its name, address, containerd and cgroup root), with the
+    /// credentials of `kubeconfig`.
+    pub fn start(node: &RealNode, kubeconfig: &Path) -> Kubelet {
+        let dir = &node.dir.path().join("kubelet");
+        let containerd = node.containerd();
+        let cgroup_root = &node.cgroup_root;
+        let node_ip = &node.node_ip;
         fs::create_dir_all(dir.join("root")).unwrap();
         // The test machine's disk is the node's: kubelet's default eviction (imagefs under
         // 15 % free) and image GC (over 85 % used) would refuse pods and delete the locally
@@ -1049,15 +1050,15 @@ impl Kubelet {
             format!("--kubeconfig={}", kubeconfig.display()),
             format!("--root-dir={}", p("root")),
             format!("--cert-dir={}", p("pki")),
-            format!("--hostname-override={node}"),
-            format!("--node-ip={UPLINK_V4}"),
+            format!("--hostname-override={}", node.name),
+            format!("--node-ip={node_ip}"),
             "--v=2".into(),
         ];
         Kubelet {
             daemon: Daemon::start(
                 "kubelet",
-                netns_path,
-                kubelet,
+                node.host.path(),
+                &node.peers.kubelet,
                 &args,
                 None,
                 &dir.join("kubelet.log"),
@@ -1089,6 +1090,36 @@ pub struct InstallInputs<'a> {
     pub node_name: &'a str,
     /// Where the installer may keep its own files (the service-account mount, podman).
     pub scratch: &'a Path,
+    /// More of the DaemonSet's environment (the etcd manifest's `ETCD_ENDPOINTS`).
+    pub extra_env: &'a [(&'a str, &'a str)],
+}
+
+impl InstallInputs<'_> {
+    /// The `install-cni` container's environment and its service-account mount's folder
+    /// (written here).
+    fn daemonset_env(&self) -> (Vec<(String, String)>, PathBuf) {
+        fs::create_dir_all(self.bin_dir).unwrap();
+        fs::create_dir_all(self.conf_dir).unwrap();
+        let sa = self.scratch.join("serviceaccount");
+        fs::create_dir_all(&sa).unwrap();
+        fs::write(sa.join("token"), self.pod_token).unwrap();
+        fs::write(sa.join("ca.crt"), self.ca_pem).unwrap();
+        fs::write(sa.join("namespace"), "kube-system").unwrap();
+        let env: Vec<(String, String)> = [
+            ("SLEEP", "false"),
+            ("CNI_NETWORK_CONFIG", self.network_config),
+            ("CNI_NET_DIR", &self.conf_dir.display().to_string()),
+            ("KUBERNETES_NODE_NAME", self.node_name),
+            ("KUBERNETES_SERVICE_HOST", self.service_host),
+            ("KUBERNETES_SERVICE_PORT", &self.service_port.to_string()),
+            ("CNI_MTU", "1500"),
+        ]
+        .iter()
+        .chain(self.extra_env)
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        (env, sa)
+    }
 }
 
 pub const CONFLIST_NAME: &str = "10-calico.conflist";
@@ -1107,24 +1138,9 @@ pub fn plugin_binary() -> PathBuf {
 /// installer runs from an image layout made of that binary and Debian's plugins. Returns
 /// which of the two ran.
 pub fn install_cni(i: &InstallInputs) -> &'static str {
-    fs::create_dir_all(i.bin_dir).unwrap();
-    fs::create_dir_all(i.conf_dir).unwrap();
-    let sa = i.scratch.join("serviceaccount");
-    fs::create_dir_all(&sa).unwrap();
-    fs::write(sa.join("token"), i.pod_token).unwrap();
-    fs::write(sa.join("ca.crt"), i.ca_pem).unwrap();
-    fs::write(sa.join("namespace"), "kube-system").unwrap();
-    let port = i.service_port.to_string();
+    let (env, sa) = i.daemonset_env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let net_dir = i.conf_dir.display().to_string();
-    let env: [(&str, &str); 7] = [
-        ("SLEEP", "false"),
-        ("CNI_NETWORK_CONFIG", i.network_config),
-        ("CNI_NET_DIR", &net_dir),
-        ("KUBERNETES_NODE_NAME", i.node_name),
-        ("KUBERNETES_SERVICE_HOST", i.service_host),
-        ("KUBERNETES_SERVICE_PORT", &port),
-        ("CNI_MTU", "1500"),
-    ];
     let image = super::image::image("real_node install_cni")
         .filter(|_| std::env::var_os("REAL_NODE_CALICO").is_none());
     let (out, how) = match image {
@@ -1152,18 +1168,7 @@ pub fn install_cni(i: &InstallInputs) -> &'static str {
         }
         None => {
             let image_dir = i.scratch.join("image-bin");
-            fs::create_dir_all(&image_dir).unwrap();
-            let calico = image_dir.join("calico");
-            fs::copy(plugin_binary(), &calico).expect("copy calico");
-            fs::set_permissions(&calico, fs::Permissions::from_mode(0o755)).unwrap();
-            std::os::unix::fs::symlink("calico", image_dir.join("calico-ipam")).unwrap();
-            std::os::unix::fs::symlink("calico", image_dir.join("install")).unwrap();
-            // The reference plugins the image ships, from the peers build (as `make image`).
-            for p in ["portmap", "loopback", "host-local", "tuning"] {
-                let src = super::peers::peer(p).unwrap_or_else(|why| panic!("{why}"));
-                fs::copy(&src, image_dir.join(p))
-                    .unwrap_or_else(|e| panic!("copy {}: {e}", src.display()));
-            }
+            image_layout(&image_dir, &plugin_binary(), None);
             let mut cmd = Command::new("nsenter");
             cmd.arg(format!("--net={}", i.host_netns))
                 .arg(image_dir.join("install"))
@@ -1171,7 +1176,7 @@ pub fn install_cni(i: &InstallInputs) -> &'static str {
                 .env("CALICO_INSTALL_HOST_BIN_DIRS", i.bin_dir)
                 .env("CALICO_INSTALL_HOST_NET_DIR", i.conf_dir)
                 .env("CALICO_INSTALL_SERVICEACCOUNT_DIR", &sa)
-                .envs(env);
+                .envs(env.iter().copied());
             (
                 super::cni::run_command_within(cmd, "", Duration::from_secs(300), "install"),
                 "the installer from an image layout of this build (REAL_NODE_CALICO or the test build)",
@@ -1182,6 +1187,76 @@ pub fn install_cni(i: &InstallInputs) -> &'static str {
     assert!(i.conf_dir.join(CONFLIST_NAME).is_file());
     assert!(i.conf_dir.join("calico-kubeconfig").is_file());
     how
+}
+
+/// An image's /opt/cni/bin in `dir` (made afresh): `calico` (a copy of `calico`),
+/// `calico-ipam` (a link to it), `install` (`install`, or a link to `calico` as in our
+/// image) and the reference plugins the image ships, from the peers build.
+fn image_layout(dir: &Path, calico: &Path, install: Option<&Path>) {
+    let _ = fs::remove_dir_all(dir);
+    fs::create_dir_all(dir).unwrap();
+    let copy = |src: &Path, name: &str| {
+        let dest = dir.join(name);
+        fs::copy(src, &dest).unwrap_or_else(|e| panic!("copy {}: {e}", src.display()));
+        fs::set_permissions(&dest, fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    copy(calico, "calico");
+    std::os::unix::fs::symlink("calico", dir.join("calico-ipam")).unwrap();
+    match install {
+        Some(install) => copy(install, "install"),
+        None => std::os::unix::fs::symlink("calico", dir.join("install")).unwrap(),
+    }
+    for p in ["portmap", "loopback", "host-local", "tuning"] {
+        let src = super::peers::peer(p).unwrap_or_else(|why| panic!("{why}"));
+        copy(&src, p);
+    }
+}
+
+/// Upstream's `install` as its image's `install-cni` container runs it, with no container
+/// runtime: in a private mount namespace, chrooted into a folder laid out as its image
+/// (`/opt/cni/bin` holding upstream's binaries from `upstream_bin` and the reference
+/// plugins), with the node's CNI folders bind-mounted at /host/opt/cni/bin and
+/// /host/etc/cni/net.d and the service-account files at their in-cluster path, in the node's
+/// netns. The mounts go with the namespace.
+pub fn install_upstream_cni(i: &InstallInputs, upstream_bin: &Path) -> &'static str {
+    let (env, sa) = i.daemonset_env();
+    let root = i.scratch.join("upstream-install-root");
+    image_layout(
+        &root.join("opt/cni/bin"),
+        &upstream_bin.join("calico"),
+        Some(&upstream_bin.join("install")),
+    );
+    for d in ["host/opt/cni/bin", "host/etc/cni/net.d", "tmp"] {
+        fs::create_dir_all(root.join(d)).unwrap();
+    }
+    let secrets = root.join("var/run/secrets/kubernetes.io/serviceaccount");
+    fs::create_dir_all(&secrets).unwrap();
+    for f in ["token", "ca.crt", "namespace"] {
+        fs::copy(sa.join(f), secrets.join(f)).unwrap();
+    }
+    let mut cmd = Command::new("nsenter");
+    cmd.arg(format!("--net={}", i.host_netns))
+        .args(["unshare", "--mount", "--propagation", "private", "--"])
+        .args(["sh", "-c"])
+        .arg(
+            "mount --bind \"$1\" \"$3/host/opt/cni/bin\" && \
+             mount --bind \"$2\" \"$3/host/etc/cni/net.d\" && \
+             exec chroot \"$3\" /opt/cni/bin/install",
+        )
+        .arg("sh")
+        .args([i.bin_dir, i.conf_dir, &root])
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    let out = run_command_within(cmd, "", Duration::from_secs(300), "upstream install");
+    assert_eq!(
+        out.code, 0,
+        "upstream install-cni: {}{}",
+        out.stdout, out.stderr
+    );
+    assert!(i.conf_dir.join(CONFLIST_NAME).is_file());
+    assert!(i.conf_dir.join("calico-kubeconfig").is_file());
+    "upstream's install, chrooted into its image's layout"
 }
 
 /// Test instrumentation, not part of the install: puts a recorder in front of `calico` in
@@ -1295,24 +1370,120 @@ fn lock_the_host() -> Flock<fs::File> {
 /// Numbers the nodes of this process (their cgroup roots).
 static NODES: AtomicUsize = AtomicUsize::new(0);
 
-/// The node: its netns (with an uplink, 198.18.0.1), API server, containerd, kubelet.
+/// The node: its netns (with an uplink, 198.18.0.1), the API server, containerd, kubelet.
+/// A node of a [`NodePair`] shares the other's API server and the host's lock.
 pub struct RealNode {
     pub name: String,
     kubelet: Option<Kubelet>,
     containerd: Option<Containerd>,
-    pub api: Option<RealK8s>,
+    pub api: Option<Arc<RealK8s>>,
     pub host: HostNetns,
+    /// The address kubelet registers and the installer is given for the API server: the
+    /// uplink's and 127.0.0.1 for a node alone, the node link's for a pair.
+    pub node_ip: String,
+    pub api_host: String,
     state: Option<HostState>,
     pub dir: TempDir,
     pub peers: NodePeers,
     pub cgroup_root: String,
     /// Dropped last, after the teardown has restored the host.
-    _host: Flock<fs::File>,
+    _host: Arc<Flock<fs::File>>,
+}
+
+/// Two nodes on one API server (in node `a`'s netns), joined by a veth (`nodelink0`,
+/// [`NODE_LINK_V4`]) over which each reaches the API server and the other's pods: the
+/// test routes each pod's address to its node ([`NodePair::route_pods`]), as BGP would.
+/// Field order is drop order: `b` goes first, then `a` and the API server.
+pub struct NodePair {
+    pub b: RealNode,
+    pub a: RealNode,
+}
+
+pub const NODE_LINK_IF: &str = "nodelink0";
+
+impl NodePair {
+    pub fn new(peers: &NodePeers, names: [&str; 2]) -> NodePair {
+        let mut a = RealNode::new(peers, names[0]);
+        let b = RealNode {
+            name: names[1].into(),
+            kubelet: None,
+            containerd: None,
+            api: a.api.clone(),
+            host: HostNetns::new(),
+            node_ip: NODE_LINK_V4[1].into(),
+            api_host: NODE_LINK_V4[0].into(),
+            state: None,
+            dir: TempDir::new("real-node"),
+            peers: peers.clone(),
+            cgroup_root: next_cgroup_root(),
+            _host: a._host.clone(),
+        };
+        a.node_ip = NODE_LINK_V4[0].into();
+        a.api_host = NODE_LINK_V4[0].into();
+        let out = run_command_within(
+            {
+                let mut c = Command::new("ip");
+                c.args(["-n", a.host.name(), "link", "add", NODE_LINK_IF])
+                    .args(["type", "veth", "peer", "name", NODE_LINK_IF])
+                    .args(["netns", b.host.name()]);
+                c
+            },
+            "",
+            Duration::from_secs(10),
+            "ip link add nodelink0",
+        );
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        for (node, ip) in [(&a, NODE_LINK_V4[0]), (&b, NODE_LINK_V4[1])] {
+            // calico/node turns forwarding on in a real cluster.
+            node.host_sh(&format!(
+                "set -e; ip addr add {ip}/24 dev {NODE_LINK_IF}; ip link set {NODE_LINK_IF} up; \
+                 sysctl -qw net.ipv4.ip_forward=1"
+            ));
+        }
+        NodePair { b, a }
+    }
+
+    /// Routes each pod address of `pods` (whether it runs on `a`, its address) to its node,
+    /// on the other node: what BGP would do.
+    pub fn route_pods(&self, pods: &[(bool, String)]) {
+        for (on_a, ip) in pods {
+            let (other, via) = if *on_a {
+                (&self.b, NODE_LINK_V4[0])
+            } else {
+                (&self.a, NODE_LINK_V4[1])
+            };
+            other.host_sh(&format!(
+                "ip route replace {ip}/32 via {via} dev {NODE_LINK_IF}"
+            ));
+        }
+    }
+
+    pub fn both(&self) -> [&RealNode; 2] {
+        [&self.a, &self.b]
+    }
+}
+
+fn next_cgroup_root() -> String {
+    format!(
+        "calico-real-node-{}-{}",
+        std::process::id(),
+        NODES.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+/// Which installer sets a node's CNI up.
+#[derive(Clone, Copy, Debug)]
+pub enum Installer<'a> {
+    /// Ours, as the image's `install-cni` runs it ([`install_cni`]).
+    Ours,
+    /// Upstream's `install`, from the folder of upstream's binaries (`CALICO_UPSTREAM_BIN`),
+    /// with those binaries as its image's /opt/cni/bin ([`install_upstream_cni`]).
+    Upstream(&'a Path),
 }
 
 impl RealNode {
     pub fn api(&self) -> &RealK8s {
-        self.api.as_ref().expect("api server")
+        self.api.as_deref().expect("api server")
     }
     pub fn containerd(&self) -> &Containerd {
         self.containerd.as_ref().expect("containerd")
@@ -1326,10 +1497,15 @@ impl RealNode {
     pub fn cni_conf(&self) -> PathBuf {
         self.dir.path().join("cni/net.d")
     }
+    /// Where the node's installer and plugin keep their files (the plugin's log, its IPAM
+    /// lock, the installer's service-account mount).
+    pub fn scratch(&self) -> PathBuf {
+        self.dir.path().join("scratch")
+    }
 
     /// The netns and the API server with Calico's CRDs and RBAC.
     pub fn new(peers: &NodePeers, name: &str) -> RealNode {
-        let host_lock = lock_the_host();
+        let host_lock = Arc::new(lock_the_host());
         let dir = TempDir::new("real-node");
         let host = HostNetns::new();
         let api = RealK8s::start(&host);
@@ -1337,16 +1513,14 @@ impl RealNode {
             name: name.into(),
             kubelet: None,
             containerd: None,
-            api: Some(api),
+            api: Some(Arc::new(api)),
             host,
+            node_ip: UPLINK_V4.into(),
+            api_host: "127.0.0.1".into(),
             state: None,
             dir,
             peers: peers.clone(),
-            cgroup_root: format!(
-                "calico-real-node-{}-{}",
-                std::process::id(),
-                NODES.fetch_add(1, Ordering::SeqCst)
-            ),
+            cgroup_root: next_cgroup_root(),
             _host: host_lock,
         }
     }
@@ -1356,15 +1530,23 @@ impl RealNode {
     pub fn start_runtime(&mut self) {
         self.start_containerd();
         let kubeconfig = self.api().kubeconfig_with(&self.api().admin_token());
-        let k = Kubelet::start(
-            &self.peers.kubelet,
-            &self.dir.path().join("kubelet"),
-            self.host.path(),
-            &self.name,
-            &kubeconfig,
-            self.containerd(),
-            &self.cgroup_root,
-        );
+        let kubeconfig = if self.api_host == "127.0.0.1" {
+            kubeconfig
+        } else {
+            // The API server as this node reaches it.
+            let text = fs::read_to_string(&kubeconfig).expect("kubeconfig");
+            let here = self.dir.path().join("kubelet.kubeconfig");
+            fs::write(
+                &here,
+                text.replace(
+                    &self.api().url(),
+                    &format!("https://{}:{}", self.api_host, self.api().port()),
+                ),
+            )
+            .expect("write kubeconfig");
+            here
+        };
+        let k = Kubelet::start(self, &kubeconfig);
         self.kubelet = Some(k);
         self.wait_ready(Duration::from_secs(90));
     }
@@ -1404,18 +1586,9 @@ impl RealNode {
         });
     }
 
-    /// Calico as an operator and its DaemonSet set a node up: the ClusterInformation and one
-    /// IPv4 pool (`pool_cidr`, /26 blocks) applied, then our image's `install` run as the
-    /// `install-cni` container with calico-node's mounted token (it gets the
-    /// calico-cni-plugin ServiceAccount's own from TokenRequest) and the DaemonSet's
-    /// `CNI_NETWORK_CONFIG` (`network_config` of the node's scratch folder). Returns the
-    /// scratch folder and how the installer ran ([`install_cni`]).
-    pub fn install_calico(
-        &self,
-        cluster_guid: &str,
-        pool_cidr: &str,
-        network_config: impl FnOnce(&Path) -> String,
-    ) -> (PathBuf, &'static str) {
+    /// What an operator applies before Calico's DaemonSet runs, on the Kubernetes
+    /// datastore: the ClusterInformation and one IPv4 pool (`pool_cidr`, /26 blocks).
+    pub fn apply_calico_resources(&self, cluster_guid: &str, pool_cidr: &str) {
         let api = self.api();
         let crd = "/apis/crd.projectcalico.org/v1";
         for (path, obj) in [
@@ -1437,22 +1610,54 @@ impl RealNode {
             let a = api.post(&path, obj);
             assert_eq!(a.status, 201, "POST {path}: {a:?}");
         }
+    }
+
+    /// Calico as an operator and its DaemonSet set a node up: [`Self::apply_calico_resources`],
+    /// then our image's `install` run as the `install-cni` container ([`Self::install`]).
+    /// Returns the scratch folder and how the installer ran ([`install_cni`]).
+    pub fn install_calico(
+        &self,
+        cluster_guid: &str,
+        pool_cidr: &str,
+        network_config: impl FnOnce(&Path) -> String,
+    ) -> (PathBuf, &'static str) {
+        self.apply_calico_resources(cluster_guid, pool_cidr);
+        let how = self.install(Installer::Ours, &network_config(&self.scratch()), &[]);
+        (self.scratch(), how)
+    }
+
+    /// The DaemonSet's `install-cni` container on this node, by `installer`, with
+    /// calico-node's mounted token (the installer gets the calico-cni-plugin
+    /// ServiceAccount's own from TokenRequest), the DaemonSet's `CNI_NETWORK_CONFIG`
+    /// (`network_config`) and `extra_env` (the etcd manifest's `ETCD_ENDPOINTS`). Returns
+    /// how the installer ran.
+    pub fn install(
+        &self,
+        installer: Installer,
+        network_config: &str,
+        extra_env: &[(&str, &str)],
+    ) -> &'static str {
+        let api = self.api();
         let pod_token = super::installer::calico_node_account(api);
-        let scratch = self.dir.path().join("scratch");
+        let scratch = self.scratch();
         fs::create_dir_all(&scratch).unwrap();
-        let how = install_cni(&InstallInputs {
+        let inputs = InstallInputs {
             bin_dir: &self.cni_bin(),
             conf_dir: &self.cni_conf(),
-            network_config: &network_config(&scratch),
+            network_config,
             host_netns: self.host.path(),
-            service_host: "127.0.0.1",
+            service_host: &self.api_host,
             service_port: api.port(),
             pod_token: &pod_token,
             ca_pem: &api.ca_pem(),
             node_name: &self.name,
             scratch: &scratch,
-        });
-        (scratch, how)
+            extra_env,
+        };
+        match installer {
+            Installer::Ours => install_cni(&inputs),
+            Installer::Upstream(bin) => install_upstream_cni(&inputs, bin),
+        }
     }
 
     pub fn host_sh(&self, script: &str) -> String {

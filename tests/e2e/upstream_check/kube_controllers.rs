@@ -11,44 +11,19 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::{calicoctl_ok, upstream, without_run_identity, Daemon};
+use super::{block_holders, calicoctl_ok, upstream, without_run_identity, Daemon};
 use crate::common::cni::{Bin, Invocation};
 use crate::common::kdd::{KddWorld, RealKddWorld};
 use crate::common::netns::{require_root, Netns};
 
-/// Who holds each allocated address: `address -> handle`, from every block's allocations
-/// and attributes; panics if two allocations of the blocks name one address.
+/// Who holds each allocated address of the world's blocks ([`block_holders`]).
 fn holders(w: &RealKddWorld) -> BTreeMap<String, String> {
-    let mut held = BTreeMap::new();
-    for b in w.crs("ipamblocks") {
-        let cidr = b["spec"]["cidr"].as_str().unwrap_or_default().to_string();
-        let base: std::net::Ipv4Addr = cidr
-            .split('/')
-            .next()
-            .and_then(|a| a.parse().ok())
-            .expect("an IPv4 block");
-        let attrs = b["spec"]["attributes"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        let allocations = b["spec"]["allocations"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        for (ordinal, a) in allocations.iter().enumerate() {
-            let Some(attr) = a.as_u64() else { continue };
-            let address = std::net::Ipv4Addr::from(u32::from(base) + ordinal as u32).to_string();
-            let handle = attrs[attr as usize]["handle_id"]
-                .as_str()
-                .unwrap_or_default();
-            let before = held.insert(address.clone(), handle.to_string());
-            assert!(
-                before.is_none(),
-                "{address} allocated twice: {before:?} and {handle}"
-            );
-        }
-    }
-    held
+    let specs: Vec<Value> = w
+        .crs("ipamblocks")
+        .iter()
+        .map(|b| b["spec"].clone())
+        .collect();
+    block_holders(&specs)
 }
 
 /// The IPAM objects, without what differs between runs: times, and the blocks' sequence

@@ -14,7 +14,9 @@
 
 mod felix;
 mod kube_controllers;
+mod swap;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -104,6 +106,35 @@ pub fn without_run_identity(mut v: Value) -> Value {
     }
     walk(&mut v);
     v
+}
+
+/// Who holds each allocated address: `address -> handle`, from IPv4 blocks' allocations and
+/// attributes (a block's `spec` on the Kubernetes datastore, its value on etcd: the same
+/// fields); panics if two allocations name one address.
+pub fn block_holders(blocks: &[Value]) -> BTreeMap<String, String> {
+    let mut held = BTreeMap::new();
+    for b in blocks {
+        let base: std::net::Ipv4Addr = b["cidr"]
+            .as_str()
+            .and_then(|c| c.split('/').next())
+            .and_then(|a| a.parse().ok())
+            .expect("an IPv4 block");
+        let attrs = b["attributes"].as_array().cloned().unwrap_or_default();
+        let allocations = b["allocations"].as_array().cloned().unwrap_or_default();
+        for (ordinal, a) in allocations.iter().enumerate() {
+            let Some(attr) = a.as_u64() else { continue };
+            let address = std::net::Ipv4Addr::from(u32::from(base) + ordinal as u32).to_string();
+            let handle = attrs[attr as usize]["handle_id"]
+                .as_str()
+                .unwrap_or_default();
+            let before = held.insert(address.clone(), handle.to_string());
+            assert!(
+                before.is_none(),
+                "{address} allocated twice: {before:?} and {handle}"
+            );
+        }
+    }
+    held
 }
 
 /// One of upstream's long-running components, started in a netns with only `env` (and a
