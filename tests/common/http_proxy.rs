@@ -274,43 +274,7 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, shared: Arc<Shared>
 /// A CA and a certificate signed by it for `names` (DNS names or IPs): (CA PEM, server
 /// config with ALPN `alpn`).
 pub fn tls_server(names: &[&str], alpn: &[&[u8]]) -> (String, Arc<rustls::ServerConfig>) {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-        KeyPair, KeyUsagePurpose,
-    };
-    use tokio_rustls::rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
-    let validity = |p: &mut CertificateParams| {
-        p.not_before = rcgen::date_time_ymd(2020, 1, 1);
-        p.not_after = rcgen::date_time_ymd(2099, 1, 1);
-    };
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(DnType::CommonName, "proxy test CA");
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    validity(&mut ca);
-    let ca_key = KeyPair::generate().unwrap();
-    let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
-    let issuer = Issuer::new(ca, ca_key);
-    let mut leaf =
-        CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
-    leaf.distinguished_name.push(DnType::CommonName, names[0]);
-    leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    leaf.use_authority_key_identifier_extension = true;
-    validity(&mut leaf);
-    let key = KeyPair::generate().unwrap();
-    let cert = leaf.signed_by(&key, &issuer).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![cert.der().clone()],
-            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-        )
-        .unwrap();
-    cfg.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    (ca_pem, Arc::new(cfg))
+    let ca = super::test_ca::TestCa::new("proxy test CA");
+    let cert = ca.server_cert(names[0], names);
+    (ca.pem, cert.server_config(alpn))
 }

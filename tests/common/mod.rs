@@ -18,4 +18,5 @@ pub mod peers;
 pub mod real_k8s;
 pub mod real_node;
 pub mod route_conflict;
+pub mod test_ca;
 pub mod world;

@@ -1079,47 +1079,17 @@ struct Tls {
 
 impl Tls {
     fn new() -> Tls {
-        use rcgen::{
-            BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-            KeyPair, KeyUsagePurpose,
-        };
-        let validity = |p: &mut CertificateParams| {
-            p.not_before = rcgen::date_time_ymd(2020, 1, 1);
-            p.not_after = rcgen::date_time_ymd(2099, 1, 1);
-        };
-        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca.distinguished_name
-            .push(DnType::CommonName, "real kube-apiserver test CA");
-        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        validity(&mut ca);
-        let ca_key = KeyPair::generate().unwrap();
-        let ca_cert = ca.self_signed(&ca_key).unwrap();
-        let (ca_pem, ca_der) = (ca_cert.pem(), ca_cert.der().to_vec());
-        let issuer = Issuer::new(ca, ca_key);
-        let mut leaf = CertificateParams::new(vec![
-            "127.0.0.1".into(),
-            "localhost".into(),
-            NODE_LINK_V4[0].into(),
-        ])
-        .unwrap();
-        leaf.distinguished_name
-            .push(DnType::CommonName, "kube-apiserver");
-        leaf.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        leaf.use_authority_key_identifier_extension = true;
-        validity(&mut leaf);
-        let key = KeyPair::generate().unwrap();
-        let cert = leaf.signed_by(&key, &issuer).unwrap();
-        let sa = KeyPair::generate().unwrap();
+        let ca = super::test_ca::TestCa::new("real kube-apiserver test CA");
+        let server = ca.server_cert(
+            "kube-apiserver",
+            &["127.0.0.1", "localhost", NODE_LINK_V4[0]],
+        );
+        let sa = rcgen::KeyPair::generate().expect("ServiceAccount signing key");
         Tls {
-            ca_pem,
-            ca_der,
-            server_cert_pem: cert.pem(),
-            server_key_pem: key.serialize_pem(),
+            ca_pem: ca.pem,
+            ca_der: ca.der,
+            server_cert_pem: server.cert_pem,
+            server_key_pem: server.key_pem,
             sa_key_pem: sa.serialize_pem(),
             sa_pub_pem: sa.public_key_pem(),
         }

@@ -783,6 +783,13 @@ mod tests {
         }
     }
 
+    fn token_of(cfg: &kube::Config) -> Option<String> {
+        cfg.auth_info
+            .token
+            .as_ref()
+            .map(|t| secrecy::ExposeSecret::expose_secret(t).to_string())
+    }
+
     #[test]
     fn kubeconfig_lists_split_as_go_splits_them() {
         assert_eq!(kubeconfig_paths("/a:/b::/a:/c"), vec!["/a", "/b", "/c"]);
@@ -812,13 +819,7 @@ mod tests {
         let (cfg, proxy) = load_config(&s).await.unwrap();
         assert_eq!(cfg.cluster_url.to_string(), "https://10.0.0.1:6443/");
         // Context `c` of the first file uses `u1`.
-        assert_eq!(
-            cfg.auth_info
-                .token
-                .as_ref()
-                .map(|t| secrecy::ExposeSecret::expose_secret(t).to_string()),
-            Some("t1".to_string())
-        );
+        assert_eq!(token_of(&cfg).as_deref(), Some("t1"));
         assert_eq!(proxy.proxy_url, "");
         // A context override picks the second file's context, and its user.
         let s = KubeSettings {
@@ -826,13 +827,7 @@ mod tests {
             ..listed(&[&a, &b])
         };
         let (cfg, _) = load_config(&s).await.unwrap();
-        assert_eq!(
-            cfg.auth_info
-                .token
-                .as_ref()
-                .map(|t| secrecy::ExposeSecret::expose_secret(t).to_string()),
-            Some("t2".to_string())
-        );
+        assert_eq!(token_of(&cfg).as_deref(), Some("t2"));
         // No current context anywhere but a server override: client-go's empty-context path
         // is not this one; with every file missing, the override serves alone.
         let s = KubeSettings {

@@ -32,7 +32,6 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{json, Value};
 use tokio_rustls::rustls;
-use tokio_rustls::rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 
 use super::cni::TempDir;
 use status::{ApiError, Reply};
@@ -337,47 +336,9 @@ impl Drop for KubeApi {
 /// A CA and a server certificate for 127.0.0.1 and localhost signed by it; returns the CA
 /// PEM and the TLS config (ALPN h2, http/1.1).
 fn tls_config() -> (String, Arc<rustls::ServerConfig>) {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-        KeyPair, KeyUsagePurpose,
-    };
-    let validity = |p: &mut CertificateParams| {
-        p.not_before = rcgen::date_time_ymd(2020, 1, 1);
-        p.not_after = rcgen::date_time_ymd(2099, 1, 1);
-    };
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(DnType::CommonName, "kube-api test CA");
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    validity(&mut ca);
-    let ca_key = KeyPair::generate().unwrap();
-    let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
-    let issuer = Issuer::new(ca, ca_key);
-
-    let mut leaf = CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
-    leaf.distinguished_name
-        .push(DnType::CommonName, "kube-apiserver");
-    leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    leaf.use_authority_key_identifier_extension = true;
-    validity(&mut leaf);
-    let key = KeyPair::generate().unwrap();
-    let cert = leaf.signed_by(&key, &issuer).unwrap();
-
-    // An explicit provider: the process-wide default is ambiguous when several are built.
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![cert.der().clone()],
-            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-        )
-        .unwrap();
-    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    (ca_pem, Arc::new(cfg))
+    let ca = super::test_ca::TestCa::new("kube-api test CA");
+    let cert = ca.server_cert("kube-apiserver", &["127.0.0.1", "localhost"]);
+    (ca.pem, cert.server_config(&[b"h2", b"http/1.1"]))
 }
 
 /// Accepts connections until `stop` fires; each connection gets its own task.

@@ -11,6 +11,9 @@
 //! - `felix`: Felix on etcd programs our workloads as it programs upstream's (the same
 //!   iptables rules, ipsets and routes), enforces a policy on them, and forgets them after
 //!   DEL; calicoctl reads the same endpoints, blocks and profile from both.
+//! - `kube_controllers`: its IPAM garbage collection releases what ours leaks, and only that.
+//! - `swap`: two nodes set up by upstream's `install`, one swapped to ours while its pods run
+//!   and rolled back, on the Kubernetes datastore and on etcd.
 
 mod felix;
 mod kube_controllers;
