@@ -22,6 +22,13 @@ Usage: bench.py path/to/calico [runs]   (root; env BENCH_CONCURRENT=100, BENCH_R
 BENCH_BEFORE=path/to/another/calico adds that binary, interleaved the same way, for a
 before/after comparison within one run, named BENCH_BEFORE_LABEL in the report, with the
 ratio of medians and its 90 % bootstrap interval)
+
+CALICO_UPSTREAM_BIN names the folder of upstream Calico v3.32.1's binaries (built from its
+source outside this repository; the bench takes its `calico`): upstream's plugin then runs
+beside ours on every configuration, interleaved the same way, as another node of the same
+cluster, and a same-build control (this build as a third node) with it, so that a ratio
+inside the control's spread reads as no difference. Unset, the bench says so and leaves
+those rows out.
 """
 import contextlib, json, os, random, re, resource, shutil, socket, statistics, subprocess, sys, tempfile, time
 
@@ -31,6 +38,7 @@ RUNS = int(sys.argv[2]) if len(sys.argv) > 2 else 40
 # the rows with the API server; skipped when unset.
 KUBE_API_BIN = os.environ.get("BENCH_KUBE_API_BIN", "")
 BEFORE_BIN = os.path.realpath(os.environ["BENCH_BEFORE"]) if os.environ.get("BENCH_BEFORE") else ""
+UPSTREAM_DIR = os.environ.get("CALICO_UPSTREAM_BIN", "")
 # How the report names that binary (`make bench` compares the static musl build this way).
 BEFORE_LABEL = os.environ.get("BENCH_BEFORE_LABEL", "before")
 CONCURRENT = int(os.environ.get("BENCH_CONCURRENT", "100"))
@@ -397,9 +405,9 @@ def main():
         # The other binary's calls run as another node of the same cluster (blocks, lock file
         # and the blocks its lock holders keep of their own), as two plugin versions would
         # only ever meet.
-        etcd.put("/calico/resources/v3/projectcalico.org/nodes/bench-node-before",
-                 {"kind": "Node", "apiVersion": "projectcalico.org/v3", "metadata": meta("bench-node-before"),
-                  "spec": {}})
+        for node in ("bench-node-before", "bench-node-upstream", "bench-node-control"):
+            etcd.put(f"/calico/resources/v3/projectcalico.org/nodes/{node}",
+                     {"kind": "Node", "apiVersion": "projectcalico.org/v3", "metadata": meta(node), "spec": {}})
         etcd.put("/calico/resources/v3/projectcalico.org/ippools/default-ipv4-ippool",
                  {"kind": "IPPool", "apiVersion": "projectcalico.org/v3", "metadata": meta("default-ipv4-ippool"),
                   "spec": {"cidr": "10.244.0.0/16", "blockSize": 26, "nodeSelector": "all()"}})
@@ -423,12 +431,31 @@ def main():
             os.makedirs(beforedir)
             shutil.copy2(BEFORE_BIN, f"{beforedir}/calico")
             os.symlink("calico", f"{beforedir}/calico-ipam")
+        # Upstream's calico (it picks its role by its file name: calico-ipam is its copy, as
+        # its image installs it) and this build again for the control, each in its own folder.
+        upstreamdir, controldir = f"{work}/upstream", f"{work}/control"
+        if UPSTREAM_DIR:
+            upstream_calico = os.path.join(UPSTREAM_DIR, "calico")
+            if not os.access(upstream_calico, os.X_OK):
+                raise SystemExit(f"CALICO_UPSTREAM_BIN={UPSTREAM_DIR} holds no calico")
+            os.makedirs(upstreamdir)
+            shutil.copy2(upstream_calico, f"{upstreamdir}/calico")
+            shutil.copy2(upstream_calico, f"{upstreamdir}/calico-ipam")
+            os.makedirs(controldir)
+            shutil.copy2(BIN, f"{controldir}/calico")
+            os.symlink("calico", f"{controldir}/calico-ipam")
+        else:
+            print("bench: CALICO_UPSTREAM_BIN is unset (the folder of upstream Calico v3.32.1's binaries, "
+                  "built from its source outside this repository): the upstream rows are left out", file=sys.stderr)
 
         plain = {"cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "calico",
                  "etcd_endpoints": f"http://127.0.0.1:{etcd.port}", "nodename": "bench-node",
                  "nodename_file_optional": True, "mtu": 1440, "log_level": "warn",
                  "log_file_path": f"{work}/cni.log", "ipam_lock_file": f"{work}/ipam.lock",
-                 "ipam": {"type": "calico-ipam"}}
+                 "ipam": {"type": "calico-ipam"},
+                 # A pod's ADD makes its API client even without policy type k8s (upstream's
+                 # too, and fails without one); from an API root alone nothing is read.
+                 "kubernetes": {"k8s_api_root": "https://127.0.0.1:1"}}
         # Calico's etcd manifest: policy k8s, the pod and its namespace read from the API
         # server with the plugin's kubeconfig.
         base = dict(plain, policy={"type": "k8s"}, kubernetes={"kubeconfig": api.kubeconfig}) if api else plain
@@ -465,6 +492,20 @@ def main():
                                     as_other_node(kdd.conf, "ipam-kdd-before.lock"), beforedir, True,
                                     f"{BEFORE_LABEL}: {kdd.label}"))
         sides += befores
+        # Upstream and the control: each configuration of ours again, as another node.
+        peers = {}  # ours' side name -> (upstream side, control side)
+        if UPSTREAM_DIR:
+            as_node = lambda side, node, lock: json.dumps(
+                dict(json.loads(side.conf), nodename=node, ipam_lock_file=f"{work}/{lock}"))
+            for mine in [x for x in (ours, plain_side, kdd) if x]:
+                up = Side(f"up{mine.name}", f"{upstreamdir}/calico",
+                          as_node(mine, "bench-node-upstream", f"ipam-up-{mine.name}.lock"), upstreamdir, True,
+                          f"upstream v3.32.1: {mine.label}")
+                ctl = Side(f"ctl{mine.name}", f"{controldir}/calico",
+                           as_node(mine, "bench-node-control", f"ipam-ctl-{mine.name}.lock"), controldir, True,
+                           f"control (this build): {mine.label}")
+                peers[mine.name] = (up, ctl)
+                sides += [up, ctl]
         ptp = Side("ptp", f"{bindir}/ptp", json.dumps(
             {"cniVersion": "1.0.0", "name": "benchnet", "type": "ptp", "ipMasq": False, "mtu": 1440,
              "ipam": {"type": "host-local", "subnet": "10.252.0.0/16", "dataDir": f"{work}/host-local",
@@ -484,8 +525,19 @@ def main():
             api_reqs["calico"] = api_requests(api, ours, debug_conf)
             kdd_debug = json.dumps(dict(kdd_conf, log_level="debug", log_file_path=f"{work}/cni-kdd-debug.log"))
             api_reqs["kdd"] = api_requests(api, kdd, kdd_debug)
+        # Upstream's, counted the same way (etcd's counters, the API server's audit log).
+        up_per = {}
+        up_api = {}
+        if "calico" in peers:
+            up = peers["calico"][0]
+            up_per = etcd_requests(etcd, up, up.conf)[0]
+            if api:
+                up_api["calico"] = api_requests(api, up, up.conf)[0]
+                up_api["kdd"] = api_requests(api, peers["kdd"][0], peers["kdd"][0].conf)[0]
 
         conc_sides = [ours, ptp] + ([plain_side] if plain_side else []) + [b for b in befores if b.name == "before"]
+        if "calico" in peers:
+            conc_sides.append(peers["calico"][0])
         conc = {s.name: [] for s in conc_sides}
         for r in range(ROUNDS):
             for side in rotated(conc_sides, r):
@@ -540,6 +592,19 @@ def main():
                     cells = [ratio_interval(a, b) for a, b in
                              ((mine.adds, other.adds), (mine.dels, other.dels))]
                     print(f"| {mine.label} | {cells[0]} | {cells[1]} |")
+        if peers:
+            print("\nours ÷ upstream Calico v3.32.1, and ours ÷ the same build as another node (the control), "
+                  "ratio of medians [90 % bootstrap, 4000 resamples of each side]:\n\n"
+                  "| configuration | against | ADD | DEL | ADD CPU | DEL CPU | peak RSS ADD | peak RSS DEL |\n"
+                  "|---|---|---|---|---|---|---|---|")
+            for mine in [x for x in (ours, plain_side, kdd) if x]:
+                for other in peers[mine.name]:
+                    cells = [ratio_interval(a, b) for a, b in
+                             ((mine.adds, other.adds), (mine.dels, other.dels),
+                              (mine.adds_cpu, other.adds_cpu), (mine.dels_cpu, other.dels_cpu))]
+                    (ra, rd), (oa, od) = rss[mine.name], rss[other.name]
+                    against = "upstream" if other.name.startswith("up") else "control"
+                    print(f"| {mine.label} | {against} | {' | '.join(cells)} | {ratio(ra, oa):.3f} | {ratio(rd, od):.3f} |")
         etcd_plain = plain_side or ours
         print(f"\netcd, no API reads: ADD ratio ours/ptp+host-local (median): {ratio(etcd_plain.adds, ptp.adds):.2f}x   (target <= 0.7x)")
         print(f"etcd, no API reads: DEL ratio ours/ptp+host-local (median): {ratio(etcd_plain.dels, ptp.dels):.2f}x   (target <= 0.9x)")
@@ -563,9 +628,11 @@ def main():
 
         print(f"\netcd requests per call of {ours.label} (etcd's counters, 5 pods):\n")
         print("| call | Range | Txn | Put | DeleteRange | WAL fsyncs |\n|---|---|---|---|---|---|")
-        for cmd in ("ADD", "DEL"):
-            m = {k: statistics.mean(x[k] for x in per[cmd]) for k in per[cmd][0]}
-            print(f"| {cmd} | {m['Range']:.1f} | {m['Txn']:.1f} | {m['Put']:.1f} | {m['DeleteRange']:.1f} | {m['fsync']:.1f} |")
+        for who, counted in (("", per), ("upstream v3.32.1 ", up_per)):
+            for cmd in ("ADD", "DEL") if counted else ():
+                m = {k: statistics.mean(x[k] for x in counted[cmd]) for k in counted[cmd][0]}
+                print(f"| {who}{cmd} | {m['Range']:.1f} | {m['Txn']:.1f} | {m['Put']:.1f} | {m['DeleteRange']:.1f} "
+                      f"| {m['fsync']:.1f} |")
         for cmd in ("ADD", "DEL"):
             print(f"\n{cmd} sequence (our debug log, completion order):")
             for s in seq[cmd]:
@@ -575,6 +642,12 @@ def main():
             label = ours.label if name == "calico" else kdd.label
             print(f"\nAPI requests of {label} (the real server's audit log, 5 pods): per ADD "
                   f"{statistics.mean(map(len, aper['ADD'])):.1f}, per DEL {statistics.mean(map(len, aper['DEL'])):.1f}")
+            if name in up_api:
+                uper = up_api[name]
+                print(f"upstream v3.32.1, the same: per ADD {statistics.mean(map(len, uper['ADD'])):.1f}, "
+                      f"per DEL {statistics.mean(map(len, uper['DEL'])):.1f}")
+                for cmd in ("ADD", "DEL"):
+                    print(f"  upstream's last {cmd}: " + ", ".join(f"{v} {p} -> {c}" for (_, _, v, p, c) in uper[cmd][-1]))
             for cmd in ("ADD", "DEL"):
                 one = aper[cmd][-1]
                 t0 = one[0][0] if one else 0

@@ -256,13 +256,17 @@ pub fn localize(list: &mut Value, site: &Site) {
 
 /// Writes `list` to `<dir>/<name>` and returns the path.
 /// Example `name`, localized for a test world's etcd and scratch directory.
-pub fn load_for_etcd_world(name: &str, w: &super::world::World) -> Value {
+pub fn load_for_etcd_world(
+    name: &str,
+    w: &super::world::World,
+    kubeconfig: Option<PathBuf>,
+) -> Value {
     let mut list = load(name);
     localize(
         &mut list,
         &Site {
             etcd_endpoint: Some(w.etcd.endpoint()),
-            kubeconfig: None,
+            kubeconfig,
             scratch: w.scratch.path().to_path_buf(),
         },
     );

@@ -85,7 +85,8 @@ impl World {
         netconf(
             "net1",
             self.scratch.path(),
-            json!({"etcd_endpoints": self.etcd.endpoint()}),
+            json!({"etcd_endpoints": self.etcd.endpoint(),
+                "kubernetes": {"k8s_api_root": NO_API_SERVER}}),
             extra,
         )
     }
@@ -161,6 +162,13 @@ pub fn netconf(name: &str, scratch: &Path, datastore: Value, extra: Value) -> St
     merge(&mut base, extra);
     base.to_string()
 }
+
+/// The API root of the etcd worlds' NetConf (`kubernetes.k8s_api_root`), where nothing
+/// listens: a pod's ADD makes its API client even without policy type k8s, as upstream's does
+/// (k8s.go NewK8sClient), and fails without one; with an API root but no kubeconfig and no
+/// policy type k8s neither plugin reads anything through it. A test that reads pods gives
+/// its own kubeconfig.
+pub const NO_API_SERVER: &str = "https://127.0.0.1:1";
 
 /// Merges `extra` into `base`: objects recursively, `null` removes a key.
 pub fn merge(base: &mut Value, extra: Value) {

@@ -28,10 +28,12 @@ use serde_json::{json, Value};
 /// The datastore an example is written for.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Store {
-    /// etcd, pods not read from an API server.
+    /// etcd, no API server (the plain CNI example's containers are not pods).
     Etcd,
-    /// etcd, with `policy.type: k8s`: the pod (labels, service account, annotations) read
-    /// from an API server through the example's kubeconfig.
+    /// etcd with an API server at the example's kubeconfig: a pod's ADD makes its API client
+    /// from it (and fails without one, as upstream's), calico-ipam reads the pod's
+    /// namespace, and with `policy.type: k8s` the pod (labels, service account, annotations)
+    /// is read.
     EtcdWithApi,
     Kubernetes,
 }
@@ -41,7 +43,7 @@ enum Store {
 const EXAMPLES: &[(&str, Store, bool, &[&str])] = &[
     (
         "10-calico-dual-stack.conflist",
-        Store::Etcd,
+        Store::EtcdWithApi,
         true,
         &["10.65.", "fd80:24e2:f998:72d6:"],
     ),
@@ -53,7 +55,7 @@ const EXAMPLES: &[(&str, Store, bool, &[&str])] = &[
     ),
     (
         "10-calico-host-local.conflist",
-        Store::Etcd,
+        Store::EtcdWithApi,
         true,
         &["10.244.1."],
     ),
@@ -78,7 +80,7 @@ const EXAMPLES: &[(&str, Store, bool, &[&str])] = &[
     ),
     (
         "10-calico-portmap-bandwidth.conflist",
-        Store::Etcd,
+        Store::EtcdWithApi,
         true,
         &["10.65."],
     ),
@@ -498,7 +500,12 @@ fn every_example_networks_a_pod_through_libcni() {
         for (ip, prefix) in ips.iter().zip(prefixes.iter()) {
             assert!(ip.starts_with(prefix), "{name}: {ip} not in {prefix}*");
         }
-        if let (Some(w), Some(_)) = (&etcd_world, &pod_api) {
+        let policy_k8s = list["plugins"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|p| p["type"] == "calico" && p["policy"]["type"] == "k8s");
+        if let (Some(w), Some(_), true) = (&etcd_world, &pod_api, policy_k8s) {
             // policy k8s: the endpoint is the pod's (its labels, its namespace's and service
             // account's profiles), not the network's.
             let weps = w.etcd.get_prefix(&format!("{WEP_PREFIX}default/"));

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use crate::common;
 use crate::common::examples;
+use crate::common::kube_api::KubeApi;
 use crate::common::libcni::{driver_or_skip, ipv4_only_path, Driver, RuntimeEnv};
 use crate::common::netns::{require_root, Netns, UPLINK_PEER_V4, UPLINK_V4};
 use crate::common::world::{World, WEP_PREFIX};
@@ -91,7 +92,18 @@ fn chain_through_libcni(test: &str, version: &str) {
         return;
     };
     let w = World::new();
-    let mut list = examples::load_for_etcd_world("10-calico-portmap-bandwidth.conflist", &w);
+    // The API server of the example's kubeconfig: the pod's ADD makes its client from it and
+    // calico-ipam reads the pod's namespace there.
+    let api = KubeApi::start_in_netns(w.host.path());
+    api.put(
+        "/api/v1/namespaces/default",
+        json!({"apiVersion":"v1","kind":"Namespace","metadata":{"name":"default"}}),
+    );
+    let mut list = examples::load_for_etcd_world(
+        "10-calico-portmap-bandwidth.conflist",
+        &w,
+        Some(api.kubeconfig()),
+    );
     list["cniVersion"] = json!(version);
     let conflist = examples::write(w.scratch.path(), "net.conflist", &list);
     let container_id = format!("libcni{}", version.replace('.', ""));

@@ -156,7 +156,7 @@ fn two_containers_reach_each_other_and_leave_nothing() {
         return;
     }
     let w = World::new();
-    let list = examples::load_for_etcd_world("10-calico-plain-cni.conflist", &w);
+    let list = examples::load_for_etcd_world("10-calico-plain-cni.conflist", &w, None);
     let network = list["name"].as_str().expect("network name").to_string();
     let netconf = w.scratch.path().join("netconf");
     std::fs::create_dir_all(&netconf).expect("netconf dir");

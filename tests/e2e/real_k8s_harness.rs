@@ -65,7 +65,8 @@ fn real_apiserver_starts_with_calico_installed() {
 
 /// BENCH, not a test (`make bench`, benches/bench.py): the real kube-apiserver with Calico
 /// installed, in the bench's host netns (`BENCH_KUBE_API_NETNS`, a name; it is the bench's
-/// to delete), seeded as a node would find it: ClusterInformation ready, Nodes `bench-node` (and `bench-node-before`),
+/// to delete), seeded as a node would find it: ClusterInformation ready, Nodes `bench-node` (and
+/// `bench-node-before`, `bench-node-upstream`, `bench-node-control`),
 /// the default IPPool (10.244.0.0/16, blocks of /26) and pods `pod-0`..`pod-<BENCH_PODS>` and
 /// `pod-dbg` scheduled on the node. Writes into `BENCH_KUBE_API_DIR`: `kubeconfig` (the
 /// plugin's own ServiceAccount token, as Calico's install writes it), `audit` (the audit
@@ -89,8 +90,14 @@ fn serve_for_bench() {
         json!({"apiVersion":"crd.projectcalico.org/v1","kind":"ClusterInformation","metadata":{"name":"default"},
             "spec":{"clusterType":"k8s,kdd","calicoVersion":"v3.32.1","datastoreReady":true}}),
     );
-    // `bench-node-before`: where the bench runs another binary's calls (its own blocks).
-    for node in ["bench-node", "bench-node-before"] {
+    // The other nodes: where the bench runs another binary's calls (their own blocks), upstream's
+    // and the same-build control's.
+    for node in [
+        "bench-node",
+        "bench-node-before",
+        "bench-node-upstream",
+        "bench-node-control",
+    ] {
         k.put(
             &format!("/api/v1/nodes/{node}"),
             json!({"apiVersion":"v1","kind":"Node","metadata":{"name":node,"labels":{"kubernetes.io/hostname":node}},"spec":{}}),

@@ -40,6 +40,10 @@ pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: Answered) -> Resul
         pod,
         ipam: ipam_reads,
     } = answered;
+    // Upstream makes its API client first thing (k8s.go NewK8sClient), whatever the policy
+    // type: with nothing to make it from (no kubeconfig, API root or in-cluster
+    // environment) or a kubeconfig it cannot load, the ADD fails before anything is done.
+    call.ds.plugin_kube_client(conf).await?;
     // Upstream refuses a negative delay only after writing the endpoint (and leaks the IP).
     endpoint_status::validate_timeout(conf.policy_setup_timeout_seconds)?;
     let routes = k8s_routes(conf)?;

@@ -836,6 +836,16 @@ fn bad_netconf(all: &mut Vec<Case>) {
         ),
         ("qps-string", json!({"qps": "x"})),
         ("unknown-field", json!({"no_such_field": {"a": 1}})),
+        // A pod without policy type k8s: the API client is still made, the pod not read.
+        ("k8s-args-no-policy", json!({"policy": null})),
+        (
+            "k8s-args-no-policy-no-kubeconfig",
+            json!({"policy": null, "kubernetes": null}),
+        ),
+        (
+            "k8s-args-no-policy-kubeconfig-missing-file",
+            json!({"policy": null, "kubernetes": {"kubeconfig": "/etc/cni/net.d/nope"}}),
+        ),
         (
             "keys-in-other-case",
             json!({"MTU": 1400, "Log_Level": "debug"}),
