@@ -81,14 +81,14 @@ impl World {
 
     /// The base NetConf for this world, with `extra` merged in at the top level (and into
     /// `ipam` when `extra.ipam` is an object).
+    /// Unless `extra` says how to reach an API server (`kubernetes`, `policy.k8s_api_root`),
+    /// the NetConf names [`NO_API_SERVER`].
     pub fn conf(&self, extra: Value) -> String {
-        netconf(
-            "net1",
-            self.scratch.path(),
-            json!({"etcd_endpoints": self.etcd.endpoint(),
-                "kubernetes": {"k8s_api_root": NO_API_SERVER}}),
-            extra,
-        )
+        let mut datastore = json!({"etcd_endpoints": self.etcd.endpoint()});
+        if extra.get("kubernetes").is_none() && extra["policy"].get("k8s_api_root").is_none() {
+            datastore["kubernetes"] = json!({"k8s_api_root": NO_API_SERVER});
+        }
+        netconf("net1", self.scratch.path(), datastore, extra)
     }
 
     pub fn calico(&self, inv: &Invocation, conf: &str) -> Outcome {
