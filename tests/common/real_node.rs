@@ -1124,6 +1124,54 @@ impl InstallInputs<'_> {
 
 pub const CONFLIST_NAME: &str = "10-calico.conflist";
 
+/// Which manifest's network config [`manifest_network_config`] gives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ManifestDatastore {
+    /// calico.yaml's (the Kubernetes datastore).
+    Kubernetes,
+    /// calico-etcd.yaml's (its `__ETCD_*__` placeholders).
+    Etcd,
+}
+
+/// A manifest's network config (the DaemonSet's `CNI_NETWORK_CONFIG`) with its install-time
+/// placeholders, localized only where a test must not write to the host or nodes share this
+/// machine's disk: the log file and the IPAM lock in `scratch`, and the node's name from the
+/// installer (no calico/node writes /var/lib/calico/nodename).
+pub fn manifest_network_config(scratch: &Path, datastore: ManifestDatastore) -> String {
+    let s = scratch.display();
+    let datastore = match datastore {
+        ManifestDatastore::Kubernetes => r#""datastore_type": "kubernetes","#,
+        ManifestDatastore::Etcd => {
+            r#""etcd_endpoints": "__ETCD_ENDPOINTS__",
+      "etcd_key_file": "__ETCD_KEY_FILE__",
+      "etcd_cert_file": "__ETCD_CERT_FILE__",
+      "etcd_ca_cert_file": "__ETCD_CA_CERT_FILE__","#
+        }
+    };
+    format!(
+        r#"{{
+  "name": "k8s-pod-network",
+  "cniVersion": "0.3.1",
+  "plugins": [
+    {{
+      "type": "calico",
+      "log_level": "debug",
+      "log_file_path": "{s}/cni.log",
+      "ipam_lock_file": "{s}/ipam.lock",
+      "nodename_file_optional": true,
+      {datastore}
+      "nodename": "__KUBERNETES_NODE_NAME__",
+      "mtu": __CNI_MTU__,
+      "ipam": {{"type": "calico-ipam"}},
+      "policy": {{"type": "k8s"}},
+      "kubernetes": {{"kubeconfig": "__KUBECONFIG_FILEPATH__"}}
+    }},
+    {{"type": "portmap", "snat": true, "capabilities": {{"portMappings": true}}}}
+  ]
+}}"#
+    )
+}
+
 /// The binary the node gets: this test build's, or `REAL_NODE_CALICO` (e.g. a release
 /// build, to time RunPodSandbox with the binary a cluster would run).
 pub fn plugin_binary() -> PathBuf {

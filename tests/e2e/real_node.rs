@@ -26,9 +26,10 @@ use crate::common::cni::report_skip;
 use crate::common::netns::{require_root, UPLINK_V4};
 use crate::common::real_k8s::Neighbour;
 use crate::common::real_node::{
-    copy_atomically, install_bare_binaries, node_peers, plugin_binary, read_recorded_calls,
-    record_calls, seconds_between, time_network_plugins, utc_seconds_of_day, wait_until,
-    write_atomically, RealNode, RecordedCall, BUSYBOX_IMAGE, TIMED_DIR,
+    copy_atomically, install_bare_binaries, manifest_network_config, node_peers, plugin_binary,
+    read_recorded_calls, record_calls, seconds_between, time_network_plugins, utc_seconds_of_day,
+    wait_until, write_atomically, ManifestDatastore, RealNode, RecordedCall, BUSYBOX_IMAGE,
+    TIMED_DIR,
 };
 use serde_json::{json, Value};
 
@@ -71,34 +72,9 @@ fn tools_ready() -> bool {
             .is_ok_and(|o| o.status.success())
 }
 
-/// Calico's KDD network config (the DaemonSet's CNI_NETWORK_CONFIG) with its install-time
-/// placeholders, localized only where a test must not write to the host: the log file and
-/// the IPAM lock go to the scratch dir, and there is no calico/node to write
-/// /var/lib/calico/nodename.
+/// Calico's KDD network config, localized ([`manifest_network_config`]).
 fn network_config(scratch: &Path) -> String {
-    let s = scratch.display();
-    format!(
-        r#"{{
-  "name": "k8s-pod-network",
-  "cniVersion": "0.3.1",
-  "plugins": [
-    {{
-      "type": "calico",
-      "log_level": "debug",
-      "log_file_path": "{s}/cni.log",
-      "ipam_lock_file": "{s}/ipam.lock",
-      "nodename_file_optional": true,
-      "datastore_type": "kubernetes",
-      "nodename": "__KUBERNETES_NODE_NAME__",
-      "mtu": __CNI_MTU__,
-      "ipam": {{"type": "calico-ipam"}},
-      "policy": {{"type": "k8s"}},
-      "kubernetes": {{"kubeconfig": "__KUBECONFIG_FILEPATH__"}}
-    }},
-    {{"type": "portmap", "snat": true, "capabilities": {{"portMappings": true}}}}
-  ]
-}}"#
-    )
+    manifest_network_config(scratch, ManifestDatastore::Kubernetes)
 }
 
 /// Every pod in `ips` answers a ping from the host (its route and veth are its own).

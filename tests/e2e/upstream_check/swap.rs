@@ -23,7 +23,8 @@ use crate::common::cni::run_command_within;
 use crate::common::netns::require_root;
 use crate::common::real_k8s::NODE_LINK_V4;
 use crate::common::real_node::{
-    node_peers, wait_until, Installer, NodePair, RealNode, BUSYBOX_IMAGE, CONFLIST_NAME,
+    manifest_network_config, node_peers, wait_until, Installer, ManifestDatastore, NodePair,
+    RealNode, BUSYBOX_IMAGE, CONFLIST_NAME,
 };
 
 const NODES: [&str; 2] = ["swap-a", "swap-b"];
@@ -167,42 +168,13 @@ impl Swap {
     }
 
     /// The manifest's network config (calico.yaml's for the Kubernetes datastore,
-    /// calico-etcd.yaml's for etcd) with its install-time placeholders, localized only
-    /// where two nodes share this machine's disk: each node's log file and IPAM lock in its
-    /// scratch folder, the node's name from the installer (no calico/node writes
-    /// /var/lib/calico/nodename).
+    /// calico-etcd.yaml's for etcd), localized to the node ([`manifest_network_config`]).
     fn network_config(&self, node: &RealNode) -> String {
-        let s = node.scratch().display().to_string();
         let datastore = match self.store {
-            Store::Kdd => r#""datastore_type": "kubernetes","#.to_string(),
-            Store::Etcd => r#""etcd_endpoints": "__ETCD_ENDPOINTS__",
-      "etcd_key_file": "__ETCD_KEY_FILE__",
-      "etcd_cert_file": "__ETCD_CERT_FILE__",
-      "etcd_ca_cert_file": "__ETCD_CA_CERT_FILE__","#
-                .to_string(),
+            Store::Kdd => ManifestDatastore::Kubernetes,
+            Store::Etcd => ManifestDatastore::Etcd,
         };
-        format!(
-            r#"{{
-  "name": "k8s-pod-network",
-  "cniVersion": "0.3.1",
-  "plugins": [
-    {{
-      "type": "calico",
-      "log_level": "debug",
-      "log_file_path": "{s}/cni.log",
-      "ipam_lock_file": "{s}/ipam.lock",
-      "nodename_file_optional": true,
-      {datastore}
-      "nodename": "__KUBERNETES_NODE_NAME__",
-      "mtu": __CNI_MTU__,
-      "ipam": {{"type": "calico-ipam"}},
-      "policy": {{"type": "k8s"}},
-      "kubernetes": {{"kubeconfig": "__KUBECONFIG_FILEPATH__"}}
-    }},
-    {{"type": "portmap", "snat": true, "capabilities": {{"portMappings": true}}}}
-  ]
-}}"#
-        )
+        manifest_network_config(&node.scratch(), datastore)
     }
 
     /// Runs `installer` on the node (the DaemonSet's `install-cni`); what it left.
