@@ -1246,4 +1246,105 @@ mod journaled {
         assert!(allocations(&ds).is_empty());
         assert_consistent(&ds);
     }
+
+    /// A DEL's release as the calico-ipam driver makes it under the host's lock: the
+    /// handle's addresses, then whatever the journal still has pending for it.
+    async fn release_as_a_holder(
+        ds: &MemoryDatastore,
+        lock_file: &str,
+        handle: &str,
+    ) -> Result<(), IpamError> {
+        let lock = IpamLock::acquire(lock_file).await;
+        let ipam = Ipam::new(ds, "node1");
+        ipam.keep_journal(lock.journal());
+        let key = Key::Handle {
+            id: handle.to_string(),
+        };
+        match ds.get(&key).await {
+            Ok(kv) => ipam.release_read_handle(handle, kv).await?,
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e.into()),
+        }
+        for cidr in lock.pending_for(handle) {
+            ipam.release_in_block(handle, cidr).await?;
+        }
+        lock.settle(handle);
+        Ok(())
+    }
+
+    /// Under the lock, the handle's delete goes out beside its block's write (the block
+    /// write, made to wait, lands after it): one round trip; the journal's record for the
+    /// pair is settled once both have landed.
+    #[tokio::test]
+    async fn a_del_deletes_the_handle_beside_the_block_write() {
+        let ds = store();
+        let (_dir, p) = lock_file("release-beside");
+        let p = p.as_str();
+        assign_as_a_holder(&ds, p, "h1").await;
+        let kept = assign_as_a_holder(&ds, p, "h2").await;
+        let next = ds.writes_to(KeyClass::Block) + 1;
+        ds.inject(Fault::on(KeyClass::Block, Fault::YieldBeforeWrite(next)));
+        let before = handle_and_block_writes(&ds).len();
+        release_as_a_holder(&ds, p, "h1").await.unwrap();
+        assert_eq!(
+            handle_and_block_writes(&ds)[before..],
+            [
+                (WriteOp::Delete, KeyClass::Handle),
+                (WriteOp::Update, KeyClass::Block)
+            ]
+        );
+        assert_eq!(allocations(&ds), [(kept.addr, "h2".to_string())]);
+        assert!(!std::fs::read_to_string(p).unwrap().contains("pending"));
+        assert_consistent(&ds);
+    }
+
+    /// Every way one of the two writes can fail, or be lost with the call (a SIGKILL: the
+    /// call ends there): no address is left without its handle or a journal record leading
+    /// to it, and the retried DEL leaves nothing.
+    #[tokio::test]
+    async fn a_del_with_either_write_failed_is_finished_by_its_retry() {
+        for class in [KeyClass::Handle, KeyClass::Block] {
+            for fault in [
+                Fault::UnavailableOnWrite(1),
+                Fault::LoseAnswerOfWrite(1),
+                Fault::ConflictOnWrite(1),
+            ] {
+                let what = format!("{class:?} {fault:?}");
+                let ds = store();
+                let (_dir, p) = lock_file("release-fault");
+                let p = p.as_str();
+                assign_as_a_holder(&ds, p, "h1").await;
+                let kept = assign_as_a_holder(&ds, p, "h2").await;
+                ds.inject(Fault::on(class, shift(fault, ds.writes_to(class))));
+                let first = release_as_a_holder(&ds, p, "h1").await;
+                assert!(ds.pending_faults().is_empty(), "{what}");
+                let journal = std::fs::read_to_string(p).unwrap();
+                let h1_left = allocations(&ds).iter().any(|(_, h)| h == "h1");
+                let h1_handle = handles(&ds).contains_key("h1");
+                if h1_left && !h1_handle {
+                    assert!(
+                        journal.lines().any(|l| l.starts_with("pending h1 ")),
+                        "{what}: an address of h1 with neither its handle nor a record"
+                    );
+                }
+                if first.is_ok() {
+                    assert!(!h1_left && !h1_handle, "{what}: a DEL that succeeded left h1");
+                }
+                release_as_a_holder(&ds, p, "h1")
+                    .await
+                    .unwrap_or_else(|e| panic!("{what}: the retry failed: {e}"));
+                assert_eq!(allocations(&ds), [(kept.addr, "h2".to_string())], "{what}");
+                assert_eq!(
+                    handles(&ds).into_keys().collect::<Vec<_>>(),
+                    ["h2"],
+                    "{what}"
+                );
+                assert!(
+                    !std::fs::read_to_string(p).unwrap().contains("pending"),
+                    "{what}"
+                );
+                assert_consistent(&ds);
+            }
+        }
+    }
 }

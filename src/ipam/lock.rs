@@ -224,18 +224,30 @@ impl Journal {
     /// written (a SIGKILL keeps it); false when the write failed, and the caller must then
     /// write the handle first.
     pub fn intend(&self, handle: &str, block: IpNet) -> bool {
+        self.intend_all(handle, &[block])
+    }
+
+    /// `intend` for several blocks, in one write of the file; a block already pending for
+    /// `handle` is recorded once.
+    pub fn intend_all(&self, handle: &str, blocks: &[IpNet]) -> bool {
         // A record is one line of words: a handle it could not be read back as is refused.
         if handle.is_empty() || handle.contains(char::is_whitespace) {
             return false;
         }
         self.rewrite(|c| {
-            c.pending.push(Pending {
-                handle: handle.to_string(),
-                block,
-            });
+            let mut changed = false;
+            for &block in blocks {
+                if !c.pending.iter().any(|p| p.handle == handle && p.block == block) {
+                    c.pending.push(Pending {
+                        handle: handle.to_string(),
+                        block,
+                    });
+                    changed = true;
+                }
+            }
             let extra = c.pending.len().saturating_sub(MAX_PENDING);
             c.pending.drain(..extra);
-            true
+            changed
         })
     }
 

@@ -6,6 +6,8 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use futures::future::join_all;
+
 use tracing::{debug, info, warn};
 
 use super::pools::{in_pools, pool_of, selector_needs_labels, selects, HostView, UsablePools};
@@ -14,7 +16,8 @@ use crate::datastore::model::{
     AllocationBlock, BlockAffinity, IpPool, IpamHandle, Node, AFFINITY_PENDING_DELETION,
 };
 use crate::datastore::resources::get_resource;
-use crate::datastore::{to_value, Datastore, DatastoreError, Key, Kind, KvPair, ListKind};
+use crate::datastore::{to_value, Datastore, DatastoreError, Key, Kind, KvPair, ListKind, Revision};
+use crate::ipam::lock::Journal;
 use crate::net::IpNet;
 
 impl<'a, D: Datastore> Ipam<'a, D> {
@@ -29,19 +32,46 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         self.release_read_handle(handle_id, kv).await
     }
 
-    /// `release_by_handle` on the handle as just read (`kv`).
+    /// `release_by_handle` on the handle as just read (`kv`). While the host's lock is held
+    /// with its journal (`keep_journal`: a DEL), the blocks' writes and the handle's delete
+    /// go out together (`release_beside_handle_delete`); otherwise each block is released and
+    /// then counted off the handle, as upstream.
     pub async fn release_read_handle(&self, handle_id: &str, kv: KvPair) -> Result<(), IpamError> {
         let handle: IpamHandle = kv.decode()?;
+        let blocks: Vec<IpNet> = handle
+            .block
+            .keys()
+            .filter_map(|cidr_s| match cidr_s.parse::<IpNet>() {
+                Ok(cidr) => Some(cidr),
+                Err(_) => {
+                    warn!(block = %cidr_s, "handle names an unparsable block");
+                    None
+                }
+            })
+            .collect();
+        match self.journal() {
+            Some(journal) => {
+                self.release_beside_handle_delete(handle_id, kv, blocks, &journal)
+                    .await
+            }
+            None => self.release_then_count_off(handle_id, kv, &blocks).await,
+        }
+    }
+
+    /// Upstream's order: each block released, then its addresses counted off the handle,
+    /// which goes with its last address.
+    async fn release_then_count_off(
+        &self,
+        handle_id: &str,
+        kv: KvPair,
+        blocks: &[IpNet],
+    ) -> Result<(), IpamError> {
         // The handle as just read serves the first decrement (a CAS write: if it moved, the
         // decrement reads it again).
         let mut read = Some(kv);
         let mut deleted = false;
-        for cidr_s in handle.block.keys() {
-            let Ok(cidr) = cidr_s.parse::<IpNet>() else {
-                warn!(block = %cidr_s, "handle names an unparsable block");
-                continue;
-            };
-            let (released, emptied) = self.release_handle_in_block(handle_id, cidr).await?;
+        for &cidr in blocks {
+            let (released, emptied) = self.release_handle_in_block(handle_id, cidr, None).await?;
             if released > 0 {
                 // The handle's count and (for a block this emptied) the affinity check touch
                 // different objects: both at once, one round trip instead of three.
@@ -49,7 +79,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                     self.decrement_handle(handle_id, cidr, released, read.take()),
                     async {
                         if let Some(block) = &emptied {
-                            self.ensure_consistent_affinity(block).await;
+                            self.ensure_consistent_affinity(block, None).await;
                         }
                     }
                 );
@@ -63,66 +93,160 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         if deleted {
             return Ok(());
         }
-        // Every address of the handle is released now. If the handle survived (its count
-        // was off: a crash between writes, or a write retried after a lost answer), check
-        // that no block still holds it and remove it: DEL leaves no handle behind. A read
-        // that fails here fails the release (the DEL is retried): taking it for "no handle"
-        // would end a DEL successfully with the handle still stored.
+        self.remove_handle_left_over(handle_id).await
+    }
+
+    /// Every address of the handle is released, yet the handle survived (its count was off:
+    /// a crash between writes, a write retried after a lost answer; or it moved under a
+    /// delete): unless a block still holds it, it is removed. DEL leaves no handle behind. A
+    /// read that fails here fails the release (the DEL is retried): taking it for "no
+    /// handle" would end a DEL successfully with the handle still stored.
+    async fn remove_handle_left_over(&self, handle_id: &str) -> Result<(), IpamError> {
         let key = Key::Handle {
             id: handle_id.to_string(),
         };
-        let stored = match self.ds.get(&key).await {
-            Ok(kv) => Some(kv),
-            Err(e) if e.is_not_found() => None,
+        let kv = match self.ds.get(&key).await {
+            Ok(kv) => kv,
+            Err(e) if e.is_not_found() => return Ok(()),
             Err(e) => return Err(e.into()),
         };
-        if let Some(kv) = stored {
-            let left: IpamHandle = kv.decode()?;
-            let mut holds = false;
-            for cidr in left.block.keys().filter_map(|c| c.parse::<IpNet>().ok()) {
-                if let Some((b, _)) = self.get_block(cidr).await? {
-                    holds |= b.holds_handle(handle_id);
-                }
-            }
-            if !holds {
-                warn!(
-                    handle = handle_id,
-                    "removing a handle whose counts were off"
-                );
-                match self.ds.delete(&key, Some(&kv.revision)).await {
-                    Ok(()) => {}
-                    Err(e) if e.is_not_found() || e.is_conflict() => {}
-                    Err(e) => return Err(e.into()),
+        let left: IpamHandle = kv.decode()?;
+        for cidr in left.block.keys().filter_map(|c| c.parse::<IpNet>().ok()) {
+            if let Some((b, _)) = self.get_block(cidr).await? {
+                if b.holds_handle(handle_id) {
+                    return Ok(());
                 }
             }
         }
-        Ok(())
+        warn!(
+            handle = handle_id,
+            "removing a handle whose counts were off"
+        );
+        match self.ds.delete(&key, Some(&kv.revision)).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_not_found() || e.is_conflict() => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// A DEL's release in one round trip: the blocks the handle names (and those the journal
+    /// has pending for it) are read — DEL's first round trip already brought them
+    /// (`Datastore::prefetch`) — and then their writes, the handle's compare-and-delete at
+    /// the revision read and (when a block will be left empty and affine) the pools'
+    /// read for its affinity check all go out at once. The journal records the blocks as
+    /// pending before any of it is sent: whichever part lands without the other (a failure,
+    /// a SIGKILL), the retried DEL finds the rest, by the handle or by the journal, and the
+    /// records are settled only once all of it has landed.
+    async fn release_beside_handle_delete(
+        &self,
+        handle_id: &str,
+        kv: KvPair,
+        mut blocks: Vec<IpNet>,
+        journal: &Journal,
+    ) -> Result<(), IpamError> {
+        for pending in journal.pending_for(handle_id) {
+            if !blocks.contains(&pending) {
+                blocks.push(pending);
+            }
+        }
+        let reads = join_all(blocks.iter().map(|&cidr| async move {
+            let read = self.get_block(cidr).await?;
+            Ok::<_, DatastoreError>(self.newer_copy(cidr, read))
+        }))
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+        if !journal.intend_all(handle_id, &blocks) {
+            // Without the record a handle deleted first could lose the way to its addresses.
+            return self.release_then_count_off(handle_id, kv, &blocks).await;
+        }
+        let empties_affine = reads.iter().flatten().any(|(block, _)| {
+            let mut after = block.clone();
+            after.release_by_handle(handle_id) > 0 && after.is_empty() && after.affinity.is_some()
+        });
+        let key = Key::Handle {
+            id: handle_id.to_string(),
+        };
+        let (released, deleted, pools) = tokio::join!(
+            join_all(
+                blocks
+                    .iter()
+                    .zip(reads)
+                    .map(|(&cidr, read)| self.release_handle_in_block(handle_id, cidr, Some(read)))
+            ),
+            self.ds.delete(&key, Some(&kv.revision)),
+            async {
+                match empties_affine {
+                    true => Some(self.pools().await),
+                    false => None,
+                }
+            }
+        );
+        let mut failed = None;
+        for outcome in released {
+            match outcome {
+                Ok((_, Some(emptied))) => {
+                    self.ensure_consistent_affinity(&emptied, pools.as_ref())
+                        .await
+                }
+                Ok((_, None)) => {}
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        match deleted {
+            Ok(()) => {}
+            Err(e) if e.is_not_found() => {}
+            // It moved since it was read: what is left of it, if no block holds it, goes.
+            Err(e) if e.is_conflict() && failed.is_none() => {
+                self.remove_handle_left_over(handle_id).await?
+            }
+            Err(e) => {
+                failed.get_or_insert(e.into());
+            }
+        }
+        match failed {
+            // The journal keeps the records: the retried DEL releases what is left.
+            Some(e) => Err(e),
+            None => {
+                journal.settle(handle_id);
+                Ok(())
+            }
+        }
     }
 
     /// Releases what `cidr`'s block holds for `handle_id`, whose handle object may not lead
     /// to it (a block written beside a handle that did not land: `Journal::intend`): how many.
     pub async fn release_in_block(&self, handle_id: &str, cidr: IpNet) -> Result<usize, IpamError> {
-        let (n, emptied) = self.release_handle_in_block(handle_id, cidr).await?;
+        let (n, emptied) = self.release_handle_in_block(handle_id, cidr, None).await?;
         if let Some(block) = &emptied {
-            self.ensure_consistent_affinity(block).await;
+            self.ensure_consistent_affinity(block, None).await;
         }
         Ok(n)
     }
 
     /// Releases the handle's addresses in one block: how many, and the block when the release
     /// left it empty but affine (its affinity is then checked, `ensure_consistent_affinity`).
+    /// `first_read`: the block as the caller just read it, for the first attempt.
     async fn release_handle_in_block(
         &self,
         handle_id: &str,
         cidr: IpNet,
+        mut first_read: Option<Option<(AllocationBlock, Revision)>>,
     ) -> Result<(usize, Option<AllocationBlock>), IpamError> {
         for attempt in 0..DATASTORE_RETRIES {
-            let read = self.get_block(cidr).await?;
-            // The first attempt's read may have been made before the host's lock was taken
-            // (DEL's prefetch): the copy a holder wrote since is the newer block.
-            let read = match attempt {
-                0 => self.newer_copy(cidr, read),
-                _ => read,
+            let read = match first_read.take() {
+                Some(read) => read,
+                None => {
+                    let read = self.get_block(cidr).await?;
+                    // The first attempt's read may have been made before the host's lock
+                    // was taken (DEL's prefetch): the copy a holder wrote since is newer.
+                    match attempt {
+                        0 => self.newer_copy(cidr, read),
+                        _ => read,
+                    }
+                }
             };
             let Some((mut block, rev)) = read else {
                 return Ok((0, None));
@@ -201,7 +325,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                             }
                         }
                         if block.is_empty() && block.affinity.is_some() {
-                            self.ensure_consistent_affinity(&block).await;
+                            self.ensure_consistent_affinity(&block, None).await;
                         }
                         done = true;
                         break;
@@ -265,17 +389,30 @@ impl<'a, D: Datastore> Ipam<'a, D> {
     /// node, give the affinity up (upstream's `ensureConsistentAffinity`). A missing Node, a
     /// block outside every enabled pool or a selector that does not parse keeps the affinity.
     /// Failures are only logged.
-    pub(super) async fn ensure_consistent_affinity(&self, block: &AllocationBlock) {
+    /// `pools`: the pools as the caller read them (read here when `None`).
+    pub(super) async fn ensure_consistent_affinity(
+        &self,
+        block: &AllocationBlock,
+        pools: Option<&Result<Vec<IpPool>, IpamError>>,
+    ) {
         let Some((kind, host)) = block.affinity.as_deref().and_then(parse_affinity) else {
             return;
         };
         // The pools first: a pool whose selector needs no labels (`all()`, empty) selects
         // every node, so its blocks keep their affinity whatever the Node says, or whether it
         // exists (upstream reads the Node first; the outcome is the same, one request less).
-        let Ok(pools) = self.pools().await else {
+        let read;
+        let pools = match pools {
+            Some(p) => p,
+            None => {
+                read = self.pools().await;
+                &read
+            }
+        };
+        let Ok(pools) = pools else {
             return;
         };
-        let enabled: Vec<IpPool> = pools.into_iter().filter(IpPool::is_enabled).collect();
+        let enabled: Vec<IpPool> = pools.iter().filter(|p| p.is_enabled()).cloned().collect();
         let Some(pool) = pool_of(&block.cidr, &enabled) else {
             return;
         };
