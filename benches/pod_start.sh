@@ -7,7 +7,9 @@
 # BENCH_POD_JSON (raw numbers), BENCH_POD_AUDIT (a copy of the API server's audit log),
 # BENCH_POD_NEIGHBOUR_MS (100; 0: none: a neighbour's request period on the plugin's APF level),
 # BENCH_POD_NEIGHBOUR_AB=1 (every config also without the neighbour, as <config>-quiet),
-# BENCH_POD_CONFIGS (a comma list of rows, e.g. calico-etcd,before-etcd; ptp always). Runs as root; needs the peers `make deps` builds (kubelet v1.35, containerd 2; CALICO_PEERS_BIN).
+# BENCH_POD_CONFIGS (a comma list of rows, e.g. calico-etcd,before-etcd; ptp always),
+# BENCH_BEFORE_LABEL (the second build's rows' name, default before: "control" when it is this build),
+# CALICO_UPSTREAM_BIN (the folder of upstream Calico's binaries: its calico as rows upstream-etcd and upstream-kdd; unset: not measured). Runs as root; needs the peers `make deps` builds (kubelet v1.35, containerd 2; CALICO_PEERS_BIN).
 # Several runs' BENCH_POD_JSON files combine with benches/pod_start_pool.py.
 set -euo pipefail
 if [ $# -lt 1 ] || [ $# -gt 2 ]; then

@@ -148,8 +148,9 @@ impl Datastore for Backend {
         }
     }
     async fn prefetch(&self, keys: &[Key]) {
-        if let Backend::Kubernetes(d) = self {
-            Box::pin(d.prefetch_now(keys)).await
+        match self {
+            Backend::Etcd(d) => Box::pin(d.prefetch_now(keys)).await,
+            Backend::Kubernetes(d) => Box::pin(d.prefetch_now(keys)).await,
         }
     }
     async fn list(&self, what: &ListKind) -> Result<Vec<KvPair>, DatastoreError> {

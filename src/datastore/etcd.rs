@@ -11,6 +11,7 @@
 //! read-only transaction: one request instead of one each, all read at one revision, with
 //! the same answers (see `ReadQueue`).
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -53,6 +54,9 @@ pub struct EtcdDatastore {
     reads: ReadQueue,
     /// With policy type k8s: the API client for the pod's reads, made at connect time.
     policy_client: Option<Arc<KubeClient>>,
+    /// Answers to reads made ahead (`Datastore::prefetch`), by key path (`None`: not
+    /// found), each taken by the first `get` of its key; a write of the key drops it.
+    prefetched: Mutex<HashMap<String, Option<KvPair>>>,
 }
 
 /// At most this many reads go in one transaction (etcd refuses more than `--max-txn-ops`,
@@ -197,6 +201,7 @@ impl EtcdDatastore {
             timeout,
             reads: ReadQueue::default(),
             policy_client: None,
+            prefetched: Mutex::default(),
         })
     }
 
@@ -589,9 +594,57 @@ fn header_revision(resp: &etcd_client::TxnResponse) -> Revision {
         .unwrap_or_default()
 }
 
+impl EtcdDatastore {
+    /// `Datastore::prefetch`: `keys` read now, in the transaction of the reads made in the
+    /// same poll (`ReadQueue`: the call's other first reads). A read that fails is not kept:
+    /// the later `get` makes its own.
+    pub async fn prefetch_now(&self, keys: &[Key]) {
+        let reads = keys.iter().map(|key| async move {
+            let path = key_path(key);
+            let resp = self.range(format!("get {path}"), path.clone(), false).await;
+            let answer = match resp {
+                Ok(r) => match r.kvs().first().map(|item| to_pair(key.clone(), item)) {
+                    Some(Ok(kv)) => Some(Some(kv)),
+                    Some(Err(_)) => None,
+                    None => Some(None),
+                },
+                Err(_) => None,
+            };
+            (path, answer)
+        });
+        let answers = futures::future::join_all(reads).await;
+        let mut kept = self
+            .prefetched
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for (path, answer) in answers {
+            if let Some(a) = answer {
+                kept.insert(path, a);
+            }
+        }
+    }
+
+    /// The answer of a read of `path` made ahead, if there is one (once).
+    fn take_prefetched(&self, path: &str) -> Option<Option<KvPair>> {
+        self.prefetched
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(path)
+    }
+}
+
 impl Datastore for EtcdDatastore {
+    async fn prefetch(&self, keys: &[Key]) {
+        self.prefetch_now(keys).await
+    }
+
     async fn get(&self, key: &Key) -> Result<KvPair, DatastoreError> {
         let path = key_path(key);
+        match self.take_prefetched(&path) {
+            Some(Some(kv)) => return Ok(kv),
+            Some(None) => return Err(DatastoreError::not_found(key)),
+            None => {}
+        }
         let resp = self.range(format!("get {path}"), path, false).await?;
         match resp.kvs().first() {
             Some(item) => to_pair(key.clone(), item),
@@ -616,6 +669,7 @@ impl Datastore for EtcdDatastore {
 
     async fn create(&self, key: &Key, value: &Value) -> Result<Revision, DatastoreError> {
         let path = key_path(key);
+        self.take_prefetched(&path);
         let bytes = encode_value(key, value)?;
         let txn = Txn::new()
             .when(vec![Compare::version(path.clone(), CompareOp::Equal, 0)])
@@ -641,6 +695,7 @@ impl Datastore for EtcdDatastore {
     ) -> Result<Revision, DatastoreError> {
         let path = key_path(key);
         let rev = parse_rev(key, revision)?;
+        self.take_prefetched(&path);
         let bytes = encode_value(key, value)?;
         let txn = Txn::new()
             .when(vec![Compare::mod_revision(
@@ -664,6 +719,7 @@ impl Datastore for EtcdDatastore {
 
     async fn delete(&self, key: &Key, revision: Option<&str>) -> Result<(), DatastoreError> {
         let path = key_path(key);
+        self.take_prefetched(&path);
         let mut compares = Vec::new();
         if let Some(r) = revision.filter(|r| !r.is_empty()) {
             compares.push(Compare::mod_revision(
@@ -715,6 +771,8 @@ impl EtcdDatastore {
         revision: &str,
     ) -> Result<Revision, DatastoreError> {
         let (cpath, upath) = (key_path(ckey), key_path(ukey));
+        self.take_prefetched(&cpath);
+        self.take_prefetched(&upath);
         let rev = parse_rev(ukey, revision)?;
         let (cbytes, ubytes) = (encode_value(ckey, cvalue)?, encode_value(ukey, uvalue)?);
         let txn = Txn::new()

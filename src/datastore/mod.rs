@@ -290,8 +290,8 @@ pub trait Datastore {
     /// answer instead of making a request of its own: the read moves one or more round
     /// trips earlier, joined with other reads, and is otherwise the same read (every write
     /// that follows it is a compare-and-swap, as after any read; a write of the key, or its
-    /// delete, drops the answer). Only where a read costs a round trip of its own (the
-    /// Kubernetes datastore); elsewhere nothing.
+    /// delete, drops the answer). Both production datastores answer it (etcd sends the keys
+    /// in the transaction of the reads made beside them); the test stores do nothing.
     async fn prefetch(&self, keys: &[Key]) {
         let _ = keys;
     }

@@ -1328,7 +1328,10 @@ mod journaled {
                     );
                 }
                 if first.is_ok() {
-                    assert!(!h1_left && !h1_handle, "{what}: a DEL that succeeded left h1");
+                    assert!(
+                        !h1_left && !h1_handle,
+                        "{what}: a DEL that succeeded left h1"
+                    );
                 }
                 release_as_a_holder(&ds, p, "h1")
                     .await

@@ -237,7 +237,11 @@ impl Journal {
         self.rewrite(|c| {
             let mut changed = false;
             for &block in blocks {
-                if !c.pending.iter().any(|p| p.handle == handle && p.block == block) {
+                if !c
+                    .pending
+                    .iter()
+                    .any(|p| p.handle == handle && p.block == block)
+                {
                     c.pending.push(Pending {
                         handle: handle.to_string(),
                         block,

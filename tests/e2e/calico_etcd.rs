@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use crate::common::cluster::block_allocations;
 use crate::common::cni::{run_plugin_within, Invocation};
 use crate::common::route_conflict;
 use crate::common::world::{World, NODE, WEP_PREFIX};
@@ -174,6 +175,80 @@ fn an_add_killed_with_its_endpoint_landed_leaves_nothing_after_del() {
     assert_eq!(links.trim(), "1", "the pod's veth");
 
     w.calico(&inv.as_del(), &conf).assert_ok();
+    w.assert_clean();
+}
+
+/// A DEL killed (SIGKILL) at each of its writes — etcd frozen the moment the endpoint's
+/// delete, the block's release or the handle's delete lands, so that the kill falls between
+/// that write and the others sent with it — then the runtime's retried DEL. Before the
+/// retry, no address is held without its handle or a record in the IPAM lock file's journal
+/// leading to it (`pending <handle> <block>`); after it, nothing is left.
+#[test]
+fn a_del_killed_at_each_write_is_finished_by_its_retry() {
+    let w = World::new();
+    let conf = w.conf(json!({}));
+    let lock = w.scratch.path().join("ipam.lock");
+    // A pod that stays: the block keeps an address and its affinity whatever the DELs do.
+    let stays = w.pod();
+    let stays_inv = Invocation::new("ADD", "stays0000001", stays.path()).k8s("default", "stays");
+    w.calico(&stays_inv, &conf).assert_ok();
+    let writes = [
+        ("the endpoint's delete", WEP_PREFIX.to_string()),
+        (
+            "the block's release",
+            "/calico/ipam/v2/assignment/".to_string(),
+        ),
+        ("the handle's delete", "/calico/ipam/v2/handle/".to_string()),
+    ];
+    for (n, (what, prefix)) in writes.iter().enumerate() {
+        let pod = w.pod();
+        let cid = format!("killdel{n:05}");
+        let inv = Invocation::new("ADD", &cid, pod.path()).k8s("default", &format!("kd{n}"));
+        w.calico(&inv, &conf).assert_ok();
+        let trap = w.etcd.freeze_on_write(prefix);
+        let mut child = w.bin.spawn("calico", w.host.name(), &inv.as_del(), &conf);
+        let started = std::time::Instant::now();
+        while !trap.fired() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "{what}: the DEL never wrote there"
+            );
+            assert!(
+                child.try_wait().unwrap().is_none(),
+                "{what}: the DEL ended first"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // SAFETY: kill(2) on the PID this test spawned, not yet reaped.
+        unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+        child.wait().unwrap();
+        drop(trap);
+        w.etcd.thaw();
+        let journal = std::fs::read_to_string(&lock).unwrap_or_default();
+        let handle = format!("net1.{cid}");
+        let handle_left = !w
+            .keys(&format!("/calico/ipam/v2/handle/{handle}"))
+            .is_empty();
+        for k in w.keys("/calico/ipam/v2/assignment/") {
+            let block = w.get(&k);
+            let held = block_allocations(&block).iter().any(|a| a.handle == handle);
+            let record = format!("pending {handle} {}", block["cidr"].as_str().unwrap());
+            assert!(
+                !held || handle_left || journal.lines().any(|l| l == record),
+                "{what}: {k} holds an address of {handle}, with neither its handle nor a \
+                 record in the journal:\n{journal}"
+            );
+        }
+        eprintln!(
+            "killed at {what}: endpoint left {}, handle left {handle_left}, journal {journal:?}",
+            !w.keys(&format!("{WEP_PREFIX}default/node1-k8s-kd{n}-eth0"))
+                .is_empty()
+        );
+        w.calico(&inv.as_del(), &conf).assert_ok();
+        let journal = std::fs::read_to_string(&lock).unwrap_or_default();
+        assert!(!journal.contains(&handle), "{what}: {journal}");
+    }
+    w.calico(&stays_inv.as_del(), &conf).assert_ok();
     w.assert_clean();
 }
 

@@ -228,6 +228,87 @@ fn kdd_add_with_the_api_server_frozen_at_each_write_and_thawed_during_the_undo()
     );
 }
 
+/// A DEL killed (SIGKILL) at each of its writes (the server frozen once the request before
+/// it is answered, so that the kill lands between two writes, or between the writes sent
+/// together: the endpoint's, the block's and the handle's), then the runtime's retried DEL.
+/// Before the retry no address is held without its handle counting it or a record in the
+/// IPAM lock file's journal leading to it; after it nothing is left.
+#[test]
+fn kdd_del_killed_at_each_write() {
+    require_root();
+    let Some(w) = RealKddWorld::real_or_skip("kdd_del_killed_at_each_write") else {
+        return;
+    };
+    let lock = w.scratch.path().join("ipam-del.lock");
+    let conf = w.conf(json!({"call_timeout_seconds": BUDGET_SECS,
+        "ipam_lock_file": lock.display().to_string()}));
+    // A pod that stays keeps the block and its affinity whatever the DELs do.
+    w.seed_pod("default", "stays", json!({}));
+    let stays = Netns::new("pod");
+    let stays_inv = Invocation::new("ADD", "stays0000001", stays.path()).k8s("default", "stays");
+    w.calico(&stays_inv, &conf).assert_ok();
+
+    // An unfrozen ADD and DEL: which of the DEL's requests are writes.
+    w.seed_pod("default", "base", json!({}));
+    let pod = Netns::new("pod");
+    let inv = Invocation::new("ADD", "base00000001", pod.path()).k8s("default", "base");
+    w.calico(&inv, &conf).assert_ok();
+    let mark = w.api.audit_mark();
+    w.calico(&inv.as_del(), &conf).assert_ok();
+    let base = w.api.plugin_requests_since(mark);
+    eprintln!("the DEL's requests: {}", listing(&base));
+    let before_writes: Vec<usize> = base
+        .iter()
+        .enumerate()
+        .filter(|(_, q)| q.is_write())
+        .map(|(i, _)| i)
+        .collect();
+    assert!(before_writes.len() >= 3, "{}", listing(&base));
+
+    let mut findings = vec![];
+    for (n, &k) in before_writes.iter().enumerate() {
+        let name = format!("killdel{n}");
+        w.seed_pod("default", &name, json!({}));
+        let pod = Netns::new("pod");
+        let cid = format!("killdel{n:05}");
+        let inv = Invocation::new("ADD", &cid, pod.path()).k8s("default", &name);
+        w.calico(&inv, &conf).assert_ok();
+        let mark = w.api.audit_mark();
+        let trap = w.api.freeze_after_plugin_requests(k);
+        let out = killed_when_frozen(&w, &trap, &inv.as_del(), &conf);
+        let fired = trap.fired();
+        drop(trap);
+        w.api.thaw();
+        let reqs = handled_after_the_thaw(&w, mark);
+        let what = format!(
+            "frozen after {k} requests (before write {}: {})",
+            n + 1,
+            base[k].line()
+        );
+        eprintln!("{what}; fired {fired}; requests {}", listing(&reqs));
+        eprintln!("  left: {}", leftovers(&w, &name));
+        if !fired {
+            out.assert_ok();
+        }
+        let (_, _, under) = disagreements(&w, &lock);
+        for d in under {
+            findings.push(format!("{what}: {d}"));
+        }
+        w.calico(&inv.as_del(), &conf).assert_ok();
+        let journal = std::fs::read_to_string(&lock).unwrap_or_default();
+        if journal.contains(&cid) {
+            findings.push(format!(
+                "{what}: the retried DEL left its record: {journal}"
+            ));
+        }
+        w.api
+            .remove(&format!("/api/v1/namespaces/default/pods/{name}"));
+    }
+    w.calico(&stays_inv.as_del(), &conf).assert_ok();
+    w.assert_clean();
+    assert!(findings.is_empty(), "{}", findings.join("\n"));
+}
+
 fn frozen_at_each_write(test: &str, thaw: Thaw) {
     require_root();
     let Some(w) = RealKddWorld::real_or_skip(test) else {

@@ -687,6 +687,9 @@ const BENCH_KDD_POOL: &str = "10.66.0.0/16";
 /// binary's IPAM lock holders keep the blocks they wrote, `BlockCopies`).
 const BENCH_ETCD_BEFORE_POOL: &str = "10.69.0.0/16";
 const BENCH_KDD_BEFORE_POOL: &str = "10.68.0.0/16";
+/// Upstream Calico's pools (`CALICO_UPSTREAM_BIN`), for the same reason.
+const BENCH_ETCD_UPSTREAM_POOL: &str = "10.71.0.0/16";
+const BENCH_KDD_UPSTREAM_POOL: &str = "10.70.0.0/16";
 /// Bound on a pod (or a wave of pods) becoming Ready, and on deleted pods' sandboxes
 /// being stopped.
 const BENCH_TIMEOUT: Duration = Duration::from_secs(180);
@@ -1068,7 +1071,8 @@ fn first_line_of(program: &str, args: &[&str]) -> String {
 
 /// Pod start through the real node, per CNI configuration: how long containerd's
 /// RunPodSandbox (and StopPodSandbox) takes with Debian's ptp + host-local and with our
-/// calico on either datastore (and, with `BENCH_BEFORE`, another calico build), one pod
+/// calico on either datastore (with `BENCH_BEFORE`, another calico build or the same one as a
+/// control; with `CALICO_UPSTREAM_BIN`, upstream Calico's own plugin), one pod
 /// alone and inside a wave of pods created at once, and how long the wave takes to be all
 /// Ready. The configs are interleaved round-robin on one node (the order rotating each
 /// round), so machine noise and the node's own state (kubelet, containerd, API server) fall
@@ -1076,7 +1080,9 @@ fn first_line_of(program: &str, args: &[&str]) -> String {
 /// rather than the plugin's own ADD time, which `make bench` measures.
 ///
 /// `BENCH_POD_ROUNDS` (8), `BENCH_POD_WAVE` (20), `BENCH_POD_ALONE` (3 pods alone per round
-/// and config), `BENCH_BEFORE` (a calico binary), `BENCH_POD_LOG_LEVEL` (the plugin's, info),
+/// and config), `BENCH_BEFORE` (a calico binary) and `BENCH_BEFORE_LABEL` (its rows' name,
+/// `before`), `CALICO_UPSTREAM_BIN` (the folder of upstream Calico's binaries: rows
+/// `upstream-etcd`, `upstream-kdd`), `BENCH_POD_LOG_LEVEL` (the plugin's, info),
 /// `BENCH_POD_PLUGIN_TIMES=1` (the network plugin's own ADD and DEL time on the node, through
 /// a timing wrapper: a profile, as it adds the wrapper's start-up to every pod),
 /// `BENCH_POD_OUT` (the report also to a file), `BENCH_POD_JSON` (raw numbers),
@@ -1133,6 +1139,15 @@ fn bench_pod_start() {
             std::fs::canonicalize(&b)
                 .unwrap_or_else(|e| panic!("BENCH_BEFORE={}: {e}", Path::new(&b).display()))
         });
+    let upstream = std::env::var_os("CALICO_UPSTREAM_BIN")
+        .filter(|d| !d.is_empty())
+        .map(|d| {
+            std::fs::canonicalize(&d)
+                .unwrap_or_else(|e| panic!("CALICO_UPSTREAM_BIN={}: {e}", Path::new(&d).display()))
+        });
+    if upstream.is_none() {
+        say("bench: CALICO_UPSTREAM_BIN is unset: upstream Calico's own plugin is not measured");
+    }
     let load_start = loadavg();
     let started = Instant::now();
 
@@ -1149,6 +1164,7 @@ fn bench_pod_start() {
     for (name, cidr) in [
         ("kdd-pool", BENCH_KDD_POOL),
         ("kdd-before-pool", BENCH_KDD_BEFORE_POOL),
+        ("kdd-upstream-pool", BENCH_KDD_UPSTREAM_POOL),
     ] {
         created(
             &node,
@@ -1180,6 +1196,7 @@ fn bench_pod_start() {
     for (name, cidr) in [
         ("etcd-pool", BENCH_ETCD_POOL),
         ("etcd-before-pool", BENCH_ETCD_BEFORE_POOL),
+        ("etcd-upstream-pool", BENCH_ETCD_UPSTREAM_POOL),
     ] {
         etcd.put(
             &format!("{v3}/ippools/{name}"),
@@ -1231,8 +1248,34 @@ fn bench_pod_start() {
         calico_cfg("calico-kdd", &ours, false, BENCH_KDD_POOL),
     ];
     if let Some(b) = &before {
-        configs.push(calico_cfg("before-etcd", b, true, BENCH_ETCD_BEFORE_POOL));
-        configs.push(calico_cfg("before-kdd", b, false, BENCH_KDD_BEFORE_POOL));
+        // `BENCH_BEFORE_LABEL`: the rows' name (`control` when it is the same build).
+        let label = std::env::var("BENCH_BEFORE_LABEL")
+            .ok()
+            .filter(|l| !l.is_empty())
+            .unwrap_or_else(|| "before".into());
+        let row = |store: &str| -> &'static str {
+            Box::leak(format!("{label}-{store}").into_boxed_str())
+        };
+        configs.push(calico_cfg(row("etcd"), b, true, BENCH_ETCD_BEFORE_POOL));
+        configs.push(calico_cfg(row("kdd"), b, false, BENCH_KDD_BEFORE_POOL));
+    }
+    // Upstream Calico's own `calico` (`CALICO_UPSTREAM_BIN`, the folder of its binaries), as
+    // a configuration of its own: swapped in as `<cni_bin>/calico`, which `calico-ipam` links
+    // to (it picks its role by the name it runs under, as ours does).
+    if let Some(dir) = &upstream {
+        let bin = dir.join("calico");
+        configs.push(calico_cfg(
+            "upstream-etcd",
+            &bin,
+            true,
+            BENCH_ETCD_UPSTREAM_POOL,
+        ));
+        configs.push(calico_cfg(
+            "upstream-kdd",
+            &bin,
+            false,
+            BENCH_KDD_UPSTREAM_POOL,
+        ));
     }
     // `BENCH_POD_CONFIGS=ptp,calico-etcd,before-etcd`: only these rows (ptp, the baseline,
     // always), for a longer look at fewer.
@@ -1567,6 +1610,10 @@ fn bench_pod_start() {
             .as_ref()
             .map(|b| format!("; before: {}", b.display()))
             .unwrap_or_default()
+            + &upstream
+                .as_ref()
+                .map(|u| format!("; upstream: {}", u.join("calico").display()))
+                .unwrap_or_default()
     );
     let _ = writeln!(
         w,
@@ -1655,7 +1702,7 @@ fn bench_pod_start() {
         let raw = json!({
             "rounds": rounds, "wave": wave,
             "loadavg_start": load_start, "loadavg_end": load_end,
-            "calico": ours, "before": before,
+            "calico": ours, "before": before, "upstream": upstream,
             "seconds": took.as_secs_f64(),
             "configs": samples,
         });

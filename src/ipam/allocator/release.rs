@@ -16,7 +16,9 @@ use crate::datastore::model::{
     AllocationBlock, BlockAffinity, IpPool, IpamHandle, Node, AFFINITY_PENDING_DELETION,
 };
 use crate::datastore::resources::get_resource;
-use crate::datastore::{to_value, Datastore, DatastoreError, Key, Kind, KvPair, ListKind, Revision};
+use crate::datastore::{
+    to_value, Datastore, DatastoreError, Key, Kind, KvPair, ListKind, Revision,
+};
 use crate::ipam::lock::Journal;
 use crate::net::IpNet;
 
@@ -167,21 +169,19 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         let key = Key::Handle {
             id: handle_id.to_string(),
         };
-        let (released, deleted, pools) = tokio::join!(
-            join_all(
-                blocks
-                    .iter()
-                    .zip(reads)
-                    .map(|(&cidr, read)| self.release_handle_in_block(handle_id, cidr, Some(read)))
-            ),
-            self.ds.delete(&key, Some(&kv.revision)),
-            async {
-                match empties_affine {
-                    true => Some(self.pools().await),
-                    false => None,
+        let (released, deleted, pools) =
+            tokio::join!(
+                join_all(blocks.iter().zip(reads).map(|(&cidr, read)| {
+                    self.release_handle_in_block(handle_id, cidr, Some(read))
+                })),
+                self.ds.delete(&key, Some(&kv.revision)),
+                async {
+                    match empties_affine {
+                        true => Some(self.pools().await),
+                        false => None,
+                    }
                 }
-            }
-        );
+            );
         let mut failed = None;
         for outcome in released {
             match outcome {
