@@ -169,19 +169,18 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         let key = Key::Handle {
             id: handle_id.to_string(),
         };
-        let (released, deleted, pools) =
-            tokio::join!(
-                join_all(blocks.iter().zip(reads).map(|(&cidr, read)| {
-                    self.release_handle_in_block(handle_id, cidr, Some(read))
-                })),
-                self.ds.delete(&key, Some(&kv.revision)),
-                async {
-                    match empties_affine {
-                        true => Some(self.pools().await),
-                        false => None,
-                    }
+        let (released, deleted, pools) = tokio::join!(
+            join_all(blocks.iter().zip(reads).map(|(&cidr, read)| {
+                self.release_handle_in_block(handle_id, cidr, Some(read))
+            })),
+            self.ds.delete(&key, Some(&kv.revision)),
+            async {
+                match empties_affine {
+                    true => Some(self.pools().await),
+                    false => None,
                 }
-            );
+            }
+        );
         let mut failed = None;
         for outcome in released {
             match outcome {
