@@ -185,6 +185,15 @@ fn handled_after_the_thaw(w: &RealKddWorld, mark: usize) -> Vec<Audited> {
     }
 }
 
+/// The positions of the writes among `reqs` (how many requests were answered before each).
+fn write_positions(reqs: &[Audited]) -> Vec<usize> {
+    reqs.iter()
+        .enumerate()
+        .filter(|(_, q)| q.is_write())
+        .map(|(i, _)| i)
+        .collect()
+}
+
 fn listing(reqs: &[Audited]) -> String {
     reqs.iter()
         .map(Audited::line)
@@ -257,12 +266,7 @@ fn kdd_del_killed_at_each_write() {
     w.calico(&inv.as_del(), &conf).assert_ok();
     let base = w.api.plugin_requests_since(mark);
     eprintln!("the DEL's requests: {}", listing(&base));
-    let before_writes: Vec<usize> = base
-        .iter()
-        .enumerate()
-        .filter(|(_, q)| q.is_write())
-        .map(|(i, _)| i)
-        .collect();
+    let before_writes = write_positions(&base);
     assert!(before_writes.len() >= 3, "{}", listing(&base));
 
     let mut findings = vec![];
@@ -333,12 +337,7 @@ fn frozen_at_each_write(test: &str, thaw: Thaw) {
     forget_ipam(&w);
     eprintln!("the ADD's requests: {}", listing(&base));
     // Before each write, the number of requests answered.
-    let before_writes: Vec<usize> = base
-        .iter()
-        .enumerate()
-        .filter(|(_, q)| q.is_write())
-        .map(|(i, _)| i)
-        .collect();
+    let before_writes = write_positions(&base);
     assert!(before_writes.len() >= 3, "{}", listing(&base));
 
     let (mut findings, mut over_counted) = (vec![], 0);
