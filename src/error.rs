@@ -4,21 +4,20 @@
 //!
 //! A deadline is recognised by type, wherever it sits in the chain (`Error::deadline`).
 
+use crate::config::identifiers::IdentifierError;
 use crate::config::ConfigError;
 use crate::dataplane::DataplaneError;
 use crate::datastore::settings::SettingsError;
 use crate::datastore::validate::ValidationError;
 use crate::datastore::DatastoreError;
-use crate::deadline::Expired;
-use crate::gojson::GoJsonError;
-use crate::identifiers::IdentifierError;
+use crate::delegate::DelegateError;
 use crate::ipam::allocator::IpamError;
 use crate::ipam::verify::VerifyError;
-use crate::ipam_driver::azure::AzureError;
-use crate::ipam_driver::plugin_error::PluginError;
-use crate::net::ParseIpNetError;
 use crate::skel::error::{CODE_TRY_AGAIN_LATER, CODE_UNSET};
 use crate::skel::CniError;
+use crate::support::deadline::Expired;
+use crate::support::gojson::GoJsonError;
+use crate::support::net::ParseIpNetError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -37,9 +36,9 @@ pub enum Error {
     Verify(#[from] VerifyError),
     #[error(transparent)]
     Dataplane(#[from] DataplaneError),
-    /// azure-vnet-ipam's state on disk (`ipam_driver::azure`).
+    /// A delegated plugin (an IPAM plugin from CNI_PATH) that was not run or that failed.
     #[error(transparent)]
-    Azure(#[from] AzureError),
+    Delegate(#[from] DelegateError),
     #[error("error constructing WorkloadEndpoint name: {0}")]
     Identifiers(#[from] IdentifierError),
     #[error("error constructing WorkloadEndpoint prefix: {0}")]
@@ -66,12 +65,9 @@ pub enum Error {
         #[source]
         source: std::net::AddrParseError,
     },
-    /// The call's deadline passed (`crate::deadline`).
+    /// The call's deadline passed (`crate::support::deadline`).
     #[error(transparent)]
     Deadline(#[from] Expired),
-    /// A delegated plugin (an IPAM plugin from CNI_PATH) that failed, as libcni reports it.
-    #[error(transparent)]
-    Plugin(Box<PluginError>),
     /// An error that already is a CNI error: passed through unchanged.
     #[error("{}", .0.msg)]
     Cni(CniError),
@@ -129,6 +125,7 @@ impl Error {
             Error::Ipam(IpamError::Datastore(e) | IpamError::Node(e)) => e.deadline(),
             Error::Verify(e) => e.deadline(),
             Error::Dataplane(DataplaneError::Deadline(e)) => Some(e),
+            Error::Delegate(DelegateError::Deadline(e)) => Some(e),
             Error::Chain { source, .. } => source.deadline(),
             Error::List(all) => all.iter().find_map(Error::deadline),
             _ => None,
@@ -152,12 +149,6 @@ impl<T, E: Into<Error>> Context<T> for std::result::Result<T, E> {
     }
 }
 
-impl From<PluginError> for Error {
-    fn from(e: PluginError) -> Self {
-        Error::Plugin(Box::new(e))
-    }
-}
-
 impl From<CniError> for Error {
     fn from(e: CniError) -> Self {
         Error::Cni(e)
@@ -176,7 +167,8 @@ impl From<Error> for CniError {
     fn from(e: Error) -> CniError {
         match e {
             Error::Cni(c) => c,
-            Error::Plugin(p) => {
+            Error::Delegate(DelegateError::Result(c)) => c,
+            Error::Delegate(DelegateError::Plugin(p)) => {
                 let code = p.code().unwrap_or(CODE_UNSET);
                 CniError::new(code, p.msg(), p.details())
             }
@@ -215,7 +207,8 @@ mod tests {
 
     #[test]
     fn a_deadline_is_found_by_type_under_any_context() {
-        let e = crate::deadline::expired("waiting for etcd (txn /calico/ipam/v2/handle/h)");
+        let e =
+            crate::support::deadline::expired("waiting for etcd (txn /calico/ipam/v2/handle/h)");
         let wrapped = Error::chain(
             "error creating calico client",
             Error::chain(

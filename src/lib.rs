@@ -7,31 +7,21 @@
 //! `dataplane`; `ipam` (the allocator library) and `cluster_ready`; `datastore`; `config`,
 //! `identifiers`, `net`, `deadline`, `encoding`, `logging`.
 
-pub mod client;
-pub mod cluster_ready;
+pub mod calico_ipam;
+pub mod call;
 pub mod config;
 pub mod dataplane;
 pub mod datastore;
-pub mod deadline;
-pub mod encoding;
+pub mod delegate;
 pub mod error;
-pub mod gocompat;
-pub mod gojson;
-pub mod http_proxy;
-pub mod identifiers;
-pub mod input_file;
 pub mod install;
 pub mod ipam;
-pub mod ipam_driver;
-pub mod ipam_plugin;
 pub mod logging;
-pub mod net;
 pub mod plugin;
 pub mod skel;
-#[cfg(test)]
+pub mod support;
 #[cfg(test)]
 mod test_support;
-pub mod timefmt;
 
 /// The Calico release this build replaces: what upstream's `calico -v` prints.
 pub const UPSTREAM_VERSION: &str = "v3.32.1";

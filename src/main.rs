@@ -2,19 +2,19 @@
 //! as `calico-ipam` (a symlink) the IPAM plugin, as `install` the installer of the calico/cni
 //! image (`install`). Flags, parsed as Go's `flag` package does: `-v` prints the version; `calico -t` tests the
 //! datastore connection (used by installers to gate writing the CNI config); `calico-ipam
-//! -upgrade` migrates this node from host-local IPAM (`ipam_plugin::upgrade`).
+//! -upgrade` migrates this node from host-local IPAM (`calico_ipam::upgrade`).
 
 use std::io::Read;
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use calico_cni::deadline;
-use calico_cni::ipam_plugin::upgrade;
-use calico_cni::ipam_plugin::IpamPlugin;
+use calico_cni::calico_ipam::upgrade;
+use calico_cni::calico_ipam::IpamPlugin;
 use calico_cni::plugin::CalicoPlugin;
 use calico_cni::skel::error::CODE_TRY_AGAIN_LATER;
 use calico_cni::skel::{self, CniError};
+use calico_cni::support::deadline;
 
 /// The static (musl) build's allocator: see Cargo.toml.
 #[cfg(target_env = "musl")]
@@ -69,13 +69,13 @@ fn main() -> ExitCode {
         false => ("Calico", "t"),
     };
     let (version, test_connection, migrate) =
-        match calico_cni::gocompat::parse_bool_flags(&args[1..], ["v", second]) {
+        match calico_cni::support::gocompat::parse_bool_flags(&args[1..], ["v", second]) {
             Ok([version, other]) => (version, other && !is_ipam, other && is_ipam),
-            Err(calico_cni::gocompat::FlagError::Help) => {
+            Err(calico_cni::support::gocompat::FlagError::Help) => {
                 usage(flag_set, is_ipam);
                 return ExitCode::SUCCESS;
             }
-            Err(calico_cni::gocompat::FlagError::Refused(why)) => {
+            Err(calico_cni::support::gocompat::FlagError::Refused(why)) => {
                 eprintln!("{why}");
                 usage(flag_set, is_ipam);
                 return ExitCode::from(2);

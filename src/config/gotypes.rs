@@ -189,7 +189,7 @@ static NETCONF: Schema = Schema {
         ("RuntimeConfig", GoType::Struct(&RUNTIME_CONFIG)),
         ("readiness_gates", GoType::StrSlice),
         ("policy_setup_timeout_seconds", GoType::Int),
-        // Ours (not upstream's): the call's deadline (`crate::deadline`).
+        // Ours (not upstream's): the call's deadline (`crate::support::deadline`).
         ("call_timeout_seconds", GoType::Int),
         ("endpoint_status_dir", STRING),
         ("etcd_authority", STRING),

@@ -9,6 +9,7 @@
 
 mod fields;
 pub(crate) mod gotypes;
+pub mod identifiers;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,7 +18,7 @@ use std::sync::OnceLock;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use crate::gocompat::path_error;
+use crate::support::gocompat::path_error;
 use fields::Shape;
 
 pub const DEFAULT_NODENAME_FILE: &str = "/var/lib/calico/nodename";
@@ -91,7 +92,7 @@ pub struct NetConf {
     pub container_settings: ContainerSettings,
     pub readiness_gates: Vec<String>,
     pub policy_setup_timeout_seconds: i64,
-    /// The whole call's deadline in seconds (0: the default; `crate::deadline`).
+    /// The whole call's deadline in seconds (0: the default; `crate::support::deadline`).
     pub call_timeout_seconds: i64,
     pub endpoint_status_dir: String,
     pub dataplane_options: Option<Map<String, Value>>,
@@ -140,7 +141,7 @@ pub struct IpamConf {
     pub ipv4_pools: Vec<String>,
     pub ipv6_pools: Vec<String>,
     /// Not read here: host-local's `subnet` (and `ranges`, which has no field) are rewritten
-    /// from the raw stdin when calico hands it to host-local (`ipam_driver::exec`).
+    /// from the raw stdin when calico hands it to host-local (`delegate::exec`).
     pub subnet: String,
     /// host-local's routes (k8s.go's pod routes); not in upstream's Go struct, which reads
     /// them from the raw IPAM config.
@@ -305,7 +306,7 @@ impl NetConf {
         if !self.nodename.is_empty() {
             return self.nodename.clone();
         }
-        if let Ok(s) = crate::input_file::read_to_string(Path::new(self.nodename_file())) {
+        if let Ok(s) = crate::support::input_file::read_to_string(Path::new(self.nodename_file())) {
             let s = s.trim();
             if !s.is_empty() {
                 return s.to_string();
@@ -330,9 +331,10 @@ impl NetConf {
     }
 
     pub fn resolve_mtu_from(&self, file: &Path) -> Result<u32, ConfigError> {
-        let from_file = match crate::input_file::read_to_string(file) {
+        let from_file = match crate::support::input_file::read_to_string(file) {
             Ok(s) => Some(
-                crate::gocompat::atoi(s.trim()).map_err(|e| ConfigError::MtuFile(e.to_string()))?,
+                crate::support::gocompat::atoi(s.trim())
+                    .map_err(|e| ConfigError::MtuFile(e.to_string()))?,
             ),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 if self.require_mtu_file {

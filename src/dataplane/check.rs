@@ -20,7 +20,7 @@ use super::netns::{Netns, OpenError};
 use super::nl::{link_mac, lookup};
 use super::sys::open_netns;
 use super::{DataplaneError, Families, HOST_SIDE_LL, HOST_SIDE_MAC, IPV4_GATEWAY};
-use crate::net::{format_mac, IpNet};
+use crate::support::net::{format_mac, IpNet};
 
 /// What ADD made, as the previous result and the config describe it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 //! `dataplane_linux.go`) texts, and the typed causes under it. Every OS or netlink failure
 //! is kept as its source (`std::io::Error`, `nix::errno::Errno`, `rtnetlink::Error`, ...)
 //! and rendered in `Display` as Go renders it (`file exists`,
-//! `open <path>: no such file or directory`: `crate::gocompat`). String fields hold only
+//! `open <path>: no such file or directory`: `crate::support::gocompat`). String fields hold only
 //! what has no cause under it: a name, a path, a value being reported, a finding.
 
 use std::io;
@@ -11,8 +11,8 @@ use std::net::{IpAddr, Ipv6Addr};
 use nix::errno::Errno;
 
 use super::nl::nl_text;
-use crate::gocompat::{errno_text, io_error_text, path_error};
-use crate::net::IpNet;
+use crate::support::gocompat::{errno_text, io_error_text, path_error};
+use crate::support::net::IpNet;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DataplaneError {
@@ -152,9 +152,9 @@ pub enum DataplaneError {
     /// The gRPC dataplane's container MAC (Go's `net.ParseMAC` text).
     #[error("address {0}: invalid MAC address")]
     GrpcMac(String),
-    /// The call's deadline passed during a wait (`crate::deadline`).
+    /// The call's deadline passed during a wait (`crate::support::deadline`).
     #[error(transparent)]
-    Deadline(#[from] crate::deadline::Expired),
+    Deadline(#[from] crate::support::deadline::Expired),
     /// Thread, task or runtime failures that have no upstream counterpart.
     #[error(transparent)]
     Thread(#[from] ThreadError),

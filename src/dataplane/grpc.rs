@@ -6,7 +6,7 @@
 //! name and the container's MAC back for the WorkloadEndpoint and the CNI result.
 //!
 //! Each request (connecting included) is bounded by upstream's 5 s and by the call's
-//! deadline (`crate::deadline`), and runs on the call's own (current-thread) runtime.
+//! deadline (`crate::support::deadline`), and runs on the call's own (current-thread) runtime.
 //! Error texts are upstream's: a connection that cannot be made is the `Unavailable` status
 //! grpc-go's first request reports (it dials lazily). The target is grpc-go's, with
 //! upstream's default `passthrough` scheme (`GrpcTarget`): a Unix socket or a TCP address.
@@ -24,8 +24,8 @@ use super::{
 };
 use crate::config::{ConfigError, NetConf};
 use crate::datastore::model::WorkloadEndpoint;
-use crate::net::IpNet;
 use crate::skel::result::IpConfig;
+use crate::support::net::IpNet;
 
 /// The messages and the client generated from `grpc/cnibackend.proto` (build.rs).
 #[allow(clippy::all, clippy::pedantic)]
@@ -228,17 +228,16 @@ impl GrpcDataplane {
         rpc: &str,
         request: impl std::future::Future<Output = Result<T, DataplaneError>>,
     ) -> Result<T, DataplaneError> {
-        let (until, capped) = crate::deadline::cap_at(TIMEOUT);
+        let (until, capped) = crate::support::deadline::cap_at(TIMEOUT);
         match tokio::time::timeout_at(until, request).await {
             Ok(Ok(reply)) => Ok(reply),
             Ok(Err(e)) => {
                 warn!(error = %e, rpc, "request to grpc dataplane failed");
                 Err(e)
             }
-            Err(_) if capped => Err(DataplaneError::Deadline(crate::deadline::expired(format!(
-                "waiting for the gRPC dataplane ({rpc} at {})",
-                self.socket
-            )))),
+            Err(_) if capped => Err(DataplaneError::Deadline(crate::support::deadline::expired(
+                format!("waiting for the gRPC dataplane ({rpc} at {})", self.socket),
+            ))),
             Err(_) => {
                 warn!(rpc, timeout = ?TIMEOUT, "request to grpc dataplane timed out");
                 // What grpc-go reports when the request's context times out.
@@ -432,7 +431,7 @@ async fn dial_tcp(addr: &str) -> Result<tokio::net::TcpStream, DataplaneError> {
 /// A failed dial, as the status grpc-go's request then fails with.
 fn dial_failed(network: &str, addr: &str, e: &std::io::Error) -> DataplaneError {
     let why = match e.raw_os_error() {
-        Some(errno) => crate::gocompat::errno_text(errno),
+        Some(errno) => crate::support::gocompat::errno_text(errno),
         None => e.to_string(),
     };
     grpc_unavailable(format!("dial {network} {addr}: connect: {why}"))

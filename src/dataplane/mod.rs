@@ -17,7 +17,7 @@
 //! * no thread is ever left in the pod netns: each exits when its work is done.
 //!
 //! Every wait here (the MAC read-back, the link-local retry, the bounded netns deletion) also
-//! ends at the call's deadline (`crate::deadline`).
+//! ends at the call's deadline (`crate::support::deadline`).
 
 pub mod check;
 mod error;
@@ -32,7 +32,7 @@ mod veth;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
-use crate::net::IpNet;
+use crate::support::net::IpNet;
 use netns::{Netns, OpenError, Target};
 use sys::{block_on, connect, open_netns};
 

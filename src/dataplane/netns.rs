@@ -178,7 +178,7 @@ impl Teardown {
             State::Running(rx) => rx,
         };
         let left = DELETE_TIMEOUT.saturating_sub(self.started.elapsed());
-        let (until, capped) = crate::deadline::cap_at(left);
+        let (until, capped) = crate::support::deadline::cap_at(left);
         match tokio::time::timeout_at(until, rx).await {
             Ok(Ok(r)) => {
                 if r.is_ok() {
@@ -187,7 +187,7 @@ impl Teardown {
                 r
             }
             Ok(Err(_)) => Err(ThreadError::Panicked("netns cleanup").into()),
-            Err(_) if capped => Err(crate::deadline::expired(format!(
+            Err(_) if capped => Err(crate::support::deadline::expired(format!(
                 "deleting device {:?} in netns {}",
                 self.ifname, self.path
             ))

@@ -14,8 +14,8 @@ use netlink_packet_route::AddressFamily;
 use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 
 use super::{DelLinkError, LookupError};
-use crate::gocompat::errno_text;
-use crate::net::IpNet;
+use crate::support::gocompat::errno_text;
+use crate::support::net::IpNet;
 
 /// The errno carried by a netlink error reply, as a positive number.
 pub(crate) fn nl_errno(e: &rtnetlink::Error) -> Option<i32> {

@@ -7,7 +7,7 @@ use rtnetlink::Handle;
 
 use super::nl::{link_name_by_index, main_table_routes, nl_errno, route_message, scope_name};
 use super::HostRouteError;
-use crate::net::IpNet;
+use crate::support::net::IpNet;
 
 /// Adds `<ip>/32|/128 dev <host_veth> scope link proto boot` for every address. The caller
 /// wraps a failure in `error adding host side routes for interface: ...`.

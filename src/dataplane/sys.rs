@@ -2,7 +2,7 @@
 //! dedicated threads, and netlink connections.
 //!
 //! Upstream is Go, so its error strings embed Go's renderings of OS errors (`file exists`,
-//! `open /proc/sys/...: no such file or directory`): `crate::gocompat` renders them.
+//! `open /proc/sys/...: no such file or directory`): `crate::support::gocompat` renders them.
 
 use std::fs::{File, OpenOptions};
 use std::future::Future;

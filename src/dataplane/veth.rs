@@ -30,7 +30,7 @@ use super::{
     Result, SetSysctlError, VethRequest, HOST_SIDE_LL, HOST_SIDE_MAC, IPV4_GATEWAY, LL_ATTEMPTS,
     LL_RETRY_INTERVAL, MAC_RETRY_INTERVAL, MAC_TIMEOUT,
 };
-use crate::net::{format_mac, IpNet};
+use crate::support::net::{format_mac, IpNet};
 
 /// How often the host side is looked at for its IPv6 link-local address until the first
 /// retry: the kernel adds it moments after link up.
@@ -197,7 +197,7 @@ async fn host_mac(cx: &Ctx<'_>, cont_idx: u32) -> Result<Made> {
     let mut host_link = lookup(host, hv).await.map_err(|r| lookup_err(hv, r))?;
     let host_idx = host_link.header.index;
     let mut expected_ll = None;
-    let (mac_wait, mac_capped) = crate::deadline::cap(MAC_TIMEOUT);
+    let (mac_wait, mac_capped) = crate::support::deadline::cap(MAC_TIMEOUT);
     let mac_deadline = Instant::now() + mac_wait;
     loop {
         if let Err(e) = nl::set_mac(host, host_idx, &HOST_SIDE_MAC).await {
@@ -220,7 +220,7 @@ async fn host_mac(cx: &Ctx<'_>, cont_idx: u32) -> Result<Made> {
         );
         if Instant::now() >= mac_deadline {
             if mac_capped {
-                return Err(crate::deadline::expired(format!(
+                return Err(crate::support::deadline::expired(format!(
                     "waiting for host veth {hv:?} to accept MAC ee:ee:ee:ee:ee:ee"
                 ))
                 .into());
@@ -400,7 +400,7 @@ async fn wait_host_link_local(
     for attempt in 0..LL_ATTEMPTS {
         if attempt > 0 {
             tokio::time::sleep_until(next.into()).await;
-            crate::deadline::check(format!(
+            crate::support::deadline::check(format!(
                 "waiting for the IPv6 link-local address of host veth {hv:?}"
             ))?;
             tracing::info!("Retry lookup of host-side IPv6 link local address...");

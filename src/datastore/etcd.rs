@@ -2,7 +2,7 @@
 //! transactions: create = `If(version == 0) Put`, update = `If(mod_revision == rev) Put`,
 //! delete = `[If(mod_revision == rev)] Delete`, each with `Else Get` to tell a conflict from a
 //! missing key. Revisions are decimal ModRevisions. Every request is bounded by a timeout and
-//! by the call's deadline (`crate::deadline`), so a dead or frozen etcd fails a call instead
+//! by the call's deadline (`crate::support::deadline`), so a dead or frozen etcd fails a call instead
 //! of hanging it: an attempt gets `min(its timeout, what is left)`, and once the deadline has
 //! passed a request is not even sent, which also ends the IPAM's compare-and-swap loops.
 //!
@@ -28,8 +28,8 @@ use tracing::debug;
 use super::kubernetes::client::KubeClient;
 use super::resources::{prepare_resource_for_storage, set_resource_version};
 use super::{Datastore, DatastoreError, Key, KvPair, ListKind, Revision};
-use crate::deadline;
-use crate::net::IpNet;
+use crate::support::deadline;
+use crate::support::net::IpNet;
 
 const RESOURCES: &str = "/calico/resources/v3/projectcalico.org/";
 const IPAM: &str = "/calico/ipam/v2/";
@@ -163,8 +163,8 @@ impl EtcdDatastore {
             };
             let read = |p: &str| {
                 // A regular file only: a FIFO here would block the call (`input_file`).
-                crate::input_file::read(std::path::Path::new(p))
-                    .map_err(|e| failed(crate::gocompat::path_error("open", p, &e)))
+                crate::support::input_file::read(std::path::Path::new(p))
+                    .map_err(|e| failed(crate::support::gocompat::path_error("open", p, &e)))
             };
             let mut tls = TlsOptions::new();
             match (&cfg.cert_file, &cfg.key_file) {

@@ -627,7 +627,7 @@ impl Datastore for MemoryDatastore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::net::IpNet;
+    use crate::support::net::IpNet;
     use serde_json::json;
 
     fn cidr(s: &str) -> IpNet {

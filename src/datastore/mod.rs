@@ -20,7 +20,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::net::IpNet;
+use crate::support::net::IpNet;
 
 /// An opaque object revision: etcd's ModRevision in decimal, or a Kubernetes resourceVersion.
 pub type Revision = String;
@@ -198,7 +198,7 @@ pub enum DatastoreError {
     /// The call's deadline passed before the datastore answered (or before the request
     /// was sent): the request's outcome is unknown.
     #[error(transparent)]
-    Deadline(#[from] crate::deadline::Expired),
+    Deadline(#[from] crate::support::deadline::Expired),
     /// A 401 / 403 from the API server.
     #[error("connection is unauthorized: {0}")]
     Unauthorized(String),
@@ -242,7 +242,7 @@ impl DatastoreError {
         matches!(self, DatastoreError::Deadline(_))
     }
     /// The call's deadline, when that is what this error is.
-    pub fn deadline(&self) -> Option<&crate::deadline::Expired> {
+    pub fn deadline(&self) -> Option<&crate::support::deadline::Expired> {
         match self {
             DatastoreError::Deadline(e) => Some(e),
             _ => None,

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::net::IpNet;
+use crate::support::net::IpNet;
 
 pub const API_VERSION_V3: &str = "projectcalico.org/v3";
 pub const LABEL_NAMESPACE: &str = "projectcalico.org/namespace";

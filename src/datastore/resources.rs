@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::model::{Resource, API_VERSION_V3, LABEL_NAMESPACE, LABEL_ORCHESTRATOR};
 use super::{to_value, Datastore, DatastoreError, Key, Kind, ListKind};
-use crate::timefmt;
+use crate::support::timefmt;
 
 /// The stored form: no `resourceVersion`/`selfLink`, `kind`/`apiVersion` forced.
 pub fn prepare_resource_for_storage(kind: Kind, value: &Value) -> Value {

@@ -25,7 +25,7 @@
 use crate::config::NetConf;
 use crate::datastore::kubernetes::client::{is_kubeconfig_list, KubeSettings};
 use crate::datastore::kubernetes::ratelimit::RateLimit;
-use crate::gocompat::{parse_bool_go, NumError, NumErrorKind};
+use crate::support::gocompat::{parse_bool_go, NumError, NumErrorKind};
 
 /// The resolved connection settings.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -225,7 +225,8 @@ fn env_bool(
 /// is set and the file exists (a Go `os.Stat`, so anything there counts).
 fn default_kubeconfig(env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
     let home = env("HOME").filter(|h| !h.is_empty())?;
-    let path = crate::gocompat::clean_path(&std::path::Path::new(&home).join(".kube/config"));
+    let path =
+        crate::support::gocompat::clean_path(&std::path::Path::new(&home).join(".kube/config"));
     std::fs::metadata(&path).ok()?;
     Some(path.display().to_string())
 }

@@ -71,7 +71,7 @@ async fn lookup_srv(servers: &[SocketAddr], name: &str) -> Result<Vec<Srv>, Stri
     for server in servers {
         let err = |reason: &str| format!("lookup {name} on {server}: {reason}");
         // Each query is also cut at the call's deadline.
-        let (until, capped) = crate::deadline::cap_at(QUERY_TIMEOUT);
+        let (until, capped) = crate::support::deadline::cap_at(QUERY_TIMEOUT);
         let answer = match tokio::time::timeout_at(until, query(*server, name)).await {
             Ok(Ok(a)) => a,
             Ok(Err(e)) => {
@@ -80,7 +80,7 @@ async fn lookup_srv(servers: &[SocketAddr], name: &str) -> Result<Vec<Srv>, Stri
             }
             Err(_) if capped => {
                 let what = format!("looking up {name} on {server}");
-                return Err(crate::deadline::expired(what).to_string());
+                return Err(crate::support::deadline::expired(what).to_string());
             }
             Err(_) => {
                 last = err("i/o timeout");

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use super::model::{Profile, WorkloadEndpoint};
-use crate::net::IpNet;
+use crate::support::net::IpNet;
 
 /// The k8s DNS-1123 subdomain format Calico uses for resource names.
 const NAME_FORMAT: &str = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*";

@@ -203,7 +203,7 @@ current-context: calico-context
     ))
 }
 
-pub use crate::encoding::base64_std;
+pub use crate::support::encoding::base64_std;
 
 #[cfg(test)]
 mod tests {

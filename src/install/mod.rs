@@ -23,7 +23,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::datastore::DatastoreError;
-use crate::gocompat::NumError;
+use crate::support::gocompat::NumError;
 use kubeconfig::InCluster;
 use netconf::{EtcdTls, Inputs};
 use settings::{EnvconfigError, Paths, Settings};
@@ -50,7 +50,7 @@ pub enum InstallError {
     /// The conflist's path cannot be written as a file (`CNI_CONF_NAME` empty, or naming a
     /// directory or a place under a missing one), in `os.WriteFile`'s words. Upstream finds
     /// out when it writes, after the binaries; this is checked before.
-    #[error("{}", crate::gocompat::path_error("open", .path, .err))]
+    #[error("{}", crate::support::gocompat::path_error("open", .path, .err))]
     ConfPath { path: PathBuf, err: io::Error },
     #[error("{what} {}: {source}", .path.display())]
     Io {
@@ -220,7 +220,7 @@ pub fn install(
         tracing::info!("Removing {}", old.display());
         if let Err(e) = files::remove_as_go(&old) {
             tracing::warn!(
-                error = %crate::gocompat::path_error("remove", &old, &e),
+                error = %crate::support::gocompat::path_error("remove", &old, &e),
                 "Failed to remove {}",
                 settings.old_conf_name
             );

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use crate::gocompat::{parse_bool_go, parse_uint, NumError};
+use crate::support::gocompat::{parse_bool_go, parse_uint, NumError};
 
 /// Where the installer reads and writes: upstream's container paths unless moved.
 #[derive(Clone, Debug, PartialEq, Eq)]

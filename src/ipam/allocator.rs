@@ -25,7 +25,7 @@ use std::net::IpAddr;
 use crate::datastore::model::{AllocationBlock, IpPool, IpamConfig};
 use crate::datastore::{Datastore, DatastoreError, KvPair, Revision};
 use crate::ipam::lock::Journal;
-use crate::net::IpNet;
+use crate::support::net::IpNet;
 
 mod assign;
 mod claim;

@@ -909,7 +909,7 @@ async fn assign_ip_conflict_is_retried_without_over_counting() {
 /// DEL's first attempt releases the address but fails on the handle's removal; the retry
 /// finds the address released and the handle left, and a read of the handle that goes
 /// unanswered there must fail the DEL (to be retried), never end it with the handle still
-/// stored (issue 15, item 4: `released handle ... still present` after a successful DEL).
+/// stored.
 #[tokio::test]
 async fn an_unanswered_handle_read_during_a_retried_del_fails_it() {
     let ds = store();

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use crate::datastore::model::{AllocationAttribute, AllocationBlock};
-use crate::net::IpNet;
+use crate::support::net::IpNet;
 
 /// The handle Windows nodes use for their reserved addresses; such rows never make a block
 /// non-empty.

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tracing::debug;
 
-use crate::net::IpNet;
+use crate::support::net::IpNet;
 
 /// A file larger than this is not read (a /26 block with every address taken is ~20 KB).
 const MAX_FILE: u64 = 256 * 1024;
@@ -63,7 +63,7 @@ impl BlockCopies {
         if size > MAX_FILE {
             return None;
         }
-        let bytes = crate::input_file::read(&path).ok()?;
+        let bytes = crate::support::input_file::read(&path).ok()?;
         serde_json::from_slice::<BlockCopy>(&bytes)
             .ok()
             .filter(|c| c.cidr == cidr)

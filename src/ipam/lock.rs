@@ -5,7 +5,7 @@
 //! Unlike upstream, no local user can stall pod networking with it: the file is created
 //! 0600 (as upstream's flock library does) in a directory created 0755 (upstream: 0777),
 //! whatever the umask, and the wait is bounded: after `LOCK_WAIT` the call goes on unlocked.
-//! The wait is also cut at the call's deadline (`crate::deadline`): a call queued behind a
+//! The wait is also cut at the call's deadline (`crate::support::deadline`): a call queued behind a
 //! stuck holder then goes on unlocked too, and its next datastore request reports the
 //! deadline. `LOCK_WAIT` stays shorter than the default deadline on purpose: one stuck holder
 //! must not eat the whole budget of every call queued behind it.
@@ -45,9 +45,9 @@ use std::os::unix::fs::FileExt;
 use nix::fcntl::{Flock, FlockArg};
 use tracing::{debug, info, warn};
 
-use crate::input_file;
 use crate::ipam::block_copies::{BlockCopies, BlockCopy};
-use crate::net::IpNet;
+use crate::support::input_file;
+use crate::support::net::IpNet;
 
 /// At most this many hinted blocks are read early (one per family, and a spare).
 const MAX_HINTED_BLOCKS: usize = 4;
@@ -306,7 +306,7 @@ impl IpamLock {
 
     /// Takes the lock, waiting at most `min(LOCK_WAIT, what is left of the call's budget)`.
     pub async fn acquire(path: &str) -> IpamLock {
-        let (wait, capped) = crate::deadline::cap(LOCK_WAIT);
+        let (wait, capped) = crate::support::deadline::cap(LOCK_WAIT);
         if capped {
             debug!(?wait, "the IPAM lock wait is cut at the call's deadline");
         }
@@ -477,7 +477,7 @@ mod tests {
 
     /// `acquire_within` on a runtime of its own, as a call's.
     fn within(path: &str, wait: Duration) -> IpamLock {
-        crate::client::block_on(IpamLock::acquire_within(path, wait)).unwrap()
+        crate::call::client::block_on(IpamLock::acquire_within(path, wait)).unwrap()
     }
 
     fn scratch(name: &str) -> std::path::PathBuf {

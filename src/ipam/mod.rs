@@ -1,5 +1,5 @@
 //! Calico's block allocator: a library on the datastore, knowing nothing of CNI or the
-//! plugins (`ipam_driver::calico` and `ipam_plugin` are its CNI-facing users).
+//! plugins (`calico_ipam` is its CNI-facing user, which `calico` also runs in-process).
 
 pub mod allocator;
 pub mod block;

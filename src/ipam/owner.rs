@@ -166,10 +166,10 @@ impl AllocationBlock {
     }
 
     /// The addresses `handle` holds in this block, with the block's mask, in ordinal order.
-    pub fn addresses_of(&self, handle: &str) -> Vec<crate::net::IpNet> {
+    pub fn addresses_of(&self, handle: &str) -> Vec<crate::support::net::IpNet> {
         self.ordinals_of(handle)
             .into_iter()
-            .map(|o| crate::net::IpNet {
+            .map(|o| crate::support::net::IpNet {
                 addr: self.ip_of(o),
                 prefix: self.cidr.prefix,
             })

@@ -3,7 +3,7 @@
 //! `math/rand` source (Additive Lagged Fibonacci, seeded as Go seeds it) and of
 //! `big.Int.Rand`.
 
-use crate::net::{from_u128, to_u128, IpNet};
+use crate::support::net::{from_u128, to_u128, IpNet};
 
 const LEN: usize = 607;
 const TAP: usize = 273;
@@ -285,7 +285,7 @@ pub fn block_generator(pool: IpNet, block_size: u8, host: &str) -> impl Iterator
         .checked_shl(u32::from(block_size - pool.prefix))
         .unwrap_or(u128::MAX);
     let seed = if block_size == bits {
-        crate::timefmt::now_unix_nanos() as i64
+        crate::support::timefmt::now_unix_nanos() as i64
     } else {
         i64::from(fnv1_32(host))
     };
@@ -405,12 +405,12 @@ mod tests {
         assert_eq!(sorted.len(), 4);
         // Consecutive, wrapping from the last block to the first.
         for w in all.windows(2) {
-            let a = crate::net::to_u128(w[0].addr);
-            let b = crate::net::to_u128(w[1].addr);
+            let a = crate::support::net::to_u128(w[0].addr);
+            let b = crate::support::net::to_u128(w[1].addr);
             assert!(
                 b == a + 64
-                    || (a == crate::net::to_u128("10.0.0.192".parse().unwrap())
-                        && b == crate::net::to_u128("10.0.0.0".parse().unwrap()))
+                    || (a == crate::support::net::to_u128("10.0.0.192".parse().unwrap())
+                        && b == crate::support::net::to_u128("10.0.0.0".parse().unwrap()))
             );
         }
         // A pool of one block, and /32 blocks (time-seeded) still cover the pool.

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 
 use crate::datastore::model::{AllocationBlock, IpamHandle};
 use crate::datastore::{Datastore, Key};
-use crate::net::IpNet;
+use crate::support::net::IpNet;
 
 /// Why the datastore does not hold what the previous result says.
 #[derive(Debug, thiserror::Error)]
@@ -31,7 +31,7 @@ pub enum VerifyError {
 
 impl VerifyError {
     /// The call's deadline, when a datastore read ran out of it.
-    pub fn deadline(&self) -> Option<&crate::deadline::Expired> {
+    pub fn deadline(&self) -> Option<&crate::support::deadline::Expired> {
         match self {
             VerifyError::Datastore(e) => e.deadline(),
             _ => None,

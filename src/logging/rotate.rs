@@ -42,7 +42,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use nix::fcntl::{Flock, FlockArg};
 
-use crate::timefmt;
+use crate::support::timefmt;
 
 /// timberjack's unit of `MaxSize`.
 pub const MEGABYTE: i64 = 1024 * 1024;
@@ -364,7 +364,7 @@ fn open_append(path: &Path, mode: u32) -> io::Result<(File, u64)> {
             Ok((file, 0))
         }
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            let file = crate::input_file::open(path, OpenOptions::new().append(true))?;
+            let file = crate::support::input_file::open(path, OpenOptions::new().append(true))?;
             let len = file.metadata()?.len();
             Ok((file, len))
         }
@@ -474,9 +474,12 @@ impl RotatingFile {
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(open_err(&self.path, e)),
             // A FIFO (or anything else not a regular file) is not opened: it could block
-            // the call (`crate::input_file`); nor is it moved aside. The lines are dropped.
+            // the call (`crate::support::input_file`); nor is it moved aside. The lines are dropped.
             Ok(m) if !m.is_file() => {
-                return Err(open_err(&self.path, crate::input_file::not_regular()))
+                return Err(open_err(
+                    &self.path,
+                    crate::support::input_file::not_regular(),
+                ))
             }
             Ok(m) => Some(i64::try_from(m.len()).unwrap_or(i64::MAX)),
         };
@@ -484,25 +487,28 @@ impl RotatingFile {
             Some(size) if size.saturating_add(len) >= max => {
                 self.rotate(|size| size.saturating_add(len) >= max, report)
             }
-            Some(_) => match crate::input_file::open(&self.path, OpenOptions::new().append(true)) {
-                Ok(f) => {
-                    self.size = f
-                        .metadata()
-                        .map(|m| i64::try_from(m.len()).unwrap_or(i64::MAX))
-                        .unwrap_or_default();
-                    self.file = Some(f);
-                    Ok(())
+            Some(_) => {
+                match crate::support::input_file::open(&self.path, OpenOptions::new().append(true))
+                {
+                    Ok(f) => {
+                        self.size = f
+                            .metadata()
+                            .map(|m| i64::try_from(m.len()).unwrap_or(i64::MAX))
+                            .unwrap_or_default();
+                        self.file = Some(f);
+                        Ok(())
+                    }
+                    // timberjack moves a file it cannot append to aside, as a backup.
+                    Err(_) => {
+                        let aside = backup_name(&self.path, "initial", (self.clock)());
+                        fs::rename(&self.path, &aside).map_err(|source| WriteError::Rotate {
+                            path: self.path_text(),
+                            source,
+                        })?;
+                        self.open_new(LOG_FILE_MODE, None)
+                    }
                 }
-                // timberjack moves a file it cannot append to aside, as a backup.
-                Err(_) => {
-                    let aside = backup_name(&self.path, "initial", (self.clock)());
-                    fs::rename(&self.path, &aside).map_err(|source| WriteError::Rotate {
-                        path: self.path_text(),
-                        source,
-                    })?;
-                    self.open_new(LOG_FILE_MODE, None)
-                }
-            },
+            }
             None => self.open_new(LOG_FILE_MODE, None),
         }
     }

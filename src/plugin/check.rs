@@ -18,11 +18,11 @@ use crate::datastore::model::WorkloadEndpointSpec;
 use crate::datastore::resources::get_resource;
 use crate::datastore::Kind;
 use crate::error::{Error, Result};
-use crate::ipam_driver::{IpamDriver, IpamKind};
-use crate::net::IpNet;
+use crate::plugin::ipam::{IpamDriver, IpamKind};
 use crate::plugin::{add, connect, load, Call, Verb};
 use crate::skel::result::prev_result;
 use crate::skel::{CmdArgs, CniResult};
+use crate::support::net::IpNet;
 
 pub async fn cmd_check(args: &CmdArgs) -> Result<()> {
     let conf = load(args)?;

@@ -7,12 +7,13 @@
 //! whose endpoint cannot be read (any error but "not found": its container ID cannot be
 //! checked), touches nothing, so a false DEL is never destructive; the runtime retries it.
 //! Under a datastore that does not answer, DEL returns at the call's deadline
-//! (`crate::deadline`). Without the node name (no nodename file yet at boot,
+//! (`crate::support::deadline`). Without the node name (no nodename file yet at boot,
 //! `plugin::nodename`) it does all that needs none, finding the endpoint by container ID.
 
 use tracing::{info, warn};
 
-use crate::cluster_ready::check_datastore_ready;
+use crate::call::cluster_ready::check_datastore_ready;
+use crate::config::identifiers::WepIdentifiers;
 use crate::dataplane::grpc::GrpcDataplane;
 use crate::dataplane::link_watch::LinkGoneWatch;
 use crate::dataplane::CleanUp;
@@ -21,9 +22,8 @@ use crate::datastore::model::{WorkloadEndpoint, WorkloadEndpointSpec};
 use crate::datastore::resources::{decode_resource, delete_resource, get_resource, list_resources};
 use crate::datastore::{Datastore, DatastoreError, Key, Kind, ListKind};
 use crate::error::{Error, Result};
-use crate::identifiers::WepIdentifiers;
 use crate::ipam::lock::peek_blocks;
-use crate::ipam_driver::IpamDriver;
+use crate::plugin::ipam::IpamDriver;
 use crate::plugin::{connect_as, identifiers, load_config, nodename, Call, Verb};
 use crate::skel::CmdArgs;
 
@@ -419,7 +419,7 @@ mod tests {
     use crate::skel::CniError;
 
     use crate::dataplane::{CleanUp, DataplaneError, DelLinkError};
-    use crate::ipam_driver::fake::FakeIpam;
+    use crate::plugin::ipam::fake::FakeIpam;
 
     /// `release_once_torn_down` with a removal that ends with `torn` (as the gRPC agent's
     /// or the kernel's would): what IPAM was asked, and the failures.
@@ -427,7 +427,7 @@ mod tests {
         let ipam = FakeIpam::default();
         let args = CmdArgs::default();
         let mut failures = Failures::default();
-        crate::client::block_on(async {
+        crate::call::client::block_on(async {
             let mut teardown = Teardown(Some(CleanUp::Grpc(tokio::spawn(async move { torn }))));
             release_once_torn_down(&ipam, &args, &mut teardown, None, &mut failures).await;
             assert!(teardown.0.is_none(), "the removal is awaited once");
@@ -507,7 +507,8 @@ mod tests {
             one.into_result().unwrap_err().to_string(),
             "error deleting endpoint: boom"
         );
-        let expired = crate::deadline::expired("waiting for etcd (get /calico/ipam/v2/handle/h)");
+        let expired =
+            crate::support::deadline::expired("waiting for etcd (get /calico/ipam/v2/handle/h)");
         let two = Failures(vec![
             Error::Datastore(DatastoreError::Deadline(expired.clone())),
             Error::msg("failed to clean up workload's veth inside netns: boom"),

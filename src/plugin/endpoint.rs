@@ -5,14 +5,14 @@ use std::collections::BTreeMap;
 use serde_json::json;
 use tracing::{debug, info};
 
+use crate::config::identifiers::WepIdentifiers;
 use crate::datastore::model::{Profile, ProfileSpec, WorkloadEndpoint};
 use crate::datastore::resources::{create_resource, get_resource, list_resources, update_resource};
 use crate::datastore::{Datastore, Kind, ListKind};
 use crate::error::{Error, Result};
-use crate::identifiers::WepIdentifiers;
-use crate::net::IpNet;
 use crate::skel::result::{Interface, IpConfig};
 use crate::skel::CniResult;
+use crate::support::net::IpNet;
 
 /// This workload's existing endpoint (any interface name), found by name-prefix listing.
 pub async fn find_existing<D: Datastore>(

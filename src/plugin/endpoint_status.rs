@@ -100,7 +100,7 @@ pub async fn wait_for_policy(dir: &str, namespace: &str, wep_name: &str, seconds
     debug!(path = %path.display(), "Waiting for workload's status file to appear");
     // ADD's deadline was extended to cover this wait (`add::configured_waits`): the cap
     // only bites where the call's own work already used the time up.
-    let (wait, _) = crate::deadline::cap(max_wait(seconds));
+    let (wait, _) = crate::support::deadline::cap(max_wait(seconds));
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         if path.exists() {

@@ -10,15 +10,16 @@
 
 use tracing::{info, warn};
 
-use crate::client;
-use crate::cluster_ready::check_datastore_ready;
+use crate::calico_ipam::call::Known;
+use crate::call::client;
+use crate::call::cluster_ready::check_datastore_ready;
+use crate::config::identifiers::ORCH_K8S;
 use crate::datastore::model::{Resource, WorkloadEndpointSpec};
 use crate::datastore::resources::{delete_resource, list_resources};
 use crate::datastore::{Datastore, Kind, ListKind};
 use crate::error::{Error, Result};
-use crate::identifiers::ORCH_K8S;
 use crate::ipam::allocator::gc::{node_handles, NodeHandles};
-use crate::ipam_driver::{calico::Known, pick, runs_in_process, GcScope, IpamDriver, IpamKind};
+use crate::plugin::ipam::{pick, runs_in_process, GcScope, IpamDriver, IpamKind};
 use crate::plugin::{identifiers, load};
 use crate::skel::attachments::{self, Attachment};
 use crate::skel::{CmdArgs, CniError};

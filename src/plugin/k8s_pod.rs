@@ -10,14 +10,14 @@ use std::net::IpAddr;
 
 use serde_json::Value;
 
+use crate::calico_ipam::kubevirt::{self, PodVmi};
 use crate::config::NetConf;
 use crate::datastore::kubernetes::client::KubeClient;
 use crate::datastore::kubernetes::{core_objects, pods};
 use crate::datastore::model::WorkloadEndpoint;
 use crate::error::{Error, JsonValueError, Result};
-use crate::gojson;
-use crate::ipam_driver::kubevirt::{self, PodVmi};
-use crate::ipam_driver::IpamKind;
+use crate::plugin::ipam::IpamKind;
+use crate::support::gojson;
 
 const ANN_IPV4_POOLS: &str = "cni.projectcalico.org/ipv4pools";
 const ANN_IPV6_POOLS: &str = "cni.projectcalico.org/ipv6pools";
@@ -43,7 +43,7 @@ pub async fn node_pod_cidrs(call: &crate::plugin::Call) -> Result<(String, Strin
     }
     let (mut v4, mut v6) = (String::new(), String::new());
     for c in &cidrs {
-        let net: crate::net::IpNet = c.parse().map_err(Error::Cidr)?;
+        let net: crate::support::net::IpNet = c.parse().map_err(Error::Cidr)?;
         if net.version() == 4 {
             v4 = c.clone();
         } else {

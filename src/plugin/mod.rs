@@ -8,6 +8,7 @@ pub mod del;
 pub mod endpoint;
 pub mod endpoint_status;
 pub mod gc;
+pub mod ipam;
 pub mod k8s_pod;
 pub mod nodename;
 pub mod plan;
@@ -17,17 +18,18 @@ pub mod status;
 
 use tracing::info;
 
-use crate::client;
-use crate::cluster_ready::check_datastore_ready;
+use crate::calico_ipam::call::Known;
+use crate::call::client;
+use crate::call::cluster_ready::check_datastore_ready;
+use crate::config::identifiers::WepIdentifiers;
 use crate::config::NetConf;
 use crate::dataplane::Families;
 use crate::datastore::backend::Backend;
 use crate::datastore::kubernetes::client::{KubeClient, KubeSettings};
 use crate::error::{Context, Error, Result};
-use crate::identifiers::WepIdentifiers;
-use crate::ipam_driver::{self, calico::Known, Driver, IpamKind};
 use crate::skel::args::prepend_ignore_unknown;
 use crate::skel::{CmdArgs, CniError, CniResult, Plugin};
+use ipam::{Driver, IpamKind};
 use plan::Plan;
 
 pub struct CalicoPlugin;
@@ -91,13 +93,13 @@ pub struct Call {
 }
 
 impl Call {
-    /// The call's IPAM (`ipam_driver::pick`, with the plan's answer to where it runs).
+    /// The call's IPAM (`ipam::pick`, with the plan's answer to where it runs).
     pub fn ipam(&self) -> Driver<'_, Backend> {
         let known = Known {
             conf: &self.conf,
             ids: &self.ids,
         };
-        ipam_driver::pick(self.plan.ipam_in_process, &self.ds, known, &self.stdin)
+        ipam::pick(self.plan.ipam_in_process, &self.ds, known, &self.stdin)
     }
 }
 
@@ -113,7 +115,7 @@ pub fn load(args: &CmdArgs) -> Result<NetConf> {
 pub fn load_config(args: &CmdArgs) -> Result<NetConf> {
     let conf = NetConf::parse(&args.stdin_data)?;
     crate::logging::init(&conf, "cni-plugin");
-    crate::deadline::configure(conf.call_timeout_seconds);
+    crate::support::deadline::configure(conf.call_timeout_seconds);
     Ok(conf)
 }
 

@@ -24,16 +24,16 @@ use crate::config::{ConfigError, NetConf};
 pub const POLL: Duration = Duration::from_millis(100);
 
 /// ADD's gate: passes at once when the file exists (or is optional), else waits for it for
-/// at most half the time left (`crate::deadline`), then fails with upstream's text.
+/// at most half the time left (`crate::support::deadline`), then fails with upstream's text.
 pub async fn wait_for_file(conf: &NetConf) -> Result<(), ConfigError> {
     if conf.nodename_file_passes() {
         return Ok(());
     }
     let file = conf.nodename_file();
     // Not armed (a library caller): the default budget stands in for the deadline.
-    let left = match crate::deadline::current() {
-        Some(_) => crate::deadline::remaining(),
-        None => crate::deadline::DEFAULT_BUDGET,
+    let left = match crate::support::deadline::current() {
+        Some(_) => crate::support::deadline::remaining(),
+        None => crate::support::deadline::DEFAULT_BUDGET,
     };
     let bound = left / 2;
     info!(
@@ -102,7 +102,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
-        crate::client::block_on(f).expect("runtime")
+        crate::call::client::block_on(f).expect("runtime")
     }
 
     #[test]

@@ -7,17 +7,17 @@
 use std::net::IpAddr;
 use std::time::Instant;
 
+use crate::config::identifiers::WepIdentifiers;
 use crate::config::NetConf;
 use crate::dataplane::Families;
-use crate::identifiers::WepIdentifiers;
-use crate::ipam_driver::{self, IpamKind};
+use crate::plugin::ipam::{self, IpamKind};
 use crate::skel::CmdArgs;
 
 #[derive(Clone, Debug)]
 pub struct Plan {
     /// The IPAM the NetConf names.
     pub ipam: IpamKind,
-    /// Calico IPAM runs in this process (`ipam_driver::pick`).
+    /// Calico IPAM runs in this process (`ipam::pick`).
     pub ipam_in_process: bool,
     /// The orchestrator is Kubernetes (`K8S_POD_NAME` and friends in CNI_ARGS).
     pub k8s: bool,
@@ -33,7 +33,7 @@ pub struct Plan {
     pub families: Option<Families>,
     /// What ADD starts early and what goes together.
     pub add: AddSteps,
-    /// When the call must be done (`crate::deadline`; `None` when not armed).
+    /// When the call must be done (`crate::support::deadline`; `None` when not armed).
     pub deadline: Option<Instant>,
 }
 
@@ -73,7 +73,7 @@ impl Plan {
         let ipam = IpamKind::of(&conf.ipam.ipam_type);
         let k8s = ids.is_k8s();
         let policy_k8s = k8s && conf.policy.policy_type == "k8s";
-        let ipam_in_process = ipam_driver::runs_in_process(ipam, &conf.ipam.ipam_type, &args.path);
+        let ipam_in_process = ipam::runs_in_process(ipam, &conf.ipam.ipam_type, &args.path);
         let no_gates = conf.readiness_gates.is_empty();
         let new_endpoint = match k8s && kdd && ipam == IpamKind::Calico && ipam_in_process {
             true => EndpointWrite::WithAddresses,
@@ -91,7 +91,7 @@ impl Plan {
                 ipam_reads_with_reads: k8s && no_gates && ipam_in_process,
                 new_endpoint,
             },
-            deadline: crate::deadline::limit(),
+            deadline: crate::support::deadline::limit(),
         }
     }
 }

@@ -8,7 +8,7 @@
 //! The HTTP client is deliberately small: one HTTP/1.1 GET per probe, `Connection: close`,
 //! plain TCP for `http://` and rustls for `https://`, each redirect a new GET. As Go's `http.Client{}` upstream probes with, it goes through the
 //! environment's proxy (`HTTPS_PROXY`/`HTTP_PROXY`/`NO_PROXY`, Go's rules: see
-//! `crate::http_proxy`), and trusts Go's system roots on Linux (`crypto/x509`'s
+//! `crate::support::http_proxy`), and trusts Go's system roots on Linux (`crypto/x509`'s
 //! `root_linux.go` and `root_unix.go`): the first of its bundle files that can be read
 //! (`SSL_CERT_FILE` instead when set) and every file of its certificate directories
 //! (`SSL_CERT_DIR`'s, `:`-separated, instead when set), loaded once per process.
@@ -21,7 +21,7 @@ use tokio::net::TcpStream;
 use tracing::{error, info};
 
 use crate::error::{Error, Result};
-use crate::http_proxy::{self, ProxyEnv, ProxyUrl};
+use crate::support::http_proxy::{self, ProxyEnv, ProxyUrl};
 
 const POLL_INTERVAL: Duration = Duration::from_secs(5);
 const POLL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -190,7 +190,7 @@ pub async fn wait_for_gates(gates: &[String]) -> Result<()> {
             ))
         })?;
         let waiting = format!("waiting for readiness gate {gate}");
-        crate::deadline::bound(&waiting, poll(gate, &url, &proxies)).await??;
+        crate::support::deadline::bound(&waiting, poll(gate, &url, &proxies)).await??;
     }
     Ok(())
 }
@@ -342,13 +342,16 @@ fn load_roots(
         None => CERT_FILES.to_vec(),
     };
     for file in files {
-        match crate::input_file::read(std::path::Path::new(file)) {
+        match crate::support::input_file::read(std::path::Path::new(file)) {
             Ok(pem) => {
                 add_pem(&mut roots, &pem);
                 break;
             }
             Err(e) => keep(
-                std::io::Error::new(e.kind(), crate::gocompat::path_error("open", file, &e)),
+                std::io::Error::new(
+                    e.kind(),
+                    crate::support::gocompat::path_error("open", file, &e),
+                ),
                 &mut first_err,
             ),
         }
@@ -362,7 +365,7 @@ fn load_roots(
         let entries = match std::fs::read_dir(dir) {
             Ok(entries) => entries,
             Err(e) => {
-                let text = crate::gocompat::path_error("open", dir, &e);
+                let text = crate::support::gocompat::path_error("open", dir, &e);
                 keep(std::io::Error::new(e.kind(), text), &mut first_err);
                 continue;
             }
@@ -375,7 +378,7 @@ fn load_roots(
             if same_dir_link {
                 continue;
             }
-            if let Ok(pem) = crate::input_file::read(&path) {
+            if let Ok(pem) = crate::support::input_file::read(&path) {
                 add_pem(&mut roots, &pem);
             }
         }
@@ -615,7 +618,7 @@ mod tests {
         );
         assert!(req.contains(&format!(
             "Proxy-Authorization: Basic {}\r\n",
-            crate::encoding::base64_std(b"u:p")
+            crate::support::encoding::base64_std(b"u:p")
         )));
     }
 

@@ -1,6 +1,6 @@
 //! One ADD per pod interface at a time on a node.
 //!
-//! Why. A runtime that retries an ADD while its first one still runs (issue 15, item 4) starts
+//! Why. A runtime that retries an ADD while its first one still runs starts
 //! two calls for one sandbox. Both find no endpoint, both get an address under the same
 //! handle, and both build the same host veth (its name comes from the pod, or in cni mode
 //! from the container ID): the second one finds the first one's veth and replaces it as

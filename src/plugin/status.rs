@@ -4,11 +4,11 @@
 //! (Felix programs them), so 51 never applies. containerd polls STATUS every few seconds
 //! through the CRI, so it stays one request with a short bound and never writes.
 
-use crate::cluster_ready::calico_ready;
+use crate::call::cluster_ready::calico_ready;
 use crate::config::NetConf;
+use crate::delegate::exec::Exec;
 use crate::error::Error;
-use crate::ipam_driver::exec::Exec;
-use crate::ipam_driver::{self, IpamKind};
+use crate::plugin::ipam::{self, IpamKind};
 use crate::skel::{CmdArgs, CniError};
 
 /// `calico` STATUS: ready itself, then its IPAM plugin's STATUS (the spec's delegation). An
@@ -21,11 +21,11 @@ pub async fn cmd_status(args: &CmdArgs) -> Result<(), CniError> {
     // choice is made here without one: in-process, there is nothing more to ask.
     let ipam = conf.ipam.ipam_type.as_str();
     let kind = IpamKind::of(ipam);
-    if kind == IpamKind::None || ipam_driver::runs_in_process(kind, ipam, &args.path) {
+    if kind == IpamKind::None || ipam::runs_in_process(kind, ipam, &args.path) {
         return Ok(());
     }
     Exec::new(ipam)
         .verb("STATUS", args)
         .await
-        .map_err(CniError::from)
+        .map_err(|e| CniError::from(Error::from(e)))
 }

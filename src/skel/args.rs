@@ -8,7 +8,7 @@ use std::net::IpAddr;
 
 use super::CniError;
 
-use crate::gocompat::go_quote;
+use crate::support::gocompat::go_quote;
 
 /// How a known key's value is decoded (the Go field's `UnmarshalText`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

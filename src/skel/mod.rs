@@ -321,7 +321,7 @@ fn config_version(data: &[u8]) -> Result<String, CniError> {
             "",
         )
     };
-    crate::gojson::check_syntax(data).map_err(|e| decoding(e.to_string()))?;
+    crate::support::gojson::check_syntax(data).map_err(|e| decoding(e.to_string()))?;
     let v: serde_json::Value = serde_json::from_slice(data).map_err(|e| decoding(e.to_string()))?;
     // A `cniVersions` list (a network configuration's, for the runtime) is not read, as
     // libcni's plugin side does not: no `cniVersion` is 0.1.0.
@@ -332,7 +332,7 @@ fn config_version(data: &[u8]) -> Result<String, CniError> {
         Some(serde_json::Value::String(s)) => Ok(s.clone()),
         Some(other) => Err(decoding(format!(
             "json: cannot unmarshal {} into Go struct field .cniVersion of type string",
-            crate::gojson::kind(other)
+            crate::support::gojson::kind(other)
         ))),
     }
 }
@@ -364,7 +364,7 @@ fn validate_config(data: &[u8]) -> Result<(), CniError> {
             "",
         )
     };
-    crate::gojson::check_syntax(data).map_err(|e| decoding(e.to_string()))?;
+    crate::support::gojson::check_syntax(data).map_err(|e| decoding(e.to_string()))?;
     let v: serde_json::Value = serde_json::from_slice(data).map_err(|e| decoding(e.to_string()))?;
     let name = match (&v, go_field(&v, "name")) {
         (serde_json::Value::Object(_) | serde_json::Value::Null, None) => "",
@@ -373,13 +373,13 @@ fn validate_config(data: &[u8]) -> Result<(), CniError> {
         (_, Some(other)) => {
             return Err(decoding(format!(
                 "json: cannot unmarshal {} into Go struct field .name of type string",
-                crate::gojson::kind(other)
+                crate::support::gojson::kind(other)
             )))
         }
         (other, None) => {
             return Err(decoding(format!(
                 "json: cannot unmarshal {} into Go value of type struct {{ Name string \"json:\\\"name\\\"\" }}",
-                crate::gojson::kind(other)
+                crate::support::gojson::kind(other)
             )))
         }
     };

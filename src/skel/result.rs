@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::error::{CniError, CODE_DECODING_FAILURE, CODE_INCOMPATIBLE_VERSION};
-use crate::net::IpNet;
+use crate::support::net::IpNet;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CniResult {

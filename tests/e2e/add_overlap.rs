@@ -1,4 +1,4 @@
-//! ADD builds the veth pair while IPAM allocates (issue 9, item 2), and DEL removes the
+//! ADD builds the veth pair while IPAM allocates, and DEL removes the
 //! interface while the datastore is worked on: the failure interleavings this opens, with
 //! the real binary. Each leaves nothing behind (no veth, no route, no allocation or handle,
 //! no WorkloadEndpoint) and exits promptly; what the call did not make survives.

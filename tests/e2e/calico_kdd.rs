@@ -1467,8 +1467,7 @@ fn kdd_api_group_discovery() {
 
 /// FAKE SERVER: etcd with policy type k8s. While the pod is read from the API server nothing
 /// is made: no address is assigned and no interface built before the pod has said where its
-/// addresses come from and what its interface is (issue 39 removed the interface built
-/// meanwhile). Then, asking for nothing else, the pod gets an address of the default pool;
+/// addresses come from and what its interface is. Then, asking for nothing else, the pod gets an address of the default pool;
 /// a pool annotation or `ipAddrs` gets theirs; an `hwAddr` MAC is set on its interface; a
 /// refusal, or a route that cannot be added, leaves nothing. Killed while the pod's answer is
 /// held back, the runtime's DEL leaves nothing. The test server holds every answer back (a

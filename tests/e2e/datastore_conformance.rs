@@ -294,7 +294,7 @@ fn kdd_compare_and_delete_and_a_leftover_soft_delete() {
         assert!(api.get(&path).is_none());
 
         // A leftover: an affinity another client marked deleted and never removed.
-        let cidr: calico_cni::net::IpNet = "10.1.0.0/26".parse().unwrap();
+        let cidr: calico_cni::support::net::IpNet = "10.1.0.0/26".parse().unwrap();
         let aff = Key::host_affinity("node-x", cidr);
         ds.create(&aff, &json!({"state": "confirmed", "deleted": false}))
             .await

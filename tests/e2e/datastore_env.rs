@@ -85,7 +85,7 @@ fn context(name: &str, cluster: &str, user: &str) -> String {
 fn ca_data(w: &KddWorld) -> String {
     format!(
         "certificate-authority-data: {}",
-        calico_cni::encoding::base64_std(w.api.ca_pem().as_bytes())
+        calico_cni::support::encoding::base64_std(w.api.ca_pem().as_bytes())
     )
 }
 

@@ -1,4 +1,4 @@
-//! A deadline on every call (issue 8, item 5): with etcd frozen (SIGSTOP) during ADD, during
+//! A deadline on every call: with etcd frozen (SIGSTOP) during ADD, during
 //! DEL and with ADDs queued on the IPAM lock, and with an IPAM plugin that never answers,
 //! every call of the real binary returns within its bound (the deadline, plus the grace for
 //! an ADD's undo, plus start-up slack) with a CNI error, and once etcd is thawed nothing is
@@ -16,8 +16,8 @@ use serde_json::{json, Value};
 
 /// The budget the calls are given.
 const BUDGET: Duration = Duration::from_secs(3);
-/// `calico_cni::deadline::GRACE`: how long an ADD's undo may run past the deadline.
-const GRACE: Duration = calico_cni::deadline::GRACE;
+/// `calico_cni::support::deadline::GRACE`: how long an ADD's undo may run past the deadline.
+const GRACE: Duration = calico_cni::support::deadline::GRACE;
 /// Process start, `ip netns exec` and a loaded two-core machine.
 const SLACK: Duration = Duration::from_secs(2);
 

@@ -1,4 +1,4 @@
-//! Never hang, never leak (issue 6, items 1–7): every failure path from the real binary
+//! Never hang, never leak: every failure path from the real binary
 //! runs under a bounded wait (`run_plugin` kills and fails a call still running after
 //! `PLUGIN_TIMEOUT`), exits with a CNI error, and leaves nothing behind — while what the
 //! call did not create (a pod's running interface, another call's addresses) survives.

@@ -86,7 +86,7 @@ contexts:
     user: test
 current-context: test
 ",
-        ca = calico_cni::encoding::base64_std(w.api.ca_pem().as_bytes()),
+        ca = calico_cni::support::encoding::base64_std(w.api.ca_pem().as_bytes()),
         token = w.api.token(),
     );
     std::fs::write(&path, text).unwrap();
@@ -136,7 +136,7 @@ fn the_api_client_goes_through_a_connect_proxy_with_its_credentials() {
     )]);
     let basic = format!(
         "Basic {}",
-        calico_cni::encoding::base64_std(b"calico:pa:ss@word")
+        calico_cni::support::encoding::base64_std(b"calico:pa:ss@word")
     );
     for (who, bin) in binaries() {
         proxy.clear();
@@ -386,7 +386,10 @@ fn readiness_gates_go_through_the_environments_proxy() {
         ("HTTPS_PROXY", &proxy_url),
         ("SSL_CERT_FILE", &ca_file.display().to_string()),
     ]);
-    let basic = format!("Basic {}", calico_cni::encoding::base64_std(b"gate:pw"));
+    let basic = format!(
+        "Basic {}",
+        calico_cni::support::encoding::base64_std(b"gate:pw")
+    );
     for (who, bin) in binaries() {
         proxy.clear();
         gate.clear();

@@ -1,8 +1,12 @@
-//! No import circle between the files of `src/` (issue 39): a file's `use crate::…`,
+//! No import circle between the files of `src/`: a file's `use crate::…`,
 //! `use super::…`, `use self::…` and inline `crate::…` paths are its edges to the files that
 //! define those modules (test modules left out), and the graph must have no strongly
 //! connected component of more than one file. A circle means two layers each need the
 //! other: what both need belongs below them.
+//!
+//! And the layers of docs/architecture.md (`LAYERS`): a file imports only from its own layer
+//! and those below it; a folder of `src/` not in the table fails the test until it is given
+//! its place.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -163,6 +167,95 @@ fn circles(graph: &BTreeMap<Module, BTreeSet<Module>>) -> Vec<Vec<Module>> {
         }
     }
     s.out
+}
+
+/// `src/`'s top-level modules by layer, the top first (docs/architecture.md, "Layers").
+const LAYERS: &[&[&str]] = &[
+    // The three programs (`main.rs` dispatches to them; `lib.rs` declares them).
+    &["plugin", "install"],
+    // calico-ipam, which `calico` also runs in-process.
+    &["calico_ipam"],
+    // How a plugin call starts: its datastore connection, the ClusterInformation gate.
+    &["call"],
+    // The top-level error of the programs, composing the errors of the layers below.
+    &["error"],
+    // What `calico` delegates to: another CNI plugin, the pod's interface.
+    &["delegate", "dataplane"],
+    // The IPAM allocator library.
+    &["ipam"],
+    &["datastore"],
+    &["logging"],
+    // Calico's NetConf and the identifiers of a call.
+    &["config"],
+    // The CNI protocol, knowing nothing of Calico.
+    &["skel"],
+    // Go's texts and formats, the deadline: knowing nothing of Calico or CNI.
+    &["support"],
+];
+
+/// The layer of a module (its index in `LAYERS`), `None` for the crate root and the test
+/// support module, which are outside the layers.
+fn layer(module: &Module) -> Option<Result<usize, String>> {
+    let top = module.first()?;
+    if top == "test_support" {
+        return None;
+    }
+    Some(
+        LAYERS
+            .iter()
+            .position(|l| l.contains(&top.as_str()))
+            .ok_or_else(|| format!("src/{top} has no layer in LAYERS")),
+    )
+}
+
+/// Every import from a file to one of a higher layer, as `from -> to`.
+fn upward_imports(graph: &BTreeMap<Module, BTreeSet<Module>>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (from, deps) in graph {
+        let Some(own) = layer(from) else { continue };
+        let own = match own {
+            Ok(l) => l,
+            Err(e) => {
+                out.push(e);
+                continue;
+            }
+        };
+        for to in deps {
+            if let Some(Ok(theirs)) = layer(to) {
+                if theirs < own {
+                    out.push(format!("{} -> {}", from.join("/"), to.join("/")));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_import_from_a_lower_layer_to_a_higher_one() {
+    let files = modules();
+    assert!(files.len() > 50, "src/ not found: {} files", files.len());
+    let found = upward_imports(&edges(&files));
+    assert!(found.is_empty(), "upward imports: {found:#?}");
+}
+
+/// The check finds an upward import where there is one, and a folder with no layer.
+#[test]
+fn an_upward_import_is_found() {
+    let m = |s: &str| s.split('/').map(str::to_string).collect::<Module>();
+    let graph = BTreeMap::from([
+        (m("support/net"), BTreeSet::from([m("plugin/del")])),
+        (m("plugin/del"), BTreeSet::from([m("support/net")])),
+        (m("elsewhere/x"), BTreeSet::new()),
+    ]);
+    let found = upward_imports(&graph);
+    assert_eq!(
+        found,
+        [
+            "src/elsewhere has no layer in LAYERS",
+            "support/net -> plugin/del"
+        ]
+    );
 }
 
 #[test]

@@ -1,5 +1,5 @@
-//! Two ADDs of the same sandbox at once (a runtime retrying while its first ADD still runs;
-//! issue 15, item 4). Whatever ADD reports success, the pod must have exactly that result: the
+//! Two ADDs of the same sandbox at once (a runtime retrying while its first ADD still runs).
+//! Whatever ADD reports success, the pod must have exactly that result: the
 //! interface and its address in the pod netns, the host route, the WorkloadEndpoint and the
 //! allocation under the container's handle. The other ADD either fails cleanly (a CNI error,
 //! leaving nothing of its own and none of the winner's work undone) or reports the very same

@@ -1,4 +1,4 @@
-//! Behaviour that must match Calico v3.32.1 (issue 6, items 8–25), from the real binary:
+//! Behaviour that must match Calico v3.32.1, from the real binary:
 //! exit codes, error texts, stored keys and JSON, interfaces and routes.
 
 use std::io::{Read, Write};

@@ -1,14 +1,14 @@
 //! A thin REST client for the API server: kube's configuration loading (kubeconfig, token,
 //! client certificates, CA data) and auth layer over `OneConnection`, with JSON bodies in
 //! and out and every request bounded by a timeout and by the call's deadline
-//! (`crate::deadline`: `min(timeout, what is left)`; nothing is sent once it has passed). The
+//! (`crate::support::deadline`: `min(timeout, what is left)`; nothing is sent once it has passed). The
 //! bearer token is never logged.
 //!
 //! The kubeconfig is read as client-go's loading rules read it: one explicit file, or (the
 //! datastore's `KUBECONFIG` naming several, `a:b`) each file that exists merged into one,
 //! the first file to name a cluster, user or context winning it whole and the first
 //! non-empty `current-context` winning. The HTTP proxy is client-go's: the selected
-//! cluster's `proxy-url` when it has one, else the environment's (`crate::http_proxy`).
+//! cluster's `proxy-url` when it has one, else the environment's (`crate::support::http_proxy`).
 
 use std::time::Duration;
 
@@ -22,7 +22,7 @@ use tower::ServiceBuilder;
 use super::ratelimit::{RateLimit, RateLimiter, Refused};
 use super::transport::{OneConnection, Proxy, ProxyChoice};
 use crate::datastore::DatastoreError;
-use crate::http_proxy::{ProxyEnv, ProxyUrl};
+use crate::support::http_proxy::{ProxyEnv, ProxyUrl};
 
 /// How to reach the API server: a kubeconfig file, and client-go's overrides on top of it.
 /// Its `Debug` never shows the token.
@@ -219,7 +219,7 @@ fn read_kubeconfig(s: &KubeSettings) -> Result<Option<kube::config::Kubeconfig>,
     }
     if !s.kubeconfig_list {
         if let Err(e) = std::fs::metadata(&s.kubeconfig) {
-            return Err(config_error(crate::gocompat::path_error(
+            return Err(config_error(crate::support::gocompat::path_error(
                 "stat",
                 &s.kubeconfig,
                 &e,
@@ -237,7 +237,7 @@ fn read_kubeconfig(s: &KubeSettings) -> Result<Option<kube::config::Kubeconfig>,
         match std::fs::metadata(path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Ok(m) if !m.is_file() && !m.is_dir() => {
-                errors.push(failed(&crate::input_file::not_regular()));
+                errors.push(failed(&crate::support::input_file::not_regular()));
                 continue;
             }
             _ => {}
@@ -317,12 +317,12 @@ struct ClusterProxy {
 
 /// client-go's refusal of a cluster's `proxy-url` (its `validateClusterInfo`).
 #[derive(Debug, thiserror::Error)]
-#[error("invalid configuration: invalid 'proxy-url' {} for cluster {}: {source}", crate::gocompat::go_quote(.url), crate::gocompat::go_quote(.cluster))]
+#[error("invalid configuration: invalid 'proxy-url' {} for cluster {}: {source}", crate::support::gocompat::go_quote(.url), crate::support::gocompat::go_quote(.cluster))]
 struct InvalidProxyUrl {
     url: String,
     cluster: String,
     #[source]
-    source: crate::http_proxy::ProxyUrlError,
+    source: crate::support::http_proxy::ProxyUrlError,
 }
 
 /// The `proxy-url` of the cluster `context` (or the current context) selects, taken out of
@@ -361,7 +361,7 @@ fn choose_proxy(
     server: &http::Uri,
     kubeconfig: &ClusterProxy,
     env: &ProxyEnv,
-) -> Result<Result<Option<ProxyUrl>, crate::http_proxy::ProxyError>, DatastoreError> {
+) -> Result<Result<Option<ProxyUrl>, crate::support::http_proxy::ProxyError>, DatastoreError> {
     if !kubeconfig.proxy_url.is_empty() {
         return ProxyUrl::from_kubeconfig(&kubeconfig.proxy_url)
             .map(|p| Ok(Some(p)))
@@ -404,7 +404,7 @@ fn parse_server(server: &str) -> Result<http::Uri, DatastoreError> {
 /// A file kube opens itself (a FIFO there would block the call): refused here unless it is a
 /// regular file (see `input_file`).
 fn refuse_irregular(path: &str) -> Result<(), DatastoreError> {
-    crate::input_file::refuse_irregular(std::path::Path::new(path))
+    crate::support::input_file::refuse_irregular(std::path::Path::new(path))
         .map_err(|e| config_error(format!("{path}: {e}")))
 }
 
@@ -533,7 +533,7 @@ impl KubeClient {
                 Some(wait) if retries < MAX_RETRIES => wait,
                 _ => return Ok(resp),
             };
-            if crate::deadline::remaining() <= wait {
+            if crate::support::deadline::remaining() <= wait {
                 return Ok(resp);
             }
             retries += 1;
@@ -600,9 +600,9 @@ impl KubeClient {
             Ok::<_, String>((ApiResponse { status, body }, retry_after))
         };
         let waiting = || format!("waiting for the Kubernetes API server ({method} {path})");
-        crate::deadline::check(waiting())?;
+        crate::support::deadline::check(waiting())?;
         self.throttle(method, path).await?;
-        let (until, capped) = crate::deadline::cap_at(self.timeout);
+        let (until, capped) = crate::support::deadline::cap_at(self.timeout);
         let sent = std::time::Instant::now();
         match tokio::time::timeout_at(until, exchange).await {
             Ok(Ok(r)) => {
@@ -610,8 +610,8 @@ impl KubeClient {
                 Ok(r)
             }
             // The connection's own timeout is capped the same way: past the deadline, say so.
-            Ok(Err(_)) | Err(_) if capped && crate::deadline::remaining().is_zero() => {
-                Err(crate::deadline::expired(waiting()).into())
+            Ok(Err(_)) | Err(_) if capped && crate::support::deadline::remaining().is_zero() => {
+                Err(crate::support::deadline::expired(waiting()).into())
             }
             Ok(Err(e)) => Err(DatastoreError::Unavailable(format!("{method} {path}: {e}"))),
             Err(_) => Err(DatastoreError::Unavailable(format!(
@@ -624,9 +624,11 @@ impl KubeClient {
     /// Waits for the request's token (`ratelimit`), before its own timeout starts, as
     /// client-go does; a wait that would end past the deadline is not begun.
     async fn throttle(&self, method: &Method, path: &str) -> Result<(), DatastoreError> {
-        let wait = self
-            .limiter
-            .reserve(path, std::time::Instant::now(), crate::deadline::limit());
+        let wait = self.limiter.reserve(
+            path,
+            std::time::Instant::now(),
+            crate::support::deadline::limit(),
+        );
         match wait {
             Ok(wait) if wait.is_zero() => Ok(()),
             Ok(wait) => {
@@ -634,7 +636,7 @@ impl KubeClient {
                 tokio::time::sleep(wait).await;
                 Ok(())
             }
-            Err(Refused::PastDeadline) => Err(crate::deadline::expired(format!(
+            Err(Refused::PastDeadline) => Err(crate::support::deadline::expired(format!(
                 "waiting for the client-side rate limit ({method} {path})"
             ))
             .into()),

@@ -378,7 +378,7 @@ pub fn from_cr(key: &Key, cr: &Value) -> Result<FromCr, DatastoreError> {
     let deleted_flag = match spec.get("deleted") {
         Some(Value::Bool(b)) => *b,
         Some(Value::String(s)) if s.is_empty() => false,
-        Some(Value::String(s)) => crate::gocompat::parse_bool(s).ok_or_else(|| {
+        Some(Value::String(s)) => crate::support::gocompat::parse_bool(s).ok_or_else(|| {
             DatastoreError::Decode {
                 key: key.describe(),
                 error: format!(

@@ -29,7 +29,7 @@ use self::client::{ApiResponse, KubeClient};
 use self::core_objects::pod_path;
 use self::crd::{crd_ref, from_cr, mark_deleted, to_cr, CrdRef, Group};
 use super::{Datastore, DatastoreError, Key, Kind, KvPair, ListKind, Revision};
-use crate::identifiers::parse_wep_name;
+use crate::config::identifiers::parse_wep_name;
 
 const STRATEGIC_MERGE: &str = "application/strategic-merge-patch+json";
 const JSON: &str = "application/json";
@@ -823,7 +823,7 @@ impl KubeDatastore {
             }
             ListKind::Blocks { version } => {
                 self.list_keyed("ipamblocks", "", |item| {
-                    let cidr: crate::net::IpNet =
+                    let cidr: crate::support::net::IpNet =
                         item.pointer("/spec/cidr")?.as_str()?.parse().ok()?;
                     version
                         .is_none_or(|v| cidr.version() == v)
@@ -866,7 +866,7 @@ impl KubeDatastore {
         let pairs = self
             .list_keyed("blockaffinities", &query, |item| {
                 let spec = item.get("spec")?;
-                let cidr: crate::net::IpNet = spec.get("cidr")?.as_str()?.parse().ok()?;
+                let cidr: crate::support::net::IpNet = spec.get("cidr")?.as_str()?.parse().ok()?;
                 let node = spec.get("node")?.as_str()?;
                 let t = spec
                     .get("type")
@@ -940,7 +940,7 @@ impl KubeDatastore {
                     .map(str::to_string),
                 spec.get("cidr")
                     .and_then(Value::as_str)
-                    .and_then(|c| c.parse::<crate::net::IpNet>().ok()),
+                    .and_then(|c| c.parse::<crate::support::net::IpNet>().ok()),
             ) else {
                 continue;
             };

@@ -4,7 +4,7 @@
 use sha2::{Digest, Sha256};
 use sha3::Sha3_256;
 
-use crate::net::IpNet;
+use crate::support::net::IpNet;
 
 pub const LABEL_HOSTNAME_HASH: &str = "projectcalico.org/hostname-hash";
 pub const LABEL_AFFINITY_TYPE: &str = "projectcalico.org/affinity-type";

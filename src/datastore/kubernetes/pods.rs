@@ -10,9 +10,9 @@ use std::net::IpAddr;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use serde_json::{json, Value};
 
+use crate::config::identifiers::{veth_name_for_workload, WepIdentifiers};
 use crate::datastore::model::{IpNat, WorkloadEndpoint};
-use crate::identifiers::{veth_name_for_workload, WepIdentifiers};
-use crate::net::IpNet;
+use crate::support::net::IpNet;
 
 pub const ANNOTATION_CONTAINER_ID: &str = "cni.projectcalico.org/containerID";
 pub const ANNOTATION_POD_IP: &str = "cni.projectcalico.org/podIP";
@@ -95,7 +95,7 @@ pub fn source_prefixes(ann: &BTreeMap<String, String>) -> Result<Vec<String>, St
         return Ok(Vec::new());
     };
     // libcalico-go decodes it with json-iterator, whose error texts are its own.
-    let list = crate::gojson::iter_string_list(raw)
+    let list = crate::support::gojson::iter_string_list(raw)
         .map_err(|e| format!("failed to parse '{raw}' as JSON: {e}"))?;
     list.iter()
         .map(|p| {
@@ -109,7 +109,7 @@ pub fn source_prefixes(ann: &BTreeMap<String, String>) -> Result<Vec<String>, St
 /// Floating IPs (`cni.projectcalico.org/floatingIPs`, a JSON list) NATed to the pod's
 /// address of the same family.
 fn floating_ips(raw: &str, pod_nets: &[IpNet]) -> Result<Vec<IpNat>, String> {
-    let ips = crate::gojson::string_list(raw)
+    let ips = crate::support::gojson::string_list(raw)
         .map_err(|e| format!("failed to parse '{raw}' as JSON: {e}"))?;
     let (mut v4, mut v6) = (None, None);
     for n in pod_nets {
@@ -246,7 +246,7 @@ pub fn pod_to_endpoint(pod: &Pod) -> Result<WorkloadEndpoint, String> {
 
 /// `VethNameForWorkload` (`identifiers::interface_prefix`).
 fn interface_name(ns: &str, pod: &str) -> String {
-    veth_name_for_workload(&crate::identifiers::interface_prefix(), ns, pod)
+    veth_name_for_workload(&crate::config::identifiers::interface_prefix(), ns, pod)
 }
 
 /// The strategic-merge patch of `pods/<pod>/status` that records the endpoint (ADD): the

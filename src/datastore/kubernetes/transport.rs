@@ -8,7 +8,7 @@
 //! for the requests after it, as Go's transport does.
 //!
 //! Through an HTTP proxy (`Proxy`, chosen by the client as client-go chooses it, see
-//! `crate::http_proxy`) the one connection is the proxy's: for an `https://` server a
+//! `crate::support::http_proxy`) the one connection is the proxy's: for an `https://` server a
 //! `CONNECT` tunnel with the server's TLS (and HTTP/2, when offered) inside it, for an
 //! `http://` server HTTP/1.1 with every request in absolute form and the proxy's
 //! `Proxy-Authorization`, as Go's transport sends them.
@@ -31,7 +31,7 @@ use tokio_rustls::TlsConnector;
 
 use kube::client::Body;
 
-use crate::http_proxy::{self, Io, ProxyUrl};
+use crate::support::http_proxy::{self, Io, ProxyUrl};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -240,7 +240,7 @@ impl Inner {
             }
         };
         // Never past the call's deadline (the request's own bound then reports it).
-        let (until, _) = crate::deadline::cap_at(self.connect_timeout);
+        let (until, _) = crate::support::deadline::cap_at(self.connect_timeout);
         tokio::time::timeout_at(until, connect)
             .await
             .map_err(|_| -> BoxError {
@@ -506,7 +506,7 @@ mod tests {
         let heads = proxy.await.unwrap();
         let auth = format!(
             "proxy-authorization: Basic {}\r\n",
-            crate::encoding::base64_std(b"u:p@ss")
+            crate::support::encoding::base64_std(b"u:p@ss")
         );
         for (head, path) in heads.iter().zip(["/api/v1/a", "/api/v1/b?x=1"]) {
             assert!(

@@ -18,7 +18,7 @@ use crate::datastore::{to_value, Datastore, Key, KvPair, ListKind, Revision};
 use crate::ipam::block::BlockError;
 use crate::ipam::block_copies::BlockCopy;
 use crate::ipam::lock::Journal;
-use crate::net::IpNet;
+use crate::support::net::IpNet;
 
 /// Why assigning from one block failed.
 enum AssignError {
@@ -275,7 +275,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             return;
         }
         let addrs: Vec<IpAddr> = ips.iter().map(|n| n.addr).collect();
-        let undo = crate::deadline::cleanup_bound(
+        let undo = crate::support::deadline::cleanup_bound(
             "releasing the addresses of a failed assignment",
             self.release_ips(&addrs, Some(handle)),
         );

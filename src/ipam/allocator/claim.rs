@@ -17,8 +17,8 @@ use serde_json::Value;
 
 use crate::datastore::{to_value, Datastore, DatastoreError, Key, ListKind, Revision};
 use crate::ipam::randwalk::block_generator;
-use crate::net::IpNet;
-use crate::timefmt;
+use crate::support::net::IpNet;
+use crate::support::timefmt;
 
 /// Internal outcomes of the claim protocol that make the caller pick another block.
 pub(super) enum ClaimError {
@@ -463,8 +463,8 @@ pub(super) fn sort_in_walk_order(blocks: &mut [IpNet], pool: IpNet, block_size: 
         return;
     };
     let shift = u32::from(pool.bits().saturating_sub(block_size));
-    let base = crate::net::to_u128(pool.masked().addr);
-    let index = |c: &IpNet| crate::net::to_u128(c.addr).wrapping_sub(base) >> shift;
+    let base = crate::support::net::to_u128(pool.masked().addr);
+    let index = |c: &IpNet| crate::support::net::to_u128(c.addr).wrapping_sub(base) >> shift;
     let start = index(&first);
     let span = 1u128.checked_shl(u32::from(block_size.saturating_sub(pool.prefix)));
     blocks.sort_by_key(|c| {

@@ -7,7 +7,7 @@ use tracing::{debug, warn};
 use super::{Ipam, IpamError, Landed, DATASTORE_RETRIES};
 use crate::datastore::model::IpamHandle;
 use crate::datastore::{to_value, Datastore, DatastoreError, Key, KvPair};
-use crate::net::IpNet;
+use crate::support::net::IpNet;
 
 impl<'a, D: Datastore> Ipam<'a, D> {
     /// Adds `n` addresses in `cidr` to the handle's count. `exists`: the handle was just

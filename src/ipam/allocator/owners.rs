@@ -7,7 +7,7 @@ use super::{Ipam, IpamError, DATASTORE_RETRIES};
 use crate::datastore::model::IpamHandle;
 use crate::datastore::{Datastore, Key};
 use crate::ipam::owner::{OwnerUpdate, Owners};
-use crate::net::IpNet;
+use crate::support::net::IpNet;
 
 impl<'a, D: Datastore> Ipam<'a, D> {
     /// The addresses `handle` holds, with their blocks' masks: the handle's blocks read

@@ -10,7 +10,7 @@ use crate::datastore::model::{IpPool, IpReservation, Node};
 use crate::datastore::resources::{get_resource, list_resources};
 use crate::datastore::{Datastore, Kind, ListKind};
 use crate::ipam::selector;
-use crate::net::IpNet;
+use crate::support::net::IpNet;
 
 impl<'a, D: Datastore> Ipam<'a, D> {
     pub(super) async fn reservations(&self) -> Result<Vec<IpNet>, IpamError> {

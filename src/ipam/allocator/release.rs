@@ -20,7 +20,7 @@ use crate::datastore::{
     to_value, Datastore, DatastoreError, Key, Kind, KvPair, ListKind, Revision,
 };
 use crate::ipam::lock::Journal;
-use crate::net::IpNet;
+use crate::support::net::IpNet;
 
 impl<'a, D: Datastore> Ipam<'a, D> {
     /// Releases every address held by `handle_id`; `NotFound` when there is no such handle.

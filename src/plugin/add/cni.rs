@@ -8,9 +8,9 @@ use super::{
     endpoint_name, ipam_add, validate_endpoint_and_profile, veth_request, AddCx, Answered, Record,
 };
 use crate::error::{Error, Result};
-use crate::ipam_driver::Prepared;
 use crate::plugin::add::k8s::default_routes;
 use crate::plugin::endpoint;
+use crate::plugin::ipam::Prepared;
 use crate::skel::CniResult;
 
 pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: Answered) -> Result<CniResult> {

@@ -28,11 +28,11 @@ use crate::datastore::model::{IpNat, WorkloadEndpoint};
 use crate::datastore::validate;
 use crate::datastore::Datastore;
 use crate::error::Result;
-use crate::ipam_driver::IpamDriver;
-use crate::net::IpNet;
 use crate::plugin::endpoint;
+use crate::plugin::ipam::IpamDriver;
 use crate::plugin::plan::EndpointWrite;
 use crate::skel::{CmdArgs, CniResult};
+use crate::support::net::IpNet;
 
 /// What the annotations add to the interface and the endpoint.
 #[derive(Default)]
@@ -228,17 +228,17 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::calico_ipam::call::Known;
+    use crate::config::identifiers::WepIdentifiers;
     use crate::config::NetConf;
     use crate::dataplane::DataplaneError;
     use crate::datastore::memory::{Fault, KeyClass, MemoryDatastore};
     use crate::datastore::{Key, Kind};
     use crate::error::Error;
-    use crate::identifiers::WepIdentifiers;
     use crate::ipam::allocator::WriteBeside;
-    use crate::ipam_driver::calico::Known;
-    use crate::ipam_driver::fake::FakeIpam;
-    use crate::ipam_driver::{pick, Prepared};
     use crate::plugin::add::interface::tests::{FakeDataplane, FINISHED_MAC};
+    use crate::plugin::ipam::fake::FakeIpam;
+    use crate::plugin::ipam::{pick, Prepared};
 
     const CNI_ARGS: &str = "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=pod1";
 
@@ -356,7 +356,7 @@ mod tests {
                 ids: &self.ids,
             };
             let driver = pick(true, ds, known, &self.args.stdin_data);
-            crate::client::block_on(async {
+            crate::call::client::block_on(async {
                 let made = Made::new(ds, &driver, dp);
                 let outcome = async {
                     if script.pod_read_fails {
@@ -776,7 +776,7 @@ mod tests {
             log: dp.log.clone(),
             ..Default::default()
         };
-        let out = crate::client::block_on(async {
+        let out = crate::call::client::block_on(async {
             let made = Made::new(ds, &ipam, dp.clone());
             let outcome = async {
                 let add = ipam.add(&f.args, Prepared::default());

@@ -6,10 +6,6 @@
 //! own (a failed build or finish removes what it made). What stands at a failure is removed
 //! by ADD's one rollback (`Made::rollback`), which asks `take_for_removal`.
 //!
-//! (Until issue 39 the veth pair was also built while the first reads were answered and
-//! taken over once the pod was read; a same-build control showed the bench's two sides
-//! differ by as much as that gain, so it was removed: docs/benchmarks-history.md.)
-//!
 //! Generic over the `Dataplane`, so that every sequence is unit-tested with a fake (`tests`).
 
 use crate::dataplane::{
@@ -185,7 +181,7 @@ pub(crate) mod tests {
             annotations: &annotations,
         };
         let addrs = AddressRequest::default();
-        let ok = crate::client::block_on(async {
+        let ok = crate::call::client::block_on(async {
             let (mut stage, prepared) = Stage::Unbuilt(dp).prepare(veth()).await;
             let ok = match prepared {
                 Ok(()) => {
@@ -232,7 +228,7 @@ pub(crate) mod tests {
 
     #[test]
     fn steps_out_of_order_are_refused() {
-        crate::client::block_on(async {
+        crate::call::client::block_on(async {
             let (stage, first) = Stage::Unbuilt(FakeDataplane::default())
                 .prepare(veth())
                 .await;

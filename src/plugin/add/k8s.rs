@@ -13,20 +13,22 @@ use super::{
     endpoint_name, ipam_add, validate_endpoint_and_profile, veth_request, AddCx, Answered,
     IpamReadsAndLock, Record,
 };
+use crate::calico_ipam;
 use crate::dataplane::{Families, VethRequest};
 use crate::datastore::model::WorkloadEndpoint;
+use crate::delegate::exec::{host_local_add_stdin, uses_pod_cidr};
+use crate::delegate::DelegateError;
 use crate::error::{Context, Error, Result};
 use crate::ipam::allocator::WriteBeside;
-use crate::ipam_driver::exec::{host_local_add_stdin, uses_pod_cidr};
-use crate::ipam_driver::{calico, IpamDriver, IpamKind, Prepared};
-use crate::net::IpNet;
 use crate::plugin::endpoint;
 use crate::plugin::endpoint_status;
+use crate::plugin::ipam::{IpamDriver, IpamKind, Prepared};
 use crate::plugin::k8s_pod::{self, AddressSource, PodInfo};
 use crate::plugin::plan::{families_of, EndpointWrite};
 use crate::plugin::Call;
 use crate::skel::result::IpConfig;
 use crate::skel::{CmdArgs, CniResult};
+use crate::support::net::IpNet;
 
 /// Upstream's refusal of a Kubernetes pod's IPAM result without addresses.
 const MISSING_IP_CONFIG: &str = "IPAM plugin returned missing IP config";
@@ -72,7 +74,8 @@ pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: Answered) -> Resul
     let mut args = cx.args.clone();
     if plan.ipam == IpamKind::HostLocal && uses_pod_cidr(&args.stdin_data) {
         let (v4, v6) = k8s_pod::node_pod_cidrs(call).await?;
-        args.stdin_data = host_local_add_stdin(&args.stdin_data, &v4, &v6)?;
+        args.stdin_data =
+            host_local_add_stdin(&args.stdin_data, &v4, &v6).map_err(DelegateError::from)?;
     }
     validate_endpoint_and_profile(&wep, profile.as_ref())?;
 
@@ -166,7 +169,9 @@ impl AddressRequestOf<'_> {
                 }
                 // `IP=` in CNI_ARGS (read as calico-ipam reads it) asks for an address: no
                 // pools are chosen.
-                let namespace_labels = match calico::requested_ip(&calico::ipam_args(&ipam_args))? {
+                let namespace_labels = match calico_ipam::call::requested_ip(
+                    &calico_ipam::call::ipam_args(&ipam_args),
+                )? {
                     Some(_) => BTreeMap::new(),
                     None => namespace_labels(call, self.pod).await?,
                 };
@@ -247,7 +252,7 @@ async fn namespace_labels(call: &Call, pod: &PodInfo) -> Result<BTreeMap<String,
     if call.plan.policy_k8s {
         return Ok(pod.namespace_labels.clone());
     }
-    calico::namespace_labels(&call.conf, &call.ids.namespace, &call.ds).await
+    calico_ipam::add::namespace_labels(&call.conf, &call.ids.namespace, &call.ds).await
 }
 
 /// `ipAddrs` on a re-ADD: the endpoint's previous addresses are released first.
@@ -264,7 +269,7 @@ async fn release_old_addresses(call: &Call, args: &CmdArgs, old: &[String]) -> R
         ?ips,
         "releasing the endpoint's previous addresses before ipAddrs"
     );
-    calico::release_any(&call.ds, args, &ips)
+    calico_ipam::del::release_any(&call.ds, args, &ips)
         .await
         .context("failed to release ipAddrs")
 }

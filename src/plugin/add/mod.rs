@@ -30,7 +30,7 @@ mod rollback;
 
 use tracing::info;
 
-use crate::cluster_ready::check_datastore_ready;
+use crate::call::cluster_ready::check_datastore_ready;
 use crate::dataplane::grpc::GrpcDataplane;
 use crate::dataplane::{Families, Selected, VethRequest};
 use crate::datastore::backend::Backend;
@@ -40,9 +40,9 @@ use crate::datastore::Datastore;
 use crate::error::{Error, Result};
 use crate::ipam::allocator::{Ipam, ViewReads};
 use crate::ipam::lock::IpamLock;
-use crate::ipam_driver::{Driver, IpamDriver, IpamKind, Prepared};
 use crate::plugin::endpoint;
 use crate::plugin::endpoint_status;
+use crate::plugin::ipam::{Driver, IpamDriver, IpamKind, Prepared};
 use crate::plugin::k8s_pod::{self, PodInfo};
 use crate::plugin::plan::expected_families;
 use crate::plugin::readiness;
@@ -70,7 +70,7 @@ type Record<'a> = Made<'a, Backend, Driver<'a, Backend>, Selected>;
 
 pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     let conf = load_config(args)?;
-    crate::deadline::extend(configured_waits(&conf));
+    crate::support::deadline::extend(configured_waits(&conf));
     // Before anything is read or built: a pod scheduled before calico/node has started waits
     // for it (for at most half the time left), instead of failing at once as upstream.
     nodename::wait_for_file(&conf).await?;
@@ -350,7 +350,7 @@ fn veth_request(
 mod tests {
     use super::*;
     use crate::config::NetConf;
-    use crate::net::IpNet;
+    use crate::support::net::IpNet;
 
     fn routes(json: &str) -> Result<Vec<String>> {
         let conf = NetConf::parse(json.as_bytes()).unwrap();

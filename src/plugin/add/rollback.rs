@@ -37,13 +37,13 @@ use crate::dataplane::{
 use crate::datastore::model::{WorkloadEndpoint, WorkloadEndpointSpec};
 use crate::datastore::resources::{delete_resource, get_resource};
 use crate::datastore::{Datastore, DatastoreError, Kind};
-use crate::deadline;
 use crate::error::{Error, Result};
 use crate::ipam::allocator::WriteBeside;
-use crate::ipam_driver::IpamDriver;
-use crate::net::IpNet;
 use crate::plugin::endpoint;
+use crate::plugin::ipam::IpamDriver;
 use crate::skel::CmdArgs;
+use crate::support::deadline;
+use crate::support::net::IpNet;
 
 /// What one ADD has made so far.
 pub struct Made<'a, D, I, P: Dataplane> {

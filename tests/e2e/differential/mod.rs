@@ -463,7 +463,7 @@ fn record_the_oracle() {
     recording.header = Header {
         upstream_version: version,
         upstream_commit: commit,
-        recorded_at: calico_cni::timefmt::now_rfc3339(),
+        recorded_at: calico_cni::support::timefmt::now_rfc3339(),
         cases: recording.cases.len(),
     };
     recording.write(&path);

@@ -1,6 +1,6 @@
 //! The IPAM a `calico` call delegates to (its NetConf's `ipam` section), picked once per call
 //! by `pick`, as netavark's `get_network_driver` picks a network driver:
-//! * Calico IPAM in this process (`calico::InProcess`), when `ipam.type` is `calico-ipam` and
+//! * Calico IPAM in this process (`in_process::InProcess`), when `ipam.type` is `calico-ipam` and
 //!   that plugin in CNI_PATH is this very executable: the same code as a separate
 //!   `calico-ipam`, on the datastore connection the call already has;
 //! * any other plugin (a separate calico-ipam, host-local, ...) executed from CNI_PATH
@@ -9,13 +9,9 @@
 //!
 //! The plugin's steps see only `IpamDriver`, so their undo paths can be tested with a fake.
 
-pub mod azure;
-pub mod calico;
-pub mod exec;
 #[cfg(test)]
 pub mod fake;
-pub mod kubevirt;
-pub mod plugin_error;
+pub mod in_process;
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -23,11 +19,12 @@ use std::net::IpAddr;
 use tracing::{debug, warn};
 
 use crate::datastore::Datastore;
+use crate::delegate::exec;
 use crate::error::Result;
 use crate::ipam::allocator::gc::NodeHandles;
 use crate::skel::{CmdArgs, CniError, CniResult};
 
-pub use calico::Prepared;
+pub use crate::calico_ipam::add::Prepared;
 
 /// Which IPAM the NetConf names: what the steps that depend on it (pool annotations, the
 /// expected families, routes, host-local's pod CIDR) ask, instead of comparing strings.
@@ -84,7 +81,7 @@ pub trait IpamDriver {
 
 /// The driver of one call.
 pub enum Driver<'a, D> {
-    InProcess(calico::InProcess<'a, D>),
+    InProcess(in_process::InProcess<'a, D>),
     /// `calico_store`: the datastore, when the executed plugin is Calico IPAM (for
     /// `give_back` by address).
     Exec {
@@ -104,12 +101,12 @@ pub fn runs_in_process(kind: IpamKind, ipam_type: &str, cni_path: &str) -> bool 
 pub fn pick<'a, D: Datastore>(
     in_process: bool,
     ds: &'a D,
-    known: calico::Known<'a>,
+    known: crate::calico_ipam::call::Known<'a>,
     stdin: &'a [u8],
 ) -> Driver<'a, D> {
     let ipam_type = known.conf.ipam.ipam_type.as_str();
     if in_process {
-        return Driver::InProcess(calico::InProcess { ds, known, stdin });
+        return Driver::InProcess(in_process::InProcess { ds, known, stdin });
     }
     let calico_store = (IpamKind::of(ipam_type) == IpamKind::Calico).then_some(ds);
     Driver::Exec {
@@ -126,7 +123,7 @@ impl<D: Datastore> IpamDriver for Driver<'_, D> {
             Driver::InProcess(ipam) => Box::pin(ipam.add(args, prepared)).await,
             Driver::Exec { exec, .. } => {
                 drop(prepared);
-                exec.add(args).await
+                Ok(exec.add(args).await?)
             }
         }
     }
@@ -134,7 +131,7 @@ impl<D: Datastore> IpamDriver for Driver<'_, D> {
     async fn del(&self, args: &CmdArgs) -> Result<()> {
         match self {
             Driver::InProcess(ipam) => Box::pin(ipam.del(args)).await,
-            Driver::Exec { exec, .. } => exec.del(args).await,
+            Driver::Exec { exec, .. } => Ok(exec.del(args).await?),
         }
     }
 
@@ -146,7 +143,12 @@ impl<D: Datastore> IpamDriver for Driver<'_, D> {
         let released = match store {
             Some(ds) => {
                 debug!(addresses = ?ips, "releasing this call's addresses after a failed ADD");
-                Box::pin(calico::release_addresses(ds, &calico::ipam_args(args), ips)).await
+                Box::pin(crate::calico_ipam::del::release_addresses(
+                    ds,
+                    &crate::calico_ipam::call::ipam_args(args),
+                    ips,
+                ))
+                .await
             }
             None => {
                 debug!("releasing IPAM allocation after a failed ADD");
@@ -162,7 +164,7 @@ impl<D: Datastore> IpamDriver for Driver<'_, D> {
         match self {
             Driver::InProcess(ipam) => ipam.check(prev).await,
             Driver::Exec { exec, .. } if exec.plugin.is_empty() => Ok(()),
-            Driver::Exec { exec, .. } => exec.check(args).await,
+            Driver::Exec { exec, .. } => Ok(exec.check(args).await?),
         }
     }
 
@@ -171,7 +173,7 @@ impl<D: Datastore> IpamDriver for Driver<'_, D> {
             // It would repeat the very read `calico` STATUS has just made.
             Driver::InProcess(_) => Ok(()),
             Driver::Exec { exec, .. } if exec.plugin.is_empty() => Ok(()),
-            Driver::Exec { exec, .. } => exec.verb("STATUS", args).await,
+            Driver::Exec { exec, .. } => Ok(exec.verb("STATUS", args).await?),
         }
     }
 
@@ -184,7 +186,11 @@ impl<D: Datastore> IpamDriver for Driver<'_, D> {
             Driver::Exec { exec, .. } if exec.plugin.is_empty() => Vec::new(),
             Driver::Exec { exec, .. } => match exec.verb("GC", args).await {
                 Ok(()) => Vec::new(),
-                Err(e) => vec![format!("{} GC: {}", exec.plugin, CniError::from(e).msg)],
+                Err(e) => vec![format!(
+                    "{} GC: {}",
+                    exec.plugin,
+                    CniError::from(crate::error::Error::from(e)).msg
+                )],
             },
         }
     }

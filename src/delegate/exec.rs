@@ -6,7 +6,7 @@
 //! plugin whose file is busy (being written) is started again a second later, up to five
 //! times, as libcni's code means to (upstream's build gives up: docs/differences.md).
 //!
-//! A child plugin runs within the call's deadline (`crate::deadline`): it is given a budget
+//! A child plugin runs within the call's deadline (`crate::support::deadline`): it is given a budget
 //! (`CALICO_CALL_TIMEOUT_SECONDS`) of what is left minus the grace, in whole seconds and at
 //! least 1, so that a calico-ipam child gives up and undoes its own work before ours ends;
 //! one still running at the deadline is killed and reaped, and the call fails. The child is
@@ -34,10 +34,10 @@ use tracing::{debug, error, info, warn};
 
 use super::azure;
 use super::plugin_error::{ExecFailure, PluginError};
-use crate::error::{Context, Error, Result};
-use crate::gocompat;
-use crate::gojson::{self, GoJsonError};
+use super::{DelegateError, Result};
 use crate::skel::{CmdArgs, CniResult};
+use crate::support::gocompat;
+use crate::support::gojson::{self, GoJsonError};
 
 /// An IPAM plugin run as a child process, by its `ipam.type` name.
 #[derive(Clone, Debug)]
@@ -140,7 +140,7 @@ impl Exec {
 
     fn by_container_stdin(&self, args: &CmdArgs) -> Result<Vec<u8>> {
         match self.is_host_local() {
-            true => host_local_del_stdin(&args.stdin_data),
+            true => Ok(host_local_del_stdin(&args.stdin_data)?),
             false => Ok(args.stdin_data.clone()),
         }
     }
@@ -148,16 +148,16 @@ impl Exec {
 
 /// Locates `plugin` in the colon-separated CNI_PATH (libcni's `FindInPath`: texts, order,
 /// and the path as `filepath.Join` makes it).
-pub fn find_plugin(plugin: &str, cni_path: &str) -> Result<PathBuf> {
+pub fn find_plugin(plugin: &str, cni_path: &str) -> Result<PathBuf, FindError> {
     let dirs: Vec<&str> = cni_path.split(':').filter(|d| !d.is_empty()).collect();
     if plugin.is_empty() {
-        return Err(Error::msg("no plugin name provided"));
+        return Err(FindError::NoName);
     }
     if plugin.contains('/') {
-        return Err(Error::msg(format!("invalid plugin name: {plugin}")));
+        return Err(FindError::InvalidName(plugin.to_string()));
     }
     if dirs.is_empty() {
-        return Err(Error::msg("no paths provided"));
+        return Err(FindError::NoPaths);
     }
     for d in &dirs {
         let p = gocompat::clean_path(&Path::new(d).join(plugin));
@@ -165,10 +165,23 @@ pub fn find_plugin(plugin: &str, cni_path: &str) -> Result<PathBuf> {
             return Ok(p);
         }
     }
-    Err(Error::msg(format!(
-        "failed to find plugin \"{plugin}\" in path [{}]",
-        dirs.join(" ")
-    )))
+    Err(FindError::NotInPath {
+        plugin: plugin.to_string(),
+        dirs: dirs.join(" "),
+    })
+}
+
+/// libcni's `FindInPath` refusing (its texts).
+#[derive(Debug, thiserror::Error)]
+pub enum FindError {
+    #[error("no plugin name provided")]
+    NoName,
+    #[error("invalid plugin name: {0}")]
+    InvalidName(String),
+    #[error("no paths provided")]
+    NoPaths,
+    #[error("failed to find plugin \"{plugin}\" in path [{dirs}]")]
+    NotInPath { plugin: String, dirs: String },
 }
 
 /// libcni's `RawExec`: a plugin whose file is open for writing (`text file busy`: it is being
@@ -192,8 +205,11 @@ async fn exec(plugin: &str, command: &str, args: &CmdArgs, stdin: &[u8]) -> Resu
     }
     // Go's exec reports a failed copy only for a plugin that succeeded; a plugin that exits
     // without reading its input (EPIPE) is not one (`skipStdinCopyError`).
-    out.written
-        .with_context(|| format!("failed to write to {}", path.display()))?;
+    out.written.map_err(|source| DelegateError::Io {
+        what: "failed to write to",
+        path: path.clone(),
+        source,
+    })?;
     if !out.stderr.is_empty() {
         let _ = std::io::stderr().write_all(&out.stderr);
     }
@@ -205,17 +221,17 @@ async fn exec(plugin: &str, command: &str, args: &CmdArgs, stdin: &[u8]) -> Resu
 async fn start(path: &Path, command: &str, args: &CmdArgs, what: &str) -> Result<Child> {
     let mut retries = 0;
     loop {
-        crate::deadline::check(what)?;
+        crate::support::deadline::check(what)?;
         match plugin_command(path, command, args).spawn() {
             Ok(child) => return Ok(child),
             Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && retries < BUSY_RETRIES => {
                 retries += 1;
                 warn!(plugin = %path.display(), retries,
                     "the IPAM plugin's file is busy (being written): trying again in a second");
-                let (at, capped) = crate::deadline::cap_at(BUSY_WAIT);
+                let (at, capped) = crate::support::deadline::cap_at(BUSY_WAIT);
                 tokio::time::sleep_until(at).await;
                 if capped {
-                    return Err(crate::deadline::expired(format!(
+                    return Err(crate::support::deadline::expired(format!(
                         "waiting to run the IPAM plugin {} ({command}), whose file is busy",
                         path.display()
                     ))
@@ -234,10 +250,13 @@ async fn start(path: &Path, command: &str, args: &CmdArgs, what: &str) -> Result
 /// (CNI_ARGS with `IgnoreUnknown=1` first), and the budget of the call's deadline.
 fn plugin_command(path: &Path, command: &str, args: &CmdArgs) -> Command {
     let mut cmd = Command::new(path);
-    let left = crate::deadline::remaining();
+    let left = crate::support::deadline::remaining();
     if left != Duration::MAX {
-        let budget = left.saturating_sub(crate::deadline::GRACE).as_secs().max(1);
-        cmd.env(crate::deadline::ENV, budget.to_string());
+        let budget = left
+            .saturating_sub(crate::support::deadline::GRACE)
+            .as_secs()
+            .max(1);
+        cmd.env(crate::support::deadline::ENV, budget.to_string());
     }
     cmd.env("CNI_COMMAND", command)
         .env("CNI_CONTAINERID", &args.container_id)
@@ -266,7 +285,7 @@ const RESULT_VERSIONS: &[&str] = &[
 /// is in the version of the config `netconf`; a version libcni does not know is
 /// `unsupported CNI result version "<v>"`.
 fn parse_result(out: &[u8], netconf: &[u8]) -> Result<CniResult> {
-    let raw = |e: GoJsonError| Error::chain("failed to unmarshal raw result", e);
+    let raw = DelegateError::RawResult;
     gojson::check_syntax(out).map_err(|e| raw(e.into()))?;
     let mut v: serde_json::Value = serde_json::from_slice(out)?;
     let obj = match &mut v {
@@ -297,12 +316,11 @@ fn parse_result(out: &[u8], netconf: &[u8]) -> Result<CniResult> {
         }
     };
     if !RESULT_VERSIONS.contains(&version.as_str()) {
-        return Err(Error::msg(format!(
-            "unsupported CNI result version {}",
-            gocompat::quote(version.as_bytes())
+        return Err(DelegateError::ResultVersion(gocompat::quote(
+            version.as_bytes(),
         )));
     }
-    Ok(CniResult::parse(&serde_json::to_vec(&v)?)?)
+    CniResult::parse(&serde_json::to_vec(&v)?).map_err(DelegateError::Result)
 }
 
 /// What a finished child left.
@@ -331,9 +349,12 @@ async fn wait_for_child(
     stdin: &[u8],
     what: &str,
 ) -> Result<ChildOutput> {
-    let limit = crate::deadline::limit();
-    let waited =
-        |e: std::io::Error| Error::chain(format!("failed waiting for {}", path.display()), e);
+    let limit = crate::support::deadline::limit();
+    let waited = |source: std::io::Error| DelegateError::Io {
+        what: "failed waiting for",
+        path: path.to_path_buf(),
+        source,
+    };
     let input = child.stdin.take();
     let write = async move {
         let written = match input {
@@ -372,7 +393,7 @@ async fn wait_for_child(
             Err(_) => {
                 warn!(plugin = %path.display(), "killing the IPAM plugin at the call's deadline");
                 let _ = child.kill().await;
-                return Err(crate::deadline::expired(what).into());
+                return Err(crate::support::deadline::expired(what).into());
             }
         },
     };
@@ -388,7 +409,7 @@ async fn wait_for_child(
             });
             match tokio::time::timeout(wait, &mut read).await {
                 Ok(r) => r,
-                Err(_) => return Err(crate::deadline::expired(what).into()),
+                Err(_) => return Err(crate::support::deadline::expired(what).into()),
             }
         }
     };
@@ -422,7 +443,7 @@ pub fn is_this_executable(plugin: &str, cni_path: &str) -> bool {
 /// upstream's `ReplaceHostLocalIPAMPodCIDRs` with the dummy CIDRs DEL uses: `usePodCidr`
 /// (any case) → `0.0.0.0/0`, `usePodCidrIPv6` → `::/0`, in `ipam.subnet` and in every
 /// `ipam.ranges[][].subnet`; everything else kept.
-pub fn host_local_del_stdin(stdin: &[u8]) -> Result<Vec<u8>> {
+pub fn host_local_del_stdin(stdin: &[u8]) -> Result<Vec<u8>, HostLocalConfError> {
     rewrite_pod_cidr_subnets(stdin, |v6| {
         Ok(if v6 { "::/0" } else { "0.0.0.0/0" }.to_string())
     })
@@ -440,14 +461,14 @@ pub fn uses_pod_cidr(stdin: &[u8]) -> bool {
 
 /// host-local ADD (`ReplaceHostLocalIPAMPodCIDRs`): `usePodCidr` → the node's IPv4 pod CIDR,
 /// `usePodCidrIPv6` → its IPv6 one.
-pub fn host_local_add_stdin(stdin: &[u8], v4: &str, v6: &str) -> Result<Vec<u8>> {
+pub fn host_local_add_stdin(
+    stdin: &[u8],
+    v4: &str,
+    v6: &str,
+) -> Result<Vec<u8>, HostLocalConfError> {
     rewrite_pod_cidr_subnets(stdin, |want_v6| match (want_v6, v4, v6) {
-        (false, "", _) => Err(Error::msg(
-            "usePodCidr found but there is no IPv4 CIDR configured",
-        )),
-        (true, _, "") => Err(Error::msg(
-            "usePodCidrIPv6 found but there is no IPv6 CIDR configured",
-        )),
+        (false, "", _) => Err(HostLocalConfError::NoIpv4Cidr),
+        (true, _, "") => Err(HostLocalConfError::NoIpv6Cidr),
         (false, v4, _) => Ok(v4.to_string()),
         (true, _, v6) => Ok(v6.to_string()),
     })
@@ -457,22 +478,18 @@ pub fn host_local_add_stdin(stdin: &[u8], v4: &str, v6: &str) -> Result<Vec<u8>>
 /// `ipam.subnet` and every `ipam.ranges[][].subnet`, with upstream's parse errors.
 fn rewrite_pod_cidr_subnets(
     stdin: &[u8],
-    mut subst: impl FnMut(bool) -> Result<String>,
-) -> Result<Vec<u8>> {
+    mut subst: impl FnMut(bool) -> Result<String, HostLocalConfError>,
+) -> Result<Vec<u8>, HostLocalConfError> {
     let mut conf: serde_json::Value =
-        serde_json::from_slice(stdin).context("failed to parse network config")?;
+        serde_json::from_slice(stdin).map_err(HostLocalConfError::Parse)?;
     let Some(ipam) = conf.get_mut("ipam") else {
-        return Err(Error::msg(
-            "failed to parse host-local IPAM data; was expecting a dict, not: <nil>",
-        ));
+        return Err(HostLocalConfError::NotADict("<nil>".to_string()));
     };
     let shown = ipam.to_string();
     let serde_json::Value::Object(ipam) = ipam else {
-        return Err(Error::msg(format!(
-            "failed to parse host-local IPAM data; was expecting a dict, not: {shown}"
-        )));
+        return Err(HostLocalConfError::NotADict(shown));
     };
-    let mut replace = |obj: &mut serde_json::Map<String, serde_json::Value>| -> Result<()> {
+    let mut replace = |obj: &mut serde_json::Map<String, serde_json::Value>| {
         let Some(serde_json::Value::String(subnet)) = obj.get("subnet") else {
             return Ok(());
         };
@@ -484,7 +501,7 @@ fn rewrite_pod_cidr_subnets(
             return Ok(());
         };
         obj.insert("subnet".into(), serde_json::Value::from(subst(v6)?));
-        Ok(())
+        Ok::<_, HostLocalConfError>(())
     };
     replace(ipam)?;
     match ipam.get_mut("ranges") {
@@ -493,28 +510,40 @@ fn rewrite_pod_cidr_subnets(
             for set in sets {
                 let shown = set.to_string();
                 let serde_json::Value::Array(ranges) = set else {
-                    return Err(Error::msg(format!(
-                        "failed to parse host-local IPAM range set; was expecting a list, not: {shown}"
-                    )));
+                    return Err(HostLocalConfError::RangeSetNotAList(shown));
                 };
                 for r in ranges {
                     let shown = r.to_string();
                     let serde_json::Value::Object(r) = r else {
-                        return Err(Error::msg(format!(
-                            "failed to parse host-local IPAM data; was expecting a dict, not: {shown}"
-                        )));
+                        return Err(HostLocalConfError::NotADict(shown));
                     };
                     replace(r)?;
                 }
             }
         }
-        Some(other) => {
-            return Err(Error::msg(format!(
-                "failed to parse host-local IPAM ranges section; was expecting a list, not: {other}"
-            )))
-        }
+        Some(other) => return Err(HostLocalConfError::RangesNotAList(other.to_string())),
     }
-    Ok(serde_json::to_vec(&conf)?)
+    serde_json::to_vec(&conf).map_err(HostLocalConfError::Encode)
+}
+
+/// host-local's config refused where its `usePodCidr` subnets are rewritten (upstream's
+/// texts).
+#[derive(Debug, thiserror::Error)]
+pub enum HostLocalConfError {
+    #[error("failed to parse network config: {0}")]
+    Parse(#[source] serde_json::Error),
+    #[error("failed to parse host-local IPAM data; was expecting a dict, not: {0}")]
+    NotADict(String),
+    #[error("failed to parse host-local IPAM range set; was expecting a list, not: {0}")]
+    RangeSetNotAList(String),
+    #[error("failed to parse host-local IPAM ranges section; was expecting a list, not: {0}")]
+    RangesNotAList(String),
+    #[error("usePodCidr found but there is no IPv4 CIDR configured")]
+    NoIpv4Cidr,
+    #[error("usePodCidrIPv6 found but there is no IPv6 CIDR configured")]
+    NoIpv6Cidr,
+    #[error(transparent)]
+    Encode(serde_json::Error),
 }
 
 #[cfg(test)]

@@ -337,10 +337,10 @@ fn with_ipam_values(stdin: &[u8], values: &[(&str, &str)]) -> Result<Vec<u8>> {
 }
 
 /// The JSON object in `path`; `None` when the file cannot be read (upstream's loaders
-/// ignore that; what is not a regular file is not opened, `crate::input_file`) or holds
+/// ignore that; what is not a regular file is not opened, `crate::support::input_file`) or holds
 /// `null` (which Go decodes into a struct as nothing).
 fn read_object(path: &Path, go_type: &str) -> Result<Option<Map<String, Value>>> {
-    let raw = match crate::input_file::read(path) {
+    let raw = match crate::support::input_file::read(path) {
         Ok(raw) => raw,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             debug!(path = %path.display(), "no Azure state stored");
@@ -462,8 +462,8 @@ fn write_go_json<T: Serialize>(path: &Path, v: &T) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::net::IpNet;
     use crate::skel::result::IpConfig;
+    use crate::support::net::IpNet;
 
     fn scratch(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("azure-{name}-{}", std::process::id()));

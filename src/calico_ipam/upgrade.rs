@@ -37,9 +37,9 @@ use crate::datastore::model::ClusterInformation;
 use crate::datastore::resources::{get_resource, update_resource};
 use crate::datastore::settings::DatastoreSettings;
 use crate::datastore::{Datastore, DatastoreError, Key, Kind};
-use crate::gocompat::{errno_text, io_error_text, path_error};
 use crate::ipam::allocator::{Ipam, IpamError};
-use crate::net::ParseIpNetError;
+use crate::support::gocompat::{errno_text, io_error_text, path_error};
+use crate::support::net::ParseIpNetError;
 
 /// host-local's data dir for Calico's network (`ipAllocPath`).
 pub const HOST_LOCAL_DIR: &str = "/var/lib/cni/networks/k8s-pod-network";
@@ -252,7 +252,7 @@ pub fn run(opts: Options, env: &dyn Fn(&str) -> Option<String>) -> u8 {
         use_pod_cidr,
         ..opts
     };
-    let outcome = crate::client::block_on(async {
+    let outcome = crate::call::client::block_on(async {
         let Ok(ds) = backend::connect(&settings).await else {
             error!(node = %nodename, "failed to initialize api client");
             return false;
@@ -871,7 +871,7 @@ fn go_remove(path: &Path) -> io::Result<()> {
 
 /// Go's `os.ReadFile` (`open …` / `read …` errors: a directory opens, and its read fails),
 /// except that what is neither a file nor a directory (a FIFO would block) is refused at
-/// the open (`crate::input_file`).
+/// the open (`crate::support::input_file`).
 fn read_file(path: &Path) -> std::result::Result<Vec<u8>, PathError> {
     let mut f = OpenOptions::new()
         .read(true)
@@ -879,7 +879,7 @@ fn read_file(path: &Path) -> std::result::Result<Vec<u8>, PathError> {
         .open(path)
         .map_err(|e| PathError::new("open", path, e))?;
     if !f.metadata().is_ok_and(|m| m.is_file() || m.is_dir()) {
-        let e = crate::input_file::not_regular();
+        let e = crate::support::input_file::not_regular();
         return Err(PathError::new("open", path, e));
     }
     let mut buf = Vec::new();
@@ -911,7 +911,7 @@ impl HostLocalLock {
             dir.to_path_buf()
         };
         // Non-blocking, and a regular file only: a FIFO here must not stall the init
-        // container (`crate::input_file`).
+        // container (`crate::support::input_file`).
         let f = OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_CREAT | libc::O_NONBLOCK)
@@ -919,7 +919,7 @@ impl HostLocalLock {
             .open(&path)
             .map_err(DiskError::Open)?;
         if !f.metadata().is_ok_and(|m| m.is_file()) {
-            let e = crate::input_file::not_regular();
+            let e = crate::support::input_file::not_regular();
             return Err(PathError::new("open", &path, e).into());
         }
         Ok(HostLocalLock::Unlocked(f))

@@ -1,6 +1,6 @@
 //! The CNI-facing `calico-ipam` plugin (cni-plugin/pkg/ipamplugin): the entry points of a
 //! separate `calico-ipam` process. Each parses its config, sets up logging and the deadline,
-//! connects to the datastore and hands the work to Calico IPAM (`ipam_driver::calico`), the
+//! connects to the datastore and hands the work to Calico IPAM (`add`, `del`, `check`), the
 //! same code the `calico` plugin runs in-process:
 //! * ADD assigns addresses (AutoAssign, or AssignIP for `IP=` in CNI_ARGS) to the handle
 //!   `<network>.<containerID>`;
@@ -11,17 +11,23 @@
 //!
 //! `-upgrade` (the calico/cni image's upgrade-ipam) is `upgrade`.
 
+pub mod add;
+pub mod call;
+pub mod check;
+pub mod del;
+pub mod kubevirt;
 pub mod upgrade;
+pub mod vm;
 
-use crate::client;
-use crate::cluster_ready::{calico_ready, check_datastore_ready};
+use crate::call::client;
+use crate::call::cluster_ready::{calico_ready, check_datastore_ready};
 use crate::config::NetConf;
 use crate::error::{Error, Result};
 use crate::ipam::allocator::gc::node_handles;
-use crate::ipam_driver::calico::{self, Prepared};
 use crate::skel::attachments;
 use crate::skel::result::prev_result;
 use crate::skel::{CmdArgs, CniError, CniResult, Plugin};
+use add::Prepared;
 
 pub struct IpamPlugin;
 
@@ -71,32 +77,32 @@ fn run<T>(call: impl std::future::Future<Output = Result<T>>) -> Result<T, CniEr
 fn load(args: &CmdArgs) -> Result<NetConf> {
     let conf = NetConf::parse(&args.stdin_data)?;
     crate::logging::init(&conf, "ipam");
-    crate::deadline::configure(conf.call_timeout_seconds);
+    crate::support::deadline::configure(conf.call_timeout_seconds);
     Ok(conf)
 }
 
 async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     let conf = load(args)?;
     let ds = client::connect(&conf).await?;
-    let call = calico::identify(args, conf, true)?;
-    let requested = calico::requested_ip(args)?;
+    let call = call::identify(args, conf, true)?;
+    let requested = call::requested_ip(args)?;
     // Pools are chosen (and the namespace read for their selectors) only when no address
     // is asked for, as upstream's AutoAssign branch.
     let namespace_labels = match requested {
         Some(_) => Default::default(),
-        None => calico::namespace_labels(&call.conf, &call.ids.namespace, &ds).await?,
+        None => add::namespace_labels(&call.conf, &call.ids.namespace, &ds).await?,
     };
     let prepared = Prepared {
         namespace_labels,
         ..Default::default()
     };
-    calico::assign(&ds, &call, requested, prepared).await
+    add::assign(&ds, &call, requested, prepared).await
 }
 
 async fn cmd_del(args: &CmdArgs) -> Result<()> {
     let conf = load(args)?;
     let ds = client::connect(&conf).await?;
-    calico::release(&ds, &calico::identify(args, conf, false)?).await
+    del::release(&ds, &call::identify(args, conf, false)?).await
 }
 
 /// CHECK: the handle `<network>.<containerID>` holds every address of the previous result.
@@ -104,8 +110,8 @@ async fn cmd_check(args: &CmdArgs) -> Result<()> {
     let conf = load(args)?;
     let prev = prev_result(&args.stdin_data)?;
     let ds = client::connect(&conf).await?;
-    let call = calico::identify(args, conf, false)?;
-    calico::check_with(&ds, &call.conf, &call.ids, &prev).await
+    let call = call::identify(args, conf, false)?;
+    check::check_with(&ds, &call.conf, &call.ids, &prev).await
 }
 
 /// GC: this node's stale handles of this network, released under the IPAM lock.
@@ -117,7 +123,7 @@ async fn cmd_gc(args: &CmdArgs) -> Result<()> {
     let node = conf.node_name();
     let handles = node_handles(&ds, &node, &conf.name).await?;
     let cids = attachments::container_ids(&valid);
-    let outcome = calico::gc_with(&ds, &conf, &node, &handles, &cids).await;
+    let outcome = check::gc_with(&ds, &conf, &node, &handles, &cids).await;
     if outcome.failures.is_empty() {
         return Ok(());
     }

@@ -28,8 +28,8 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
-use crate::gocompat::io_error_text;
-use crate::net::IpNet;
+use crate::support::gocompat::io_error_text;
+use crate::support::net::IpNet;
 
 /// A byte stream a connection runs on: TCP, TLS over TCP, or either through a tunnel.
 pub trait Io: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
@@ -229,7 +229,7 @@ impl ProxyUrl {
         let pair = format!("{user}:{}", password.as_deref().unwrap_or(""));
         Some(format!(
             "Basic {}",
-            crate::encoding::base64_std(pair.as_bytes())
+            crate::support::encoding::base64_std(pair.as_bytes())
         ))
     }
 
@@ -948,7 +948,10 @@ mod tests {
         let p = ProxyUrl::from_env_value("http://us%40er:p%3Ass@proxy:3128").unwrap();
         assert_eq!(
             p.authorization().unwrap(),
-            format!("Basic {}", crate::encoding::base64_std(b"us@er:p:ss"))
+            format!(
+                "Basic {}",
+                crate::support::encoding::base64_std(b"us@er:p:ss")
+            )
         );
         assert!(!format!("{p} {p:?}").contains("p:ss") && !format!("{p:?}").contains("p%3Ass"));
         assert_eq!(p.to_string(), "http://proxy:3128");
@@ -956,12 +959,12 @@ mod tests {
         let p = ProxyUrl::from_env_value("http://u@proxy").unwrap();
         assert_eq!(
             p.authorization().unwrap(),
-            format!("Basic {}", crate::encoding::base64_std(b"u:"))
+            format!("Basic {}", crate::support::encoding::base64_std(b"u:"))
         );
         let p = ProxyUrl::from_env_value("http://u:p@ss@proxy").unwrap();
         assert_eq!(
             p.authorization().unwrap(),
-            format!("Basic {}", crate::encoding::base64_std(b"u:p@ss"))
+            format!("Basic {}", crate::support::encoding::base64_std(b"u:p@ss"))
         );
         assert_eq!(
             ProxyUrl::from_env_value("http://proxy")
@@ -1181,7 +1184,7 @@ mod tests {
             seen[0],
             format!(
                 "CONNECT kube.test:6443 HTTP/1.1\r\nHost: kube.test:6443\r\nUser-Agent: Go-http-client/1.1\r\nProxy-Authorization: Basic {}\r\n\r\n",
-                crate::encoding::base64_std(b"u:pw")
+                crate::support::encoding::base64_std(b"u:pw")
             )
         );
     }

@@ -14,13 +14,13 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tracing::{debug, info};
 
+use crate::config::identifiers::WepIdentifiers;
 use crate::config::NetConf;
 use crate::datastore::backend::Backend;
 use crate::datastore::kubernetes::core_objects;
 use crate::datastore::DatastoreError;
-use crate::encoding::base64_url_nopad;
 use crate::error::{Error, Result};
-use crate::identifiers::WepIdentifiers;
+use crate::support::encoding::base64_url_nopad;
 
 /// KubeVirt names every VM's launcher pod so; other pods are never read for this.
 pub const VIRT_LAUNCHER_PREFIX: &str = "virt-launcher-";

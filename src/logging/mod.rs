@@ -127,8 +127,8 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        let (secs, nanos) = crate::timefmt::now();
-        let ts = crate::timefmt::go_time_string(secs, 0);
+        let (secs, nanos) = crate::support::timefmt::now();
+        let ts = crate::support::timefmt::go_time_string(secs, 0);
         let meta = event.metadata();
         let file = meta
             .file()

@@ -16,8 +16,8 @@
 use std::path::PathBuf;
 use std::process::ExitStatus;
 
-use crate::gocompat;
-use crate::gojson::{self, GoJsonError};
+use crate::support::gocompat;
+use crate::support::gojson::{self, GoJsonError};
 
 /// Why the plugin did not succeed, in Go's words (`*exec.ExitError`, or the `*os.PathError`
 /// of the exec).

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tracing::info;
 
-use crate::client;
+use crate::call::client;
 use crate::config::NetConf;
 use crate::datastore::model::ClusterInformation;
 use crate::datastore::resources::get_resource;

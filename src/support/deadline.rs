@@ -1,5 +1,5 @@
 //! One deadline per plugin call, measured from process start, that every wait respects:
-//! datastore requests, the IPAM lock, netlink waits and child plugins (issue 8, item 5).
+//! datastore requests, the IPAM lock, netlink waits and child plugins.
 //!
 //! * The budget is `DEFAULT_BUDGET` (30 s), or the NetConf's `call_timeout_seconds`, or the
 //!   environment's `CALICO_CALL_TIMEOUT_SECONDS` (the environment wins; 0, or a value that

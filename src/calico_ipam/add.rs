@@ -1,0 +1,299 @@
+//! calico-ipam ADD: AutoAssign, or AssignIP for `IP=` in CNI_ARGS, to the handle
+//! `<network>.<containerID>` (or a KubeVirt VM's persistent handle, `vm.rs`), with what the
+//! `calico` plugin running it in-process has already read and locked (`Prepared`).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use super::call::{with_timeout, Call, IPAM_TIMEOUT};
+use super::vm::{detect_vm, persistent_vm, reuse_vm_addresses, VmVerb};
+use crate::calico_ipam::kubevirt::PodVmi;
+use crate::config::NetConf;
+use crate::datastore::backend::Backend;
+use crate::datastore::kubernetes::core_objects;
+use crate::datastore::model::IpPool;
+use crate::datastore::Datastore;
+use crate::error::{Context, Error, Result};
+use crate::ipam::allocator::{AutoAssignArgs, Ipam, ViewReads, WriteBeside};
+use crate::ipam::lock::IpamLock;
+use crate::skel::result::{IpConfig, Route};
+use crate::skel::CniResult;
+use crate::support::net::IpNet;
+use crate::support::timefmt;
+
+/// The namespace's labels for pools' `namespaceSelector`: read from the Kubernetes API when
+/// the NetConf names a kubeconfig or `policy.type: k8s` (as upstream), else none.
+pub async fn namespace_labels(
+    conf: &NetConf,
+    namespace: &str,
+    ds: &Backend,
+) -> Result<BTreeMap<String, String>> {
+    if (conf.kubernetes.kubeconfig.is_empty() && conf.policy.policy_type != "k8s")
+        || namespace.is_empty()
+    {
+        return Ok(BTreeMap::new());
+    }
+    let fail = || format!("failed to get namespace {namespace}");
+    let client = ds.plugin_kube_client(conf).await.with_context(fail)?;
+    let ns = core_objects::namespace(&client, namespace)
+        .await
+        .with_context(fail)?;
+    Ok(ns.metadata.labels.unwrap_or_default())
+}
+
+/// What the `calico` plugin hands the calico-ipam it runs in-process.
+#[derive(Default)]
+pub struct Prepared<'a> {
+    /// The pod's KubeVirt VMI as the call read the pod (`Some(None)`: read, no VMI);
+    /// `None` when the pod was not read (calico-ipam reads it if it may run a VM).
+    pub pod_vmi: Option<Option<PodVmi>>,
+    /// The namespace's labels (for pools' `namespaceSelector`).
+    pub namespace_labels: BTreeMap<String, String>,
+    /// AutoAssign's up-front reads, already made: under `lock`, or completed under it
+    /// (`Ipam::complete_view`).
+    pub reads: Option<ViewReads>,
+    /// The host's IPAM lock, already held.
+    pub lock: Option<IpamLock>,
+    /// The caller's write that goes out with the block write giving all the addresses
+    /// (`Ipam::write_beside`).
+    pub beside: Option<&'a dyn WriteBeside>,
+}
+
+pub async fn assign<D: Datastore>(
+    ds: &D,
+    call: &Call<'_>,
+    ip: Option<IpAddr>,
+    prepared: Prepared<'_>,
+) -> Result<CniResult> {
+    let Prepared {
+        pod_vmi,
+        namespace_labels,
+        reads,
+        lock,
+        beside,
+    } = prepared;
+    let lock_file = call.conf.ipam_lock_file();
+    let ipam = Ipam::new(ds, &call.ids.node).write_beside(beside);
+    let vm = persistent_vm(
+        &ipam,
+        detect_vm(ds, call, pod_vmi, false).await?,
+        VmVerb::Add,
+    )
+    .await?;
+    let handle = match &vm {
+        Some(vmi) => vmi.handle_id(&call.conf.name),
+        None => call.ids.handle_id(&call.conf.name),
+    };
+    let mut attrs = BTreeMap::new();
+    attrs.insert("node".to_string(), call.ids.node.clone());
+    attrs.insert("timestamp".to_string(), timefmt::now_go_string());
+    if call.ids.is_k8s() {
+        attrs.insert("pod".to_string(), call.ids.pod.clone());
+        attrs.insert("namespace".to_string(), call.ids.namespace.clone());
+    }
+    info!(handle, node = %call.ids.node, container_id = %call.ids.container_id, "calico-ipam ADD");
+    // A VM keeps the addresses its handle holds; it gets new ones (one per IP version,
+    // however many of its pods ask at once) only when it holds none.
+    let max = vm.as_ref().map(|_| 1);
+    if let Some(vmi) = &vm {
+        attrs.extend(
+            vmi.attributes()
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v)),
+        );
+        if let Some(kept) = with_timeout(reuse_vm_addresses(&ipam, vmi, &handle, &attrs)).await?? {
+            return Ok(kept);
+        }
+    }
+
+    if let Some(ip) = ip {
+        let _lock = match lock {
+            Some(l) => l,
+            None => IpamLock::acquire(lock_file).await,
+        };
+        let assigned = with_timeout(async {
+            upgrade_host_once(ds, &call.ids.node).await?;
+            Ok::<_, Error>(ipam.assign_ip(ip, &handle, &attrs, max).await?)
+        })
+        .await??;
+        info!(%assigned, "assigned the requested address");
+        // As AutoAssign's: one route per address (the address itself, /32 or /128).
+        return Ok(CniResult {
+            ips: vec![IpConfig {
+                address: assigned,
+                gateway: None,
+                interface: None,
+            }],
+            routes: vec![Route {
+                dst: assigned,
+                gw: None,
+            }],
+            ..Default::default()
+        });
+    }
+
+    let listed = reads.as_ref().and_then(ViewReads::pools);
+    let ipv4_pools = resolve_pools(&ipam, &call.conf.ipam.ipv4_pools, 4, listed).await?;
+    let ipv6_pools = resolve_pools(&ipam, &call.conf.ipam.ipv6_pools, 6, listed).await?;
+    let req = AutoAssignArgs {
+        num4: usize::from(call.conf.assign_ipv4()),
+        num6: usize::from(call.conf.assign_ipv6()),
+        handle_id: handle.clone(),
+        attrs,
+        ipv4_pools,
+        ipv6_pools,
+        max_blocks_per_host: 0,
+        namespace_labels,
+        max_per_version: max,
+    };
+    let lock = match lock {
+        Some(l) => l,
+        None => IpamLock::acquire(lock_file).await,
+    };
+    ipam.keep_journal(lock.journal());
+    let (v4, v6) = with_timeout(async {
+        let reads = match reads {
+            Some(reads) => reads,
+            None => {
+                ipam.read_view(lock.block_hint(), &lock.hinted_copies())
+                    .await
+            }
+        };
+        ipam.auto_assign_from(&req, reads).await
+    })
+    .await??;
+    lock.remember_blocks(&ipam.assigned_blocks());
+    // A family that fell short fails the call; give back what the other family got.
+    for short in [&v4, &v6] {
+        if let Some(why) = short.shortfall() {
+            let got: Vec<IpNet> = v4.ips.iter().chain(&v6.ips).copied().collect();
+            ipam.give_back(&got, &handle).await;
+            return Err(Error::msg(format!(
+                "failed to request IPv{} addresses: {why}",
+                short.version
+            )));
+        }
+    }
+    let mut result = CniResult::default();
+    for ip in v4.ips.iter().chain(&v6.ips) {
+        info!(address = %ip, "assigned address");
+        result.ips.push(IpConfig {
+            address: *ip,
+            gateway: None,
+            interface: None,
+        });
+        result.routes.push(Route { dst: *ip, gw: None });
+    }
+    Ok(result)
+}
+
+/// Where calico-ipam records that this host's IPAM objects were upgraded (upstream's path).
+pub const IPAM_UPGRADED_FILE: &str = "/var/run/calico/cni/ipam_upgraded";
+
+/// `maybeUpgradeIPAM` of the `IP=` path: once per host (the marker file), label this node's
+/// block affinities written by older releases, retrying with a doubling backoff until the
+/// budget the caller set runs out; then write the marker. The texts are upstream's (its
+/// prefix twice: once where the upgrade fails, once where its caller reports it).
+async fn upgrade_host_once<D: Datastore>(ds: &D, node: &str) -> Result<()> {
+    const PREFIX: &str = "failed to upgrade IPAM database";
+    let marker = std::path::Path::new(IPAM_UPGRADED_FILE);
+    if marker.exists() {
+        return Ok(());
+    }
+    info!(
+        node,
+        "Upgrading any IPAM affinities from older versions...."
+    );
+    // Upstream retries until its context ends and then reports the last failure; the
+    // caller's timeout is the same budget, so stop retrying just before it.
+    let until = tokio::time::Instant::now() + crate::support::deadline::cap(IPAM_TIMEOUT).0;
+    let mut delay = Duration::from_millis(100);
+    loop {
+        match ds.label_host_affinities(node).await {
+            Ok(0) => {
+                info!("No affinities needed to be upgraded.");
+                break;
+            }
+            Ok(n) => {
+                info!("Upgraded {n} block affinities belonging to this host.");
+                break;
+            }
+            Err(e) if e.is_deadline() || tokio::time::Instant::now() + delay >= until => {
+                return Err(Error::chain(PREFIX, Error::chain(PREFIX, e)));
+            }
+            Err(e) => {
+                warn!(error = %e, "Failed to upgrade IPAM blocks of this host; retrying");
+                tokio::time::sleep(delay).await;
+                delay = delay.saturating_mul(2);
+            }
+        }
+    }
+    let touch = || -> Result<()> {
+        if let Some(dir) = marker.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                Error::chain(
+                    format!("failed to create directory for file {IPAM_UPGRADED_FILE}"),
+                    e,
+                )
+            })?;
+        }
+        std::fs::File::create(marker)
+            .map(drop)
+            .map_err(|e| Error::chain(format!("failed to create file {IPAM_UPGRADED_FILE}"), e))
+    };
+    touch().map_err(|e| {
+        Error::chain(
+            PREFIX,
+            Error::chain(
+                format!("failed to create IPAM upgrade marker file {IPAM_UPGRADED_FILE}"),
+                e,
+            ),
+        )
+    })
+}
+
+/// `ipv4_pools`/`ipv6_pools` entries are CIDRs or IPPool names (utils.ResolvePools).
+async fn resolve_pools<D: Datastore>(
+    ipam: &Ipam<'_, D>,
+    entries: &[String],
+    version: u8,
+    listed: Option<&[IpPool]>,
+) -> Result<Vec<IpNet>> {
+    if entries.is_empty() {
+        return Ok(Vec::new());
+    }
+    let read;
+    let pools = match listed {
+        Some(p) => p,
+        None => {
+            read = ipam.pools().await?;
+            &read[..]
+        }
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let cidr = match entry.parse::<IpNet>() {
+            Ok(c) => c,
+            Err(_) => pools
+                .iter()
+                .find(|p| &p.metadata.name == entry)
+                .and_then(|p| p.cidr())
+                .ok_or_else(|| {
+                    Error::msg(format!(
+                        "error parsing pool \"{entry}\": invalid CIDR address: {entry}"
+                    ))
+                })?,
+        };
+        if cidr.version() != version {
+            return Err(Error::msg(format!(
+                "\"{}\" isn't a IPv{version} address",
+                cidr.addr
+            )));
+        }
+        out.push(cidr);
+    }
+    Ok(out)
+}
