@@ -562,12 +562,102 @@ impl Drop for EtcdServer {
 /// A multi-member etcd cluster on loopback (for fault tests), killed on drop.
 pub struct EtcdCluster {
     members: Vec<(Child, u16)>,
+    /// The members' logs.
     dir: super::cni::TempDir,
+    /// The members' data dirs, on tmpfs when there is one ([`memory_backed_dir`]).
+    data: PathBuf,
+}
+
+/// A fresh directory on tmpfs (/dev/shm) for a cluster's data dirs, or `fallback` where
+/// there is no tmpfs. Each member fdatasyncs its WAL before it sends a vote request, answers
+/// one, or acknowledges an entry. On a disk shared with builds and other suites one sync can
+/// take longer than the election timeout (1 s): a cluster that has lost a member then has no
+/// member to spare, so the two survivors' vote requests, each sent only after its own sync,
+/// cross into split votes, and a leader elected loses its one follower's answers and steps
+/// down (check-quorum) -- elections over and over, no leader for as long as the disk is slow.
+/// The fault tests are about the plugin riding out a member's loss, not about etcd's disk.
+/// Each member takes about 130 MB there (two WAL segments of 64 MB, preallocated), so a
+/// small /dev/shm (a container's 64 MB) is passed over.
+fn memory_backed_dir(fallback: &Path, members: usize) -> PathBuf {
+    const PER_MEMBER: u64 = 192 << 20;
+    let shm = c"/dev/shm";
+    // SAFETY: statfs(2) of a NUL-terminated path into a zeroed struct of the size it writes.
+    let (is_tmpfs, free) = unsafe {
+        let mut st: libc::statfs = std::mem::zeroed();
+        let ok = libc::statfs(shm.as_ptr(), &mut st) == 0;
+        let block = u64::try_from(st.f_bsize).unwrap_or(0);
+        (
+            ok && st.f_type == libc::TMPFS_MAGIC,
+            st.f_bavail.saturating_mul(block),
+        )
+    };
+    let on_tmpfs = is_tmpfs && free >= PER_MEMBER * members as u64;
+    let dir = Path::new("/dev/shm").join(format!(
+        "calico-etcd-cluster-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::SeqCst)
+    ));
+    if on_tmpfs && fs::create_dir_all(&dir).is_ok() {
+        return dir;
+    }
+    eprintln!(
+        "etcd cluster: no tmpfs with {} MB free at /dev/shm, data on disk (a busy disk can \
+         leave the survivors of a member's loss without a leader)",
+        (PER_MEMBER * members as u64) >> 20
+    );
+    fallback.join("data")
+}
+
+/// What a member's whole log says of its elections and its disk (the tail printed after it
+/// may start after the elections that matter).
+fn raft_summary(log: &str) -> String {
+    let count = |what: &str| log.lines().filter(|l| l.contains(what)).count();
+    let millis = |t: &str| match t.strip_suffix("ms") {
+        Some(ms) => ms.parse::<f64>().ok(),
+        None => t
+            .strip_suffix('s')
+            .and_then(|s| s.parse::<f64>().ok())
+            .map(|s| s * 1000.0),
+    };
+    let slowest_sync = log
+        .lines()
+        .filter(|l| l.contains("\"slow fdatasync\""))
+        .filter_map(|l| millis(l.split("\"took\":\"").nth(1)?.split('"').next()?))
+        .fold(0.0, f64::max);
+    let mut out = format!(
+        "{} elections started, {} leaders elected, {} leaders lost, {} vote requests refused, \
+         {} slow fdatasyncs (slowest {slowest_sync:.0} ms), {} late heartbeats",
+        count("is starting a new election"),
+        count("elected leader"),
+        count("lost leader"),
+        count("rejected MsgVote"),
+        count("\"slow fdatasync\""),
+        count("failed to send out heartbeat on time"),
+    );
+    let elections: Vec<&str> = log
+        .lines()
+        .filter(|l| {
+            [
+                "became candidate",
+                "became leader",
+                "elected leader",
+                "lost leader",
+            ]
+            .iter()
+            .any(|m| l.contains(m))
+        })
+        .collect();
+    for l in &elections[elections.len().saturating_sub(20)..] {
+        out.push('\n');
+        out.push_str(l);
+    }
+    out
 }
 
 impl EtcdCluster {
     pub fn start(size: usize) -> EtcdCluster {
         let dir = super::cni::TempDir::new("etcd-cluster");
+        let data = memory_backed_dir(dir.path(), size);
         let ports: Vec<(u16, u16)> = (0..size).map(|_| free_ports()).collect();
         let initial = ports
             .iter()
@@ -581,7 +671,7 @@ impl EtcdCluster {
             let peer_url = format!("http://127.0.0.1:{peer}");
             let child = Command::new("etcd")
                 .args(["--name", &format!("m{i}"), "--data-dir"])
-                .arg(dir.path().join(format!("m{i}")))
+                .arg(data.join(format!("m{i}")))
                 .args([
                     "--listen-client-urls",
                     &client_url,
@@ -612,7 +702,7 @@ impl EtcdCluster {
                 .expect("start etcd member");
             members.push((child, *port));
         }
-        let c = EtcdCluster { members, dir };
+        let c = EtcdCluster { members, dir, data };
         let deadline = Instant::now() + Duration::from_secs(30);
         while !c.healthy() {
             assert!(
@@ -686,10 +776,12 @@ impl Drop for EtcdCluster {
             let _ = c.kill();
             let _ = c.wait();
         }
+        let _ = fs::remove_dir_all(&self.data);
         if std::thread::panicking() {
             for i in 0..self.members.len() {
                 let log = fs::read_to_string(self.dir.path().join(format!("m{i}.log")))
                     .unwrap_or_default();
+                eprintln!("--- etcd member m{i}: {}", raft_summary(&log));
                 let lines: Vec<&str> = log.lines().collect();
                 let tail = &lines[lines.len().saturating_sub(80)..];
                 eprintln!("--- etcd member m{i}: last {} log lines ---", tail.len());
