@@ -13,7 +13,7 @@ use crate::datastore::DatastoreError;
 use crate::delegate::DelegateError;
 use crate::ipam::allocator::IpamError;
 use crate::ipam::verify::VerifyError;
-use crate::skel::error::{CODE_TRY_AGAIN_LATER, CODE_UNSET};
+use crate::skel::error::{CODE_INVALID_ENV, CODE_NOT_AVAILABLE, CODE_TRY_AGAIN_LATER, CODE_UNSET};
 use crate::skel::CniError;
 use crate::support::deadline::Expired;
 use crate::support::gojson::GoJsonError;
@@ -68,6 +68,22 @@ pub enum Error {
     /// The call's deadline passed (`crate::support::deadline`).
     #[error(transparent)]
     Deadline(#[from] Expired),
+    /// Calico is not ready to serve ADD (STATUS's answer; the cause, if any, in the text).
+    #[error("{what}{}", .source.as_ref().map(|s| format!(": {s}")).unwrap_or_default())]
+    NotReady {
+        what: String,
+        source: Option<Box<Error>>,
+    },
+    /// `calico -t`: the datastore connection failed (upstream's code 100, the cause as
+    /// details).
+    #[error("data store connection failed")]
+    ConnectionTest(#[source] Box<Error>),
+    /// An interface name with a `%`, the kernel's name template.
+    #[error("interface name contains '%', which the kernel treats as a name template")]
+    InterfaceNameTemplate { ifname: String },
+    /// Another ADD of the same pod interface holds its sandbox lock.
+    #[error("another ADD for the interface {host_veth} is in progress on this node")]
+    SandboxBusy { host_veth: String },
     /// An error that already is a CNI error: passed through unchanged.
     #[error("{}", .0.msg)]
     Cni(CniError),
@@ -165,8 +181,23 @@ impl From<CniError> for Error {
 /// plugin's output gave, else none (0: libcni words those failures itself).
 impl From<Error> for CniError {
     fn from(e: Error) -> CniError {
+        // The interface name is the details.
+        if let Error::InterfaceNameTemplate { ifname } = &e {
+            return CniError::new(CODE_INVALID_ENV, e.to_string(), ifname.as_str());
+        }
         match e {
             Error::Cni(c) => c,
+            e @ Error::NotReady { .. } => CniError::new(CODE_NOT_AVAILABLE, e.to_string(), ""),
+            Error::ConnectionTest(cause) => CniError::new(
+                CONNECTION_TEST_FAILED,
+                CONNECTION_TEST_MSG,
+                cause.to_string(),
+            ),
+            e @ Error::SandboxBusy { .. } => CniError::new(
+                CODE_TRY_AGAIN_LATER,
+                e.to_string(),
+                "two ADDs of one sandbox at once; retry once the first is done",
+            ),
             Error::Delegate(DelegateError::Result(c)) => c,
             Error::Delegate(DelegateError::Plugin(p)) => {
                 let code = p.code().unwrap_or(CODE_UNSET);
@@ -197,6 +228,10 @@ impl From<Error> for CniError {
         }
     }
 }
+
+/// `calico -t`'s code and text when the datastore cannot be reached (upstream's).
+const CONNECTION_TEST_FAILED: u64 = 100;
+const CONNECTION_TEST_MSG: &str = "data store connection failed";
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -241,5 +276,39 @@ mod tests {
             **source,
             Error::Datastore(DatastoreError::Conflict(_))
         ));
+    }
+
+    /// The conditions found above the libraries get their codes here, and nowhere else.
+    #[test]
+    fn each_condition_gets_its_code_in_the_one_mapping() {
+        let not_ready = Error::NotReady {
+            what: "the Calico datastore is not ready".into(),
+            source: Some(Box::new(
+                crate::support::deadline::expired("reading x").into(),
+            )),
+        };
+        let c = CniError::from(not_ready);
+        assert_eq!(
+            c.code, CODE_NOT_AVAILABLE,
+            "not ready, even when the cause is a deadline"
+        );
+        assert!(
+            c.msg.starts_with("the Calico datastore is not ready: "),
+            "{}",
+            c.msg
+        );
+        let c = CniError::from(Error::ConnectionTest(Box::new(Error::msg("refused"))));
+        assert_eq!(
+            (c.code, c.msg.as_str(), c.details.as_str()),
+            (100, "data store connection failed", "refused")
+        );
+        let c = CniError::from(Error::SandboxBusy {
+            host_veth: "cali1".into(),
+        });
+        assert_eq!(c.code, CODE_TRY_AGAIN_LATER);
+        let c = CniError::from(Error::InterfaceNameTemplate {
+            ifname: "e%d".into(),
+        });
+        assert_eq!((c.code, c.details.as_str()), (CODE_INVALID_ENV, "e%d"));
     }
 }

@@ -12,7 +12,6 @@ use std::time::Instant;
 use calico_cni::calico_ipam::upgrade;
 use calico_cni::calico_ipam::IpamPlugin;
 use calico_cni::plugin::CalicoPlugin;
-use calico_cni::skel::error::CODE_TRY_AGAIN_LATER;
 use calico_cni::skel::{self, CniError};
 use calico_cni::support::deadline;
 
@@ -121,7 +120,7 @@ fn one_malloc_arena() {
 
 /// The watchdog's end of a call that outlived its deadline and grace: the error JSON, exit 1.
 fn end_overdue_call(expired: deadline::Expired) {
-    let err = CniError::new(CODE_TRY_AGAIN_LATER, expired.to_string(), "");
+    let err = CniError::from(calico_cni::error::Error::Deadline(expired));
     let json = skel::error_json(&err);
     // Raw write(2) and _exit(2): the stuck thread may hold stdout's lock, and nothing must
     // wait on it now.
@@ -147,14 +146,14 @@ fn usage(flag_set: &str, is_ipam: bool) {
 /// ready, else a code-100 error JSON on stdout and exit 1.
 fn run_connection_test() -> ExitCode {
     let mut stdin = Vec::new();
-    let result = std::io::stdin()
-        .read_to_end(&mut stdin)
-        .map_err(|e| e.to_string())
-        .and_then(|_| calico_cni::plugin::test_connection(&stdin).map_err(|e| e.to_string()));
+    let result = match std::io::stdin().read_to_end(&mut stdin) {
+        Ok(_) => calico_cni::plugin::test_connection(&stdin),
+        Err(e) => Err(e.into()),
+    };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(details) => {
-            let err = CniError::new(100, "data store connection failed", details);
+        Err(cause) => {
+            let err = CniError::from(calico_cni::error::Error::ConnectionTest(Box::new(cause)));
             print!("{}", skel::error_json(&err));
             ExitCode::from(1)
         }

@@ -57,7 +57,7 @@ impl Plugin for IpamPlugin {
     fn status(&self, args: &CmdArgs) -> Result<(), CniError> {
         run(async {
             let conf = load(args)?;
-            calico_ready(&conf, false).await.map_err(Error::from)
+            calico_ready(&conf, false).await
         })
     }
 

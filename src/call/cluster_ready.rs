@@ -12,8 +12,6 @@ use crate::datastore::model::ClusterInformation;
 use crate::datastore::resources::get_resource;
 use crate::datastore::{Datastore, Kind};
 use crate::error::{Context, Error, Result};
-use crate::skel::error::CODE_NOT_AVAILABLE;
-use crate::skel::CniError;
 
 /// STATUS's bound on the whole check, connection included.
 pub const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
@@ -34,7 +32,7 @@ pub async fn check_datastore_ready<D: Datastore>(ds: &D) -> Result<()> {
 
 /// Calico's readiness for ADD, as a code-50 error when not ready. `calico` also needs the
 /// nodename file calico/node writes (its ADD fails without it); calico-ipam does not.
-pub async fn calico_ready(conf: &NetConf, needs_nodename_file: bool) -> Result<(), CniError> {
+pub async fn calico_ready(conf: &NetConf, needs_nodename_file: bool) -> Result<()> {
     if needs_nodename_file {
         conf.check_nodename_file()
             .map_err(|e| not_available("the node is not ready", Error::from(e)))?;
@@ -46,17 +44,19 @@ pub async fn calico_ready(conf: &NetConf, needs_nodename_file: bool) -> Result<(
     match tokio::time::timeout(STATUS_TIMEOUT, read).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(not_available("the Calico datastore is not ready", e)),
-        Err(_) => Err(CniError::new(
-            CODE_NOT_AVAILABLE,
-            format!(
+        Err(_) => Err(Error::NotReady {
+            what: format!(
                 "the Calico datastore did not answer within {}s",
                 STATUS_TIMEOUT.as_secs()
             ),
-            "",
-        )),
+            source: None,
+        }),
     }
 }
 
-fn not_available(what: &str, cause: Error) -> CniError {
-    CniError::new(CODE_NOT_AVAILABLE, format!("{what}: {cause}"), "")
+fn not_available(what: &str, cause: Error) -> Error {
+    Error::NotReady {
+        what: what.to_string(),
+        source: Some(Box::new(cause)),
+    }
 }

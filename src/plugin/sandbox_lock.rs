@@ -51,8 +51,6 @@ use tracing::{debug, warn};
 
 use crate::error::{Error, Result};
 use crate::ipam::lock::{create_dirs, open_lock_file};
-use crate::skel::error::CODE_TRY_AGAIN_LATER;
-use crate::skel::CniError;
 
 /// The lock file's name, in the IPAM lock file's directory.
 const FILE_NAME: &str = "sandbox.lock";
@@ -82,11 +80,9 @@ impl SandboxLock {
                 debug!(host_veth, "took the sandbox lock");
                 Ok(SandboxLock { _file: Some(file) })
             }
-            Err(Errno::EAGAIN | Errno::EACCES) => Err(Error::Cni(CniError::new(
-                CODE_TRY_AGAIN_LATER,
-                format!("another ADD for the interface {host_veth} is in progress on this node"),
-                "two ADDs of one sandbox at once; retry once the first is done",
-            ))),
+            Err(Errno::EAGAIN | Errno::EACCES) => Err(Error::SandboxBusy {
+                host_veth: host_veth.to_string(),
+            }),
             Err(e) => {
                 warn!(host_veth, error = %e, "cannot take the sandbox lock; continuing unlocked");
                 Ok(unlocked)
@@ -121,6 +117,8 @@ fn byte_range(start: i64) -> libc::flock {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::skel::error::CODE_TRY_AGAIN_LATER;
+    use crate::skel::CniError;
 
     fn scratch(name: &str) -> std::path::PathBuf {
         std::env::temp_dir().join(format!("sandboxlock-{name}-{}", std::process::id()))

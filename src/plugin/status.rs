@@ -16,7 +16,7 @@ use crate::skel::{CmdArgs, CniError};
 pub async fn cmd_status(args: &CmdArgs) -> Result<(), CniError> {
     let conf = NetConf::parse(&args.stdin_data).map_err(|e| CniError::from(Error::from(e)))?;
     crate::logging::init(&conf, "cni-plugin");
-    calico_ready(&conf, true).await?;
+    calico_ready(&conf, true).await.map_err(CniError::from)?;
     // STATUS opens no datastore connection beyond the readiness read, so the driver's
     // choice is made here without one: in-process, there is nothing more to ask.
     let ipam = conf.ipam.ipam_type.as_str();

@@ -48,8 +48,7 @@ use crate::plugin::plan::expected_families;
 use crate::plugin::readiness;
 use crate::plugin::sandbox_lock::SandboxLock;
 use crate::plugin::{connect, load_config, nodename, Call, Verb};
-use crate::skel::error::CODE_INVALID_ENV;
-use crate::skel::{CmdArgs, CniError, CniResult};
+use crate::skel::{CmdArgs, CniResult};
 
 pub(crate) use k8s::{default_routes, k8s_routes};
 use rollback::Made;
@@ -280,11 +279,9 @@ fn configured_waits(conf: &crate::config::NetConf) -> std::time::Duration {
 /// pair would be created under another name and never removed. Refused before anything.
 fn refuse_name_template(ifname: &str) -> Result<()> {
     if ifname.contains('%') {
-        return Err(Error::Cni(CniError::new(
-            CODE_INVALID_ENV,
-            "interface name contains '%', which the kernel treats as a name template",
-            ifname,
-        )));
+        return Err(Error::InterfaceNameTemplate {
+            ifname: ifname.to_string(),
+        });
     }
     Ok(())
 }
@@ -350,6 +347,7 @@ fn veth_request(
 mod tests {
     use super::*;
     use crate::config::NetConf;
+    use crate::skel::CniError;
     use crate::support::net::IpNet;
 
     fn routes(json: &str) -> Result<Vec<String>> {
