@@ -15,7 +15,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use calico_cni::datastore::{Datastore, DatastoreError, Key, Kind, KvPair, ListKind};
-use calico_cni::net::IpNet;
+use calico_cni::support::net::IpNet;
 use futures::FutureExt;
 use serde_json::{json, Value};
 

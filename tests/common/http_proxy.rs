@@ -136,7 +136,8 @@ impl TestProxy {
     /// From now on every request must carry `Proxy-Authorization: Basic <user:password>`;
     /// others are answered 407.
     pub fn require_auth(&self, user: &str, password: &str) {
-        let basic = calico_cni::encoding::base64_std(format!("{user}:{password}").as_bytes());
+        let basic =
+            calico_cni::support::encoding::base64_std(format!("{user}:{password}").as_bytes());
         *lock(&self.shared.auth) = Some(format!("Basic {basic}"));
     }
 
