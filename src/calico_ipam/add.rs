@@ -75,7 +75,6 @@ pub async fn assign<D: Datastore>(
         lock,
         beside,
     } = prepared;
-    let lock_file = call.conf.ipam_lock_file();
     let ipam = Ipam::new(ds, &call.ids.node).write_beside(beside);
     let vm = persistent_vm(
         &ipam,
@@ -87,13 +86,7 @@ pub async fn assign<D: Datastore>(
         Some(vmi) => vmi.handle_id(&call.conf.name),
         None => call.ids.handle_id(&call.conf.name),
     };
-    let mut attrs = BTreeMap::new();
-    attrs.insert("node".to_string(), call.ids.node.clone());
-    attrs.insert("timestamp".to_string(), timefmt::now_go_string());
-    if call.ids.is_k8s() {
-        attrs.insert("pod".to_string(), call.ids.pod.clone());
-        attrs.insert("namespace".to_string(), call.ids.namespace.clone());
-    }
+    let mut attrs = owner_attributes(call);
     info!(handle, node = %call.ids.node, container_id = %call.ids.container_id, "calico-ipam ADD");
     // A VM keeps the addresses its handle holds; it gets new ones (one per IP version,
     // however many of its pods ask at once) only when it holds none.
@@ -108,51 +101,99 @@ pub async fn assign<D: Datastore>(
             return Ok(kept);
         }
     }
-
-    if let Some(ip) = ip {
-        let _lock = match lock {
-            Some(l) => l,
-            None => IpamLock::acquire(lock_file).await,
-        };
-        let assigned = with_timeout(async {
-            upgrade_host_once(ds, &call.ids.node).await?;
-            Ok::<_, Error>(ipam.assign_ip(ip, &handle, &attrs, max).await?)
-        })
-        .await??;
-        info!(%assigned, "assigned the requested address");
-        // As AutoAssign's: one route per address (the address itself, /32 or /128).
-        return Ok(CniResult {
-            ips: vec![IpConfig {
-                address: assigned,
-                gateway: None,
-                interface: None,
-            }],
-            routes: vec![Route {
-                dst: assigned,
-                gw: None,
-            }],
-            ..Default::default()
-        });
+    let want = Wanted {
+        handle,
+        attrs,
+        max,
+        namespace_labels,
+    };
+    match ip {
+        Some(ip) => {
+            let _lock = held_or_taken(lock, call).await;
+            assign_requested(ds, &ipam, &call.ids.node, ip, &want).await
+        }
+        None => assign_automatically(&ipam, call, want, reads, lock).await,
     }
+}
 
+/// The host's IPAM lock: the one the caller holds, else taken now.
+async fn held_or_taken(lock: Option<IpamLock>, call: &Call<'_>) -> IpamLock {
+    match lock {
+        Some(l) => l,
+        None => IpamLock::acquire(call.conf.ipam_lock_file()).await,
+    }
+}
+
+/// What an ADD asks addresses for: the handle, the allocation's attributes, at most one per
+/// IP version for a VM, the namespace's labels (for pools' `namespaceSelector`).
+struct Wanted {
+    handle: String,
+    attrs: BTreeMap<String, String>,
+    max: Option<usize>,
+    namespace_labels: BTreeMap<String, String>,
+}
+
+/// The attributes an allocation records of its owner: the node and the time, and a
+/// Kubernetes pod's name and namespace.
+fn owner_attributes(call: &Call<'_>) -> BTreeMap<String, String> {
+    let mut attrs = BTreeMap::new();
+    attrs.insert("node".to_string(), call.ids.node.clone());
+    attrs.insert("timestamp".to_string(), timefmt::now_go_string());
+    if call.ids.is_k8s() {
+        attrs.insert("pod".to_string(), call.ids.pod.clone());
+        attrs.insert("namespace".to_string(), call.ids.namespace.clone());
+    }
+    attrs
+}
+
+/// AssignIP of `IP=` in CNI_ARGS, under the host's lock (taken by the caller), after the
+/// host's one-time IPAM upgrade.
+async fn assign_requested<D: Datastore>(
+    ds: &D,
+    ipam: &Ipam<'_, D>,
+    node: &str,
+    ip: IpAddr,
+    want: &Wanted,
+) -> Result<CniResult> {
+    let assigned = with_timeout(async {
+        upgrade_host_once(ds, node).await?;
+        Ok::<_, Error>(
+            ipam.assign_ip(ip, &want.handle, &want.attrs, want.max)
+                .await?,
+        )
+    })
+    .await??;
+    info!(%assigned, "assigned the requested address");
+    // As AutoAssign's: one route per address (the address itself, /32 or /128).
+    Ok(host_routed(&[assigned]))
+}
+
+/// AutoAssign from the NetConf's pools (or every pool that selects the node), with the
+/// reads the caller made ahead, else read now under the host's lock (the caller's, else
+/// taken once the pools are resolved); a family that falls short fails the call and gives
+/// back what the other family got.
+async fn assign_automatically<D: Datastore>(
+    ipam: &Ipam<'_, D>,
+    call: &Call<'_>,
+    want: Wanted,
+    reads: Option<ViewReads>,
+    lock: Option<IpamLock>,
+) -> Result<CniResult> {
     let listed = reads.as_ref().and_then(ViewReads::pools);
-    let ipv4_pools = resolve_pools(&ipam, &call.conf.ipam.ipv4_pools, 4, listed).await?;
-    let ipv6_pools = resolve_pools(&ipam, &call.conf.ipam.ipv6_pools, 6, listed).await?;
+    let ipv4_pools = resolve_pools(ipam, &call.conf.ipam.ipv4_pools, 4, listed).await?;
+    let ipv6_pools = resolve_pools(ipam, &call.conf.ipam.ipv6_pools, 6, listed).await?;
     let req = AutoAssignArgs {
         num4: usize::from(call.conf.assign_ipv4()),
         num6: usize::from(call.conf.assign_ipv6()),
-        handle_id: handle.clone(),
-        attrs,
+        handle_id: want.handle.clone(),
+        attrs: want.attrs,
         ipv4_pools,
         ipv6_pools,
         max_blocks_per_host: 0,
-        namespace_labels,
-        max_per_version: max,
+        namespace_labels: want.namespace_labels,
+        max_per_version: want.max,
     };
-    let lock = match lock {
-        Some(l) => l,
-        None => IpamLock::acquire(lock_file).await,
-    };
+    let lock = held_or_taken(lock, call).await;
     ipam.keep_journal(lock.journal());
     let (v4, v6) = with_timeout(async {
         let reads = match reads {
@@ -166,20 +207,27 @@ pub async fn assign<D: Datastore>(
     })
     .await??;
     lock.remember_blocks(&ipam.assigned_blocks());
-    // A family that fell short fails the call; give back what the other family got.
     for short in [&v4, &v6] {
         if let Some(why) = short.shortfall() {
             let got: Vec<IpNet> = v4.ips.iter().chain(&v6.ips).copied().collect();
-            ipam.give_back(&got, &handle).await;
+            ipam.give_back(&got, &want.handle).await;
             return Err(Error::msg(format!(
                 "failed to request IPv{} addresses: {why}",
                 short.version
             )));
         }
     }
-    let mut result = CniResult::default();
     for ip in v4.ips.iter().chain(&v6.ips) {
         info!(address = %ip, "assigned address");
+    }
+    let all: Vec<IpNet> = v4.ips.iter().chain(&v6.ips).copied().collect();
+    Ok(host_routed(&all))
+}
+
+/// A result of these addresses, each with its route (the address itself, /32 or /128).
+fn host_routed(ips: &[IpNet]) -> CniResult {
+    let mut result = CniResult::default();
+    for ip in ips {
         result.ips.push(IpConfig {
             address: *ip,
             gateway: None,
@@ -187,7 +235,7 @@ pub async fn assign<D: Datastore>(
         });
         result.routes.push(Route { dst: *ip, gw: None });
     }
-    Ok(result)
+    result
 }
 
 /// Where calico-ipam records that this host's IPAM objects were upgraded (upstream's path).
