@@ -24,123 +24,182 @@ use crate::datastore::{Datastore, DatastoreError, Key, Kind, ListKind};
 use crate::error::{Error, Result};
 use crate::ipam::lock::peek_blocks;
 use crate::plugin::ipam::IpamDriver;
-use crate::plugin::{connect_as, identifiers, load_config, nodename, Call, Verb};
+use crate::plugin::{connect_as, load_config, nodename, Call, Verb};
 use crate::skel::CmdArgs;
 
 /// Attempts at the get-then-CAS-delete of a k8s endpoint.
 const K8S_DELETE_ATTEMPTS: usize = 6;
 
+/// DEL, top to bottom: what it will do is decided once (`DelPlan`); the first round trip
+/// (the ready gate, the k8s endpoint's read, the release's reads); the refusals that touch
+/// nothing; then every step, each failure collected in `Failures`; one exit.
 pub async fn cmd_del(args: &CmdArgs) -> Result<()> {
     let conf = load_config(args)?;
     // No wait for the nodename file (kubelet DELs many old sandboxes at boot, when it may be
     // missing, and each would wait): without it the node name is unknown, and DEL does
     // everything that does not need it (upstream fails).
     let node = nodename::for_del(&conf);
-    // The kernel's part, removing the pod's interface (one RTM_DELLINK whose teardown takes
-    // ~15 ms), starts once the datastore has answered the first round trip (the ready gate,
-    // and with k8s the endpoint's read), on its own thread while the datastore is written;
-    // every path waits for it before returning. With k8s, the addresses are released only
-    // once the interface's host side is gone (a new pod cannot get one while the old host
-    // route exists).
-    let dataplane = conf.check_dataplane();
-    // With the gRPC dataplane, its agent's Del replaces the kernel's part (also started at
-    // once, as a task of this call), and there is no host veth of ours to watch.
-    let grpc = match &dataplane {
-        Ok(()) => GrpcDataplane::for_conf(&conf, 0).ok().flatten(),
-        Err(_) => None,
-    };
-    let uses_grpc = grpc.is_some();
-    // With k8s, the host-side veth's removal is watched for (subscribed before the removal
-    // starts): once it is gone, so are the host routes to the pod's addresses, and they are
-    // released while the kernel finishes the teardown (see `dataplane::link_watch`).
-    let host_veth_gone = (dataplane.is_ok() && !uses_grpc)
-        .then(|| host_veth_watch(args, &conf))
-        .flatten();
-    let mut failures = Failures::default();
     let call = connect_as(args, conf, node.as_deref().unwrap_or_default(), Verb::Other).await?;
-    let ids = &call.ids;
-    // A name that cannot be built (a segment starting or ending with `-`) cannot have been
-    // written by an ADD, so there is no endpoint to delete; the addresses and the interface
-    // are still released, which upstream's DEL (failing here forever) never does. Without
-    // the node name the endpoint is looked for by container ID instead (`endpoints_of`).
-    let node_known = node.is_some();
-    let name = match ids.wep_name() {
-        Ok(n) => Some(n),
-        Err(_) if !node_known => None,
-        Err(e) => {
-            warn!(error = %e, "no WorkloadEndpoint name for these identifiers; releasing the rest");
-            None
-        }
+    let mut plan = DelPlan::decide(&call, args, node.is_some());
+    let first_read = first_round_trip(&call, args, &plan).await?;
+    let first_read = refuse_a_false_del(&call, &mut plan, first_read)?;
+    let failures = match call.plan.k8s {
+        true => remove_pod(&call, args, plan, first_read).await,
+        false => remove_container(&call, args, plan).await,
     };
-    let ipam = call.ipam();
-    // The ready gate and (k8s) the endpoint's first read are independent reads: one round
-    // trip. Nothing is written before the gate has passed.
-    // With calico-ipam in-process, the release's first reads (both handles, and the blocks
-    // the last ADD on this node assigned from) join that round trip (`Datastore::prefetch`).
-    let k8s_name = name.as_deref().filter(|_| ids.is_k8s());
-    let ahead = release_reads(&call, args);
+    failures.into_result()
+}
+
+/// What a DEL will do, decided once from its config and identifiers.
+struct DelPlan {
+    /// The endpoint's name; `None` when it cannot be built (a segment starting or ending
+    /// with `-`: no ADD can have written it, so there is no endpoint to delete, while the
+    /// addresses and the interface are still released, which upstream's DEL, failing here
+    /// forever, never does) or when the node name is unknown.
+    name: Option<String>,
+    /// The node name is known; without it the endpoint is looked for by container ID
+    /// (`endpoints_of`).
+    node_known: bool,
+    /// The dataplane options are valid (else nothing of the interface is started, and the
+    /// error is reported).
+    dataplane: Result<(), crate::config::ConfigError>,
+    /// The gRPC dataplane, whose agent's Del replaces the kernel's part.
+    grpc: Option<GrpcDataplane>,
+    /// With k8s and the kernel's dataplane: the host veth's removal, watched for (subscribed
+    /// before the removal starts). Once it is gone, so are the host routes to the pod's
+    /// addresses, and they are released while the kernel finishes the teardown
+    /// (`dataplane::link_watch`).
+    host_veth_gone: Option<LinkGoneWatch>,
+}
+
+impl DelPlan {
+    fn decide(call: &Call, args: &CmdArgs, node_known: bool) -> DelPlan {
+        let name = match call.ids.wep_name() {
+            Ok(n) => Some(n),
+            Err(_) if !node_known => None,
+            Err(e) => {
+                warn!(error = %e, "no WorkloadEndpoint name for these identifiers; releasing the rest");
+                None
+            }
+        };
+        let dataplane = call.conf.check_dataplane();
+        let grpc = match &dataplane {
+            Ok(()) => GrpcDataplane::for_conf(&call.conf, 0).ok().flatten(),
+            Err(_) => None,
+        };
+        let host_veth_gone = (dataplane.is_ok() && grpc.is_none())
+            .then(|| host_veth_watch(args, &call.ids))
+            .flatten();
+        DelPlan {
+            name,
+            node_known,
+            dataplane,
+            grpc,
+            host_veth_gone,
+        }
+    }
+
+    /// The endpoint's name, with k8s (where it is read in the first round trip).
+    fn k8s_name<'a>(&'a self, call: &Call) -> Option<&'a str> {
+        self.name.as_deref().filter(|_| call.ids.is_k8s())
+    }
+}
+
+/// The k8s endpoint's first read, when it was made.
+type FirstRead = Option<EndpointRead>;
+
+/// The ready gate and (k8s) the endpoint's first read are independent reads: one round
+/// trip. With calico-ipam in-process, the release's first reads (both handles, and the
+/// blocks the last ADD on this node assigned from) join it (`Datastore::prefetch`). Nothing
+/// is written before the gate has passed.
+async fn first_round_trip(call: &Call, args: &CmdArgs, plan: &DelPlan) -> Result<FirstRead> {
+    let ahead = release_reads(call, args);
     let (ready, first_read, ()) = tokio::join!(
         check_datastore_ready(&call.ds),
         async {
-            match k8s_name {
-                Some(n) => Some(read_endpoint(&call.ds, &ids.namespace, n).await),
+            match plan.k8s_name(call) {
+                Some(n) => Some(read_endpoint(&call.ds, &call.ids.namespace, n).await),
                 None => None,
             }
         },
         call.ds.prefetch(&ahead)
     );
     ready?;
-    if call.plan.k8s {
-        // A configuration error: nothing was started.
-        if let Err(e) = dataplane {
-            return Err(e.into());
-        }
-        // Upstream's guard against a false DEL: an endpoint that cannot be read (but is not
-        // missing) leaves its container ID unchecked, so nothing is touched.
-        let first_read = match first_read {
-            Some(Err(e)) if !e.is_not_found() => {
-                warn!(error = %e, "the endpoint cannot be read: nothing is removed (a retried DEL does it)");
-                return Err(e.into());
-            }
-            other => other,
-        };
-        let mut teardown = Teardown::start(true, grpc, args);
-        // The endpoint's deletion and the release (once the interface is gone) run together:
-        // one round trip for both. Either may land without the other (a failure, a SIGKILL
-        // in between); the runtime's retried DEL then finds what is left: the endpoint by
-        // its name, the addresses by their handle, which is deleted only after its blocks
-        // have given them up (`decrement_handle`), so it always leads to them.
-        let endpoint = async {
-            if let (Some(name), Some(first)) = (k8s_name, first_read) {
-                delete_k8s_endpoint(&call.ds, &ids.namespace, name, &ids.container_id, first).await
-            } else if !node_known {
-                delete_endpoints_of(&call.ds, ids).await
-            } else {
-                Ok(())
-            }
-        };
-        let mut released = Failures::default();
-        let (endpoint, ()) = tokio::join!(
-            endpoint,
-            release_once_torn_down(&ipam, args, &mut teardown, host_veth_gone, &mut released,)
-        );
-        failures.add(endpoint);
-        failures.0.extend(released.0);
-        return failures.into_result();
-    }
+    Ok(first_read)
+}
 
-    let mut teardown = Teardown::start(dataplane.is_ok(), grpc, args);
-    failures.add(ipam.del(args).await);
-    if let Some(name) = &name {
+/// With k8s, nothing is touched when the dataplane options are wrong (a configuration
+/// error), or, upstream's guard against a false DEL, when the endpoint cannot be read (but
+/// is not missing): its container ID is then unchecked. A retried DEL does the work.
+fn refuse_a_false_del(call: &Call, plan: &mut DelPlan, first_read: FirstRead) -> Result<FirstRead> {
+    if !call.plan.k8s {
+        return Ok(first_read);
+    }
+    std::mem::replace(&mut plan.dataplane, Ok(()))?;
+    match first_read {
+        Some(Err(e)) if !e.is_not_found() => {
+            warn!(error = %e, "the endpoint cannot be read: nothing is removed (a retried DEL does it)");
+            Err(e.into())
+        }
+        other => Ok(other),
+    }
+}
+
+/// A Kubernetes pod's DEL. The interface's removal starts (one RTM_DELLINK whose teardown
+/// takes ~15 ms, on its own thread); the endpoint's deletion and the release (once the
+/// interface's host side is gone: a new pod cannot get an address while the old host route
+/// exists) run together, one round trip for both. Either may land without the other (a
+/// failure, a SIGKILL in between); the runtime's retried DEL then finds what is left: the
+/// endpoint by its name, the addresses by their handle, which is deleted only after its
+/// blocks have given them up (`decrement_handle`), so it always leads to them.
+async fn remove_pod(call: &Call, args: &CmdArgs, plan: DelPlan, first_read: FirstRead) -> Failures {
+    let ids = &call.ids;
+    let ipam = call.ipam();
+    let k8s_name = plan.k8s_name(call).map(str::to_string);
+    let mut teardown = Teardown::start(true, plan.grpc, args);
+    let endpoint = async {
+        match (k8s_name, first_read) {
+            (Some(name), Some(first)) => {
+                delete_k8s_endpoint(&call.ds, &ids.namespace, &name, &ids.container_id, first).await
+            }
+            _ if !plan.node_known => delete_endpoints_of(&call.ds, ids).await,
+            _ => Ok(()),
+        }
+    };
+    let mut failures = Failures::default();
+    let mut released = Failures::default();
+    let (endpoint, ()) = tokio::join!(
+        endpoint,
+        release_once_torn_down(
+            &ipam,
+            args,
+            &mut teardown,
+            plan.host_veth_gone,
+            &mut released
+        )
+    );
+    failures.add(endpoint);
+    failures.0.extend(released.0);
+    failures
+}
+
+/// Any other container's DEL: the interface's removal starts, then the release, the
+/// endpoint's deletion, and the wait for the removal, one after the other.
+async fn remove_container(call: &Call, args: &CmdArgs, plan: DelPlan) -> Failures {
+    let ids = &call.ids;
+    let mut failures = Failures::default();
+    let mut teardown = Teardown::start(plan.dataplane.is_ok(), plan.grpc, args);
+    failures.add(call.ipam().del(args).await);
+    if let Some(name) = &plan.name {
         failures.add(delete_endpoint(&call.ds, &ids.namespace, name).await);
-    } else if !node_known {
+    } else if !plan.node_known {
         failures.add(delete_endpoints_of(&call.ds, ids).await);
     }
-    if let Err(e) = dataplane {
+    if let Err(e) = plan.dataplane {
         failures.push(e.into());
     }
     failures.add(teardown.finish().await);
-    failures.into_result()
+    failures
 }
 
 /// The reads a k8s DEL's in-process calico-ipam starts with: its two handles and the blocks
@@ -331,11 +390,10 @@ impl Teardown {
 
 /// With k8s, a watch for the removal of the pod's host-side veth (`None` when it cannot be
 /// made: DEL then waits for the whole removal, as before).
-fn host_veth_watch(args: &CmdArgs, conf: &crate::config::NetConf) -> Option<LinkGoneWatch> {
-    if args.netns.is_empty() {
+fn host_veth_watch(args: &CmdArgs, ids: &WepIdentifiers) -> Option<LinkGoneWatch> {
+    if args.netns.is_empty() || !ids.is_k8s() {
         return None;
     }
-    let ids = identifiers(args, conf).ok().filter(|ids| ids.is_k8s())?;
     match LinkGoneWatch::subscribe(&ids.host_veth_name()) {
         Ok(w) => Some(w),
         Err(e) => {
