@@ -53,8 +53,8 @@ pub enum IpamError {
     #[error("cannot find a qualified ippool, no pools match the required use (Workload)")]
     NoPoolForUse,
     /// An IP pool's nodeSelector or namespaceSelector does not parse (the parser's text).
-    #[error("{0}")]
-    Selector(String),
+    #[error(transparent)]
+    Selector(#[from] crate::ipam::selector::SelectorError),
     #[error("the given pool ({0}) does not exist, or is not enabled")]
     PoolNotEnabled(String),
     #[error("no configured Calico pools for node {0}")]
@@ -74,8 +74,12 @@ pub enum IpamError {
     NotInPool,
     #[error("resource already exists: {0} with error: Address already assigned in block")]
     AddressInUse(IpAddr),
-    #[error("{0}")]
-    Block(String),
+    /// A block refused an assignment (`block.rs`).
+    #[error(transparent)]
+    Block(#[from] crate::ipam::block::BlockError),
+    /// A block write reported applied whose addresses the block does not hold.
+    #[error("block write not found")]
+    BlockWriteNotFound,
     /// Reading the Node failed: upstream returns the datastore error as it is.
     #[error(transparent)]
     Node(DatastoreError),

@@ -428,7 +428,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                 affinity_check,
                 reserved,
             )
-            .map_err(|e| IpamError::Block(e.to_string()))?;
+            .map_err(IpamError::Block)?;
         if ips.is_empty() {
             return Ok(ips);
         }
@@ -461,29 +461,49 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             )
             .await
         {
-            Ok(()) => {}
-            // Another call for the same handle got this IP version's address first: that
-            // address is this call's too (upstream's `handleMaxAllocReached`). Until its
-            // block write lands there is none to return: re-read and try again.
+            Ok(()) => self.write_block_counted(block, &rev, ips, args).await,
             Err(IpamError::MaxAllocReached { .. }) => {
-                let theirs: Vec<IpNet> = self
-                    .ips_by_handle(&args.handle_id)
-                    .await?
-                    .into_iter()
-                    .filter(|ip| ip.version() == cidr.version())
-                    .collect();
-                info!(handle = %args.handle_id, ?theirs, "the handle already has its addresses");
-                if theirs.is_empty() {
-                    // The other call's block write is on its way: give it a moment rather
-                    // than spend the retries re-reading before it can land.
-                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                    return Err(AssignError::Conflict);
-                }
-                return Ok(theirs);
+                self.addresses_another_call_got(&args.handle_id, cidr).await
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => Err(e.into()),
         }
-        if let Err(e) = self.update_block(&mut block, &rev).await {
+    }
+
+    /// Another call for the same handle got this IP version's address first: that address
+    /// is this call's too (upstream's `handleMaxAllocReached`). Until its block write lands
+    /// there is none to return: re-read and try again.
+    async fn addresses_another_call_got(
+        &self,
+        handle_id: &str,
+        cidr: IpNet,
+    ) -> Result<Vec<IpNet>, AssignError> {
+        let theirs: Vec<IpNet> = self
+            .ips_by_handle(handle_id)
+            .await?
+            .into_iter()
+            .filter(|ip| ip.version() == cidr.version())
+            .collect();
+        info!(handle = %handle_id, ?theirs, "the handle already has its addresses");
+        if theirs.is_empty() {
+            // The other call's block write is on its way: give it a moment rather than
+            // spend the retries re-reading before it can land.
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            return Err(AssignError::Conflict);
+        }
+        Ok(theirs)
+    }
+
+    /// The block's write, once the handle counts `ips`: a failed write undoes the count,
+    /// unless it may have landed.
+    async fn write_block_counted(
+        &self,
+        mut block: AllocationBlock,
+        rev: &Revision,
+        ips: Vec<IpNet>,
+        args: &AutoAssignArgs,
+    ) -> Result<Vec<IpNet>, AssignError> {
+        let cidr = block.cidr;
+        if let Err(e) = self.update_block(&mut block, rev).await {
             // A write that failed with anything but a conflict may have been applied (a lost
             // answer). Undoing the handle and moving on would then leave the handle holding
             // these addresses and the ones assigned next, the caller knowing only the latter:
@@ -614,7 +634,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                 Err(match updated {
                     Err(e) if e.is_conflict() => AssignError::Conflict,
                     Err(e) => AssignError::Failed(e.into()),
-                    Ok(_) => AssignError::Failed(IpamError::Block("block write not found".into())),
+                    Ok(_) => AssignError::Failed(IpamError::BlockWriteNotFound),
                 })
             }
             (Landed::Unknown(re), _) => {
@@ -845,7 +865,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                     return Ok(IpNet::host(ip))
                 }
                 Err(BlockError::AlreadyAssigned(_)) => return Err(IpamError::AddressInUse(ip)),
-                Err(e) => return Err(IpamError::Block(e.to_string())),
+                Err(e) => return Err(IpamError::Block(e)),
             }
             match self.increment_handle(handle_id, cidr, 1, false, max).await {
                 Ok(()) => {}

@@ -160,7 +160,7 @@ pub(super) fn selects(sel: &str, labels: &BTreeMap<String, String>) -> Result<bo
     }
     selector::parse(sel)
         .map(|s| s.matches(labels))
-        .map_err(|e| IpamError::Selector(e.to_string()))
+        .map_err(IpamError::Selector)
 }
 
 /// Whether `cidr` lies inside one of `pools`.
