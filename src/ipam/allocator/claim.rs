@@ -46,6 +46,9 @@ struct BlockInfo {
     seq: u64,
 }
 
+/// A block to assign from: its CIDR, whether this call claimed it, and the block as read.
+pub(super) type Found = (IpNet, bool, Option<(AllocationBlock, Revision)>);
+
 pub(super) enum FindError {
     NoFreeBlocks,
     Fatal(IpamError),
@@ -142,70 +145,17 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         config: &IpamConfig,
         reserved: &[IpNet],
         allow_new_claim: bool,
-    ) -> Result<(IpNet, bool, Option<(AllocationBlock, Revision)>), FindError> {
+    ) -> Result<Found, FindError> {
         // A. Existing affine blocks, in order.
         while !affine.is_empty() {
             let cidr = affine.remove(0);
             if wholly_reserved(&cidr, reserved) {
                 continue;
             }
-            for _ in 0..DATASTORE_RETRIES {
-                // The affinity (as listed, the first time) and its block (as read on the
-                // lock file's hint, the first time) in one round trip.
-                let key = Key::host_affinity(&self.host, cidr);
-                let listed = self
-                    .listed_affinities
-                    .lock()
-                    .ok()
-                    .and_then(|mut l| l.remove(&cidr));
-                let early = self
-                    .prefetched_blocks
-                    .lock()
-                    .ok()
-                    .and_then(|mut b| b.remove(&cidr));
-                let (aff, block) = tokio::join!(
-                    async {
-                        match listed {
-                            Some(kv) => Ok(kv),
-                            None => self.ds.get(&key).await,
-                        }
-                    },
-                    async {
-                        match early {
-                            Some(b) => Ok(Some(b)),
-                            None => self.get_block(cidr).await,
-                        }
-                    }
-                );
-                let aff = match aff {
-                    Ok(kv) => kv,
-                    Err(e) => {
-                        debug!(%cidr, error = %e, "affinity vanished");
-                        break;
-                    }
-                };
-                let block = block.map_err(|e| FindError::Fatal(e.into()))?;
-                let state: BlockAffinity = aff.decode().map_err(|e| FindError::Fatal(e.into()))?;
-                match self
-                    .block_from_affinity(cidr, state, aff.revision, Some(block))
-                    .await
-                {
-                    Ok((block, rev)) => {
-                        if block.num_free(reserved) >= 1 {
-                            return Ok((cidr, false, Some((block, rev))));
-                        }
-                        break;
-                    }
-                    Err(ClaimError::Conflict) => continue,
-                    Err(ClaimError::StaleAffinity) | Err(ClaimError::ClaimConflict) => break,
-                    Err(ClaimError::Fatal(e)) => {
-                        warn!(%cidr, error = %e, "error using affine block");
-                        break;
-                    }
-                }
+            if let Some(found) = self.affine_block_with_room(cidr, reserved).await? {
+                return Ok(found);
             }
         }
-
         // B. Claim a new block.
         if !allow_new_claim {
             return Err(FindError::Fatal(IpamError::BlockLimit));
@@ -213,6 +163,80 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         if !config.auto_allocate_blocks {
             return Err(FindError::Fatal(IpamError::AutoAllocateDisabled));
         }
+        self.claim_block_with_room(pools, reserved).await
+    }
+
+    /// The affine block `cidr`, when its affinity still stands and it has a free address.
+    async fn affine_block_with_room(
+        &self,
+        cidr: IpNet,
+        reserved: &[IpNet],
+    ) -> Result<Option<Found>, FindError> {
+        for _ in 0..DATASTORE_RETRIES {
+            // The affinity (as listed, the first time) and its block (as read on the
+            // lock file's hint, the first time) in one round trip.
+            let key = Key::host_affinity(&self.host, cidr);
+            let listed = self
+                .listed_affinities
+                .lock()
+                .ok()
+                .and_then(|mut l| l.remove(&cidr));
+            let early = self
+                .prefetched_blocks
+                .lock()
+                .ok()
+                .and_then(|mut b| b.remove(&cidr));
+            let (aff, block) = tokio::join!(
+                async {
+                    match listed {
+                        Some(kv) => Ok(kv),
+                        None => self.ds.get(&key).await,
+                    }
+                },
+                async {
+                    match early {
+                        Some(b) => Ok(Some(b)),
+                        None => self.get_block(cidr).await,
+                    }
+                }
+            );
+            let aff = match aff {
+                Ok(kv) => kv,
+                Err(e) => {
+                    debug!(%cidr, error = %e, "affinity vanished");
+                    return Ok(None);
+                }
+            };
+            let block = block.map_err(|e| FindError::Fatal(e.into()))?;
+            let state: BlockAffinity = aff.decode().map_err(|e| FindError::Fatal(e.into()))?;
+            match self
+                .block_from_affinity(cidr, state, aff.revision, Some(block))
+                .await
+            {
+                Ok((block, rev)) => {
+                    if block.num_free(reserved) >= 1 {
+                        return Ok(Some((cidr, false, Some((block, rev)))));
+                    }
+                    return Ok(None);
+                }
+                Err(ClaimError::Conflict) => continue,
+                Err(ClaimError::StaleAffinity) | Err(ClaimError::ClaimConflict) => return Ok(None),
+                Err(ClaimError::Fatal(e)) => {
+                    warn!(%cidr, error = %e, "error using affine block");
+                    return Ok(None);
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// A new block claimed for this host (pending affinity, then the block, then confirmed)
+    /// with a free address.
+    async fn claim_block_with_room(
+        &self,
+        pools: &[IpPool],
+        reserved: &[IpNet],
+    ) -> Result<Found, FindError> {
         for _ in 0..DATASTORE_RETRIES {
             let cidr = self.find_usable_block(pools, reserved).await?;
             debug!(%cidr, "claiming block");
