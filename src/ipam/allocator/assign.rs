@@ -822,41 +822,11 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         attrs: &BTreeMap<String, String>,
         max: Option<usize>,
     ) -> Result<IpNet, IpamError> {
-        // The config is read with the pools (one round trip) but only created once the
-        // address is known to be in an enabled pool, as upstream.
-        let (stored, pools) = tokio::join!(self.stored_config(), self.pools());
-        let pools = pools?;
-        // v3.32.1 assigns an `IP=` address in any enabled pool, whatever its allowedUses.
-        let pool = pools
-            .iter()
-            .filter(|p| p.is_enabled() && p.cidr().is_some_and(|c| c.contains(&ip)))
-            .find(|p| {
-                p.cidr()
-                    .is_some_and(|c| c.version() == IpNet::host(ip).version())
-            })
-            .ok_or(IpamError::NotInPool)?;
-        let config = self.config_or_create(stored?).await?;
-        let bits = IpNet::host(ip).bits();
-        let size = u8::try_from(pool.spec.block_size).unwrap_or(bits);
-        let cidr = IpNet::new(ip, size)
-            .ok_or_else(|| IpamError::Other(format!("bad block size {size}")))?
-            .masked();
+        let (cidr, config) = self.block_of_requested_ip(ip).await?;
         for _ in 0..DATASTORE_RETRIES {
-            let (mut block, rev) = match self.get_block(cidr).await? {
-                Some(b) => b,
-                None => {
-                    let (aff, arev) = match self.pending_affinity(cidr).await {
-                        Ok(a) => a,
-                        Err(ClaimError::Fatal(e)) => return Err(e),
-                        Err(_) => continue,
-                    };
-                    match self.claim_affine_block(cidr, aff, arev).await {
-                        Ok(_) | Err(ClaimError::ClaimConflict) | Err(ClaimError::Conflict) => {}
-                        Err(ClaimError::StaleAffinity) => {}
-                        Err(ClaimError::Fatal(e)) => return Err(e),
-                    }
-                    continue;
-                }
+            let Some((mut block, rev)) = self.get_block(cidr).await? else {
+                self.claim_for_requested_ip(cidr).await?;
+                continue;
             };
             let held = |b: &AllocationBlock| b.addresses_of(handle_id).iter().any(|n| n.addr == ip);
             match block.assign(ip, handle_id, attrs, &self.host, config.strict_affinity) {
@@ -870,13 +840,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             match self.increment_handle(handle_id, cidr, 1, false, max).await {
                 Ok(()) => {}
                 Err(IpamError::MaxAllocReached { max, .. }) => {
-                    let holds = self.ips_by_handle(handle_id).await?;
-                    if holds.iter().any(|n| n.addr == ip) {
-                        return Ok(IpNet::host(ip));
-                    }
-                    return Err(IpamError::Other(format!(
-                        "handle {handle_id} already has IP(s) allocated, cannot assign additional IP {ip} (maxAllocPerIPVersion={max})"
-                    )));
+                    return self.requested_ip_if_held(handle_id, ip, max).await
                 }
                 Err(e) => return Err(e),
             }
@@ -910,6 +874,65 @@ impl<'a, D: Datastore> Ipam<'a, D> {
             }
         }
         Err(IpamError::MaxRetries)
+    }
+
+    /// The block a requested address belongs in (its enabled pool's block size) and the
+    /// IPAM config. The config is read with the pools (one round trip) but only created once
+    /// the address is known to be in an enabled pool, as upstream.
+    async fn block_of_requested_ip(&self, ip: IpAddr) -> Result<(IpNet, IpamConfig), IpamError> {
+        let (stored, pools) = tokio::join!(self.stored_config(), self.pools());
+        let pools = pools?;
+        // v3.32.1 assigns an `IP=` address in any enabled pool, whatever its allowedUses.
+        let pool = pools
+            .iter()
+            .filter(|p| p.is_enabled() && p.cidr().is_some_and(|c| c.contains(&ip)))
+            .find(|p| {
+                p.cidr()
+                    .is_some_and(|c| c.version() == IpNet::host(ip).version())
+            })
+            .ok_or(IpamError::NotInPool)?;
+        let config = self.config_or_create(stored?).await?;
+        let bits = IpNet::host(ip).bits();
+        let size = u8::try_from(pool.spec.block_size).unwrap_or(bits);
+        let cidr = IpNet::new(ip, size)
+            .ok_or_else(|| IpamError::Other(format!("bad block size {size}")))?
+            .masked();
+        Ok((cidr, config))
+    }
+
+    /// The requested address's block does not exist yet: claim it for this host (pending
+    /// affinity, then the block). Losing the claim to another host is no error: the caller
+    /// reads the block again.
+    async fn claim_for_requested_ip(&self, cidr: IpNet) -> Result<(), IpamError> {
+        let (aff, arev) = match self.pending_affinity(cidr).await {
+            Ok(a) => a,
+            Err(ClaimError::Fatal(e)) => return Err(e),
+            Err(_) => return Ok(()),
+        };
+        match self.claim_affine_block(cidr, aff, arev).await {
+            Ok(_)
+            | Err(ClaimError::ClaimConflict | ClaimError::Conflict | ClaimError::StaleAffinity) => {
+                Ok(())
+            }
+            Err(ClaimError::Fatal(e)) => Err(e),
+        }
+    }
+
+    /// The handle already holds its `max` addresses of a version: the requested one is
+    /// this call's when it is among them, else refused.
+    async fn requested_ip_if_held(
+        &self,
+        handle_id: &str,
+        ip: IpAddr,
+        max: usize,
+    ) -> Result<IpNet, IpamError> {
+        let holds = self.ips_by_handle(handle_id).await?;
+        if holds.iter().any(|n| n.addr == ip) {
+            return Ok(IpNet::host(ip));
+        }
+        Err(IpamError::Other(format!(
+            "handle {handle_id} already has IP(s) allocated, cannot assign additional IP {ip} (maxAllocPerIPVersion={max})"
+        )))
     }
 }
 
