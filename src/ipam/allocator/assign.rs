@@ -31,6 +31,14 @@ enum AssignError {
     Unknown(IpamError),
 }
 
+/// What a handle's create and its block's write, sent together, came to.
+struct PairOutcome {
+    block: Landed,
+    handle: HandleNow,
+    /// The block write's own error, when it reported one.
+    block_error: Option<crate::datastore::DatastoreError>,
+}
+
 /// Where a handle stands after it was written beside its block.
 enum HandleNow {
     /// It counts this call's addresses in the block.
@@ -599,7 +607,27 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                 Landed::Unknown(_) => HandleNow::Unknown(e.into()),
             },
         };
-        match (block_now, handle_now) {
+        let pair = PairOutcome {
+            block: block_now,
+            handle: handle_now,
+            block_error: updated.err(),
+        };
+        self.settle_pair_write(cidr, ips, args, journal, pair).await
+    }
+
+    /// After the handle's create and the block's write went together: the handle made to
+    /// count what the block holds for it, or nothing of this call's left counted; the
+    /// journal's pending record settled once either is sure.
+    async fn settle_pair_write(
+        &self,
+        cidr: IpNet,
+        ips: &[IpNet],
+        args: &AutoAssignArgs,
+        journal: &Journal,
+        pair: PairOutcome,
+    ) -> Result<Vec<IpNet>, AssignError> {
+        let id = &args.handle_id;
+        match (pair.block, pair.handle) {
             (Landed::Yes, HandleNow::Counts) => {
                 journal.settle(id);
                 Ok(ips.to_vec())
@@ -631,17 +659,17 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                     }
                 }
                 journal.settle(id);
-                Err(match updated {
-                    Err(e) if e.is_conflict() => AssignError::Conflict,
-                    Err(e) => AssignError::Failed(e.into()),
-                    Ok(_) => AssignError::Failed(IpamError::BlockWriteNotFound),
+                Err(match pair.block_error {
+                    Some(e) if e.is_conflict() => AssignError::Conflict,
+                    Some(e) => AssignError::Failed(e.into()),
+                    None => AssignError::Failed(IpamError::BlockWriteNotFound),
                 })
             }
             (Landed::Unknown(re), _) => {
                 warn!(%cidr, reread = %re, "block write outcome unknown; its pending record stays for DEL");
-                Err(AssignError::Unknown(match updated {
-                    Err(e) => e.into(),
-                    Ok(_) => re.into(),
+                Err(AssignError::Unknown(match pair.block_error {
+                    Some(e) => e.into(),
+                    None => re.into(),
                 }))
             }
         }
