@@ -1,11 +1,11 @@
 //! calico-cni-rs: a single-binary Rust re-implementation of Project Calico's CNI plugins.
-//! `calico` (network plugin, `plugin`), `calico-ipam` (IPAM plugin, `ipam_plugin`) and the
+//! `calico` (network plugin, `plugin`), `calico-ipam` (IPAM plugin, `calico_ipam`) and the
 //! node installer (`install`) share this library; `main.rs` dispatches on argv[0].
 //!
-//! Layers, each importing only from those below it: `skel` (CNI, nothing of Calico) and the
-//! three entry modules; `ipam_driver` (the IPAM a `calico` call delegates to) and
-//! `dataplane`; `ipam` (the allocator library) and `cluster_ready`; `datastore`; `config`,
-//! `identifiers`, `net`, `deadline`, `encoding`, `logging`.
+//! Layers, each importing only from those below it (docs/architecture.md; the table is
+//! `LAYERS` in tests/e2e/module_graph.rs): `plugin` and `install`; `calico_ipam`; `call`;
+//! `error`; `delegate` and `dataplane`; `ipam`; `datastore`; `logging`; `config`; `skel`;
+//! `support`.
 
 pub mod calico_ipam;
 pub mod call;
