@@ -1,6 +1,6 @@
 //! calico-ipam ADD: AutoAssign, or AssignIP for `IP=` in CNI_ARGS, to the handle
 //! `<network>.<containerID>` (or a KubeVirt VM's persistent handle, `vm.rs`), with what the
-//! `calico` plugin running it in-process has already read and locked (`Prepared`).
+//! `calico` plugin running it in-process has already read and locked (`Supplied`).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -9,14 +9,12 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use super::call::{with_timeout, Call, IPAM_TIMEOUT};
-use super::vm::{detect_vm, persistent_vm, reuse_vm_addresses, VmVerb};
+use super::kube_reads::KubeReads;
+use super::vm::{persistent_vm, reuse_vm_addresses, VmVerb};
 use crate::calico_ipam::kubevirt::PodVmi;
-use crate::config::NetConf;
-use crate::datastore::backend::Backend;
-use crate::datastore::kubernetes::core_objects;
 use crate::datastore::model::IpPool;
 use crate::datastore::Datastore;
-use crate::error::{Context, Error, Result};
+use crate::error::{Error, Result};
 use crate::ipam::allocator::{AutoAssignArgs, Ipam, ViewReads, WriteBeside};
 use crate::ipam::lock::IpamLock;
 use crate::skel::result::{IpConfig, Route};
@@ -24,64 +22,103 @@ use crate::skel::CniResult;
 use crate::support::net::IpNet;
 use crate::support::timefmt;
 
-/// The namespace's labels for pools' `namespaceSelector`: read from the Kubernetes API when
-/// the NetConf names a kubeconfig or `policy.type: k8s` (as upstream), else none.
-pub async fn namespace_labels(
-    conf: &NetConf,
-    namespace: &str,
-    ds: &Backend,
-) -> Result<BTreeMap<String, String>> {
-    if (conf.kubernetes.kubeconfig.is_empty() && conf.policy.policy_type != "k8s")
-        || namespace.is_empty()
-    {
-        return Ok(BTreeMap::new());
-    }
-    let fail = || format!("failed to get namespace {namespace}");
-    let client = ds.plugin_kube_client(conf).await.with_context(fail)?;
-    let ns = core_objects::namespace(&client, namespace)
-        .await
-        .with_context(fail)?;
-    Ok(ns.metadata.labels.unwrap_or_default())
-}
-
-/// What the `calico` plugin hands the calico-ipam it runs in-process.
+/// What the caller supplies instead of calico-ipam reading it itself: the `calico` plugin
+/// running it in-process has read the pod, and may have read the host's blocks under the
+/// host's lock in its first round trip.
 #[derive(Default)]
-pub struct Prepared<'a> {
+pub struct Supplied<'a> {
     /// The pod's KubeVirt VMI as the call read the pod (`Some(None)`: read, no VMI);
     /// `None` when the pod was not read (calico-ipam reads it if it may run a VM).
     pub pod_vmi: Option<Option<PodVmi>>,
-    /// The namespace's labels (for pools' `namespaceSelector`).
-    pub namespace_labels: BTreeMap<String, String>,
-    /// AutoAssign's up-front reads, already made: under `lock`, or completed under it
-    /// (`Ipam::complete_view`).
-    pub reads: Option<ViewReads>,
-    /// The host's IPAM lock, already held.
-    pub lock: Option<IpamLock>,
+    /// The namespace's labels (for pools' `namespaceSelector`), when the caller read them
+    /// with the pod; else calico-ipam reads them itself (`pool_namespace_labels`).
+    pub namespace_labels: Option<BTreeMap<String, String>>,
+    /// The host's lock and AutoAssign's reads, when the caller made them.
+    pub view: LockedView,
     /// The caller's write that goes out with the block write giving all the addresses
     /// (`Ipam::write_beside`).
     pub beside: Option<&'a dyn WriteBeside>,
 }
 
-pub async fn assign<D: Datastore>(
+/// The host's IPAM lock, held, and AutoAssign's reads of the host's blocks and pools, made
+/// under it or completed under it (`Ipam::complete_view`).
+#[derive(Default)]
+pub struct LockedView {
+    pub lock: Option<IpamLock>,
+    pub reads: Option<ViewReads>,
+}
+
+/// Takes the host's IPAM lock (`lock_file`) and makes AutoAssign's reads for `node`, ahead
+/// of ADD.
+///
+/// Where the holders keep the blocks they write (the Kubernetes datastore), the lock is
+/// taken only once the reads are answered, and held for the writes: the node's other ADDs
+/// and DELs wait for it, and these reads are the slower half of what it guards when many
+/// pods start at once. The hinted blocks are then taken from the copies, under the lock (no
+/// request), and a listing of this host's affinities that does not cover them is asked
+/// again (`Ipam::complete_view`). On etcd, whose reads are fast and whose holders keep no
+/// copies, the reads are made under the lock, where they cannot be behind another holder's
+/// writes.
+pub async fn read_locked_view<D: Datastore>(ds: &D, lock_file: &str, node: &str) -> LockedView {
+    let ipam = Ipam::new(ds, node);
+    if ds.keeps_block_copies() {
+        let reads = ipam.read_view_unlocked().await;
+        let lock = IpamLock::acquire(lock_file).await;
+        let reads = ipam
+            .complete_view(reads, lock.block_hint(), &lock.hinted_copies())
+            .await;
+        return LockedView {
+            lock: Some(lock),
+            reads: Some(reads),
+        };
+    }
+    let lock = IpamLock::acquire(lock_file).await;
+    let reads = ipam
+        .read_view(lock.block_hint(), &lock.hinted_copies())
+        .await;
+    LockedView {
+        lock: Some(lock),
+        reads: Some(reads),
+    }
+}
+
+/// The namespace's labels for AutoAssign's pools: none when `requested` names the address
+/// (no pool is chosen, as upstream's AssignIP branch), those `read` with the pod, else the
+/// namespace's as calico-ipam reads it (`KubeReads::namespace_labels`).
+pub async fn pool_namespace_labels<D: KubeReads>(
+    ds: &D,
+    call: &Call<'_>,
+    requested: Option<IpAddr>,
+    read: Option<BTreeMap<String, String>>,
+) -> Result<BTreeMap<String, String>> {
+    match (requested, read) {
+        (Some(_), _) => Ok(BTreeMap::new()),
+        (None, Some(labels)) => Ok(labels),
+        (None, None) => ds.namespace_labels(&call.conf, &call.ids.namespace).await,
+    }
+}
+
+pub async fn assign<D: KubeReads>(
     ds: &D,
     call: &Call<'_>,
     ip: Option<IpAddr>,
-    prepared: Prepared<'_>,
+    supplied: Supplied<'_>,
 ) -> Result<CniResult> {
-    let Prepared {
+    let Supplied {
         pod_vmi,
         namespace_labels,
-        reads,
-        lock,
+        view: LockedView { lock, reads },
         beside,
-    } = prepared;
+    } = supplied;
+    let namespace_labels = pool_namespace_labels(ds, call, ip, namespace_labels).await?;
     let ipam = Ipam::new(ds, &call.ids.node).write_beside(beside);
     let vm = persistent_vm(
         &ipam,
-        detect_vm(ds, call, pod_vmi, false).await?,
+        ds.detect_vm(&call.conf, &call.ids, pod_vmi, false).await?,
         VmVerb::Add,
     )
     .await?;
+
     let handle = match &vm {
         Some(vmi) => vmi.handle_id(&call.conf.name),
         None => call.ids.handle_id(&call.conf.name),

@@ -4,7 +4,8 @@ use std::borrow::Cow;
 use std::net::IpAddr;
 
 use super::call::Call;
-use super::vm::{detect_vm, persistent_vm, VmVerb};
+use super::kube_reads::KubeReads;
+use super::vm::{persistent_vm, VmVerb};
 use crate::calico_ipam::kubevirt;
 use crate::config::identifiers::WepIdentifiers;
 use crate::config::NetConf;
@@ -17,7 +18,7 @@ use crate::skel::CniResult;
 
 /// The IPAM half of CHECK, shared with `calico`'s in-process path: the container's handle,
 /// or a KubeVirt VM's pod's VM handle, holds the previous result's addresses.
-pub async fn check_with<D: Datastore>(
+pub async fn check_with<D: KubeReads>(
     ds: &D,
     conf: &NetConf,
     ids: &WepIdentifiers,
@@ -30,7 +31,10 @@ pub async fn check_with<D: Datastore>(
             conf: Cow::Borrowed(conf),
             ids: Cow::Borrowed(ids),
         };
-        let detected = detect_vm(ds, &call, None, false).await.context("CHECK")?;
+        let detected = ds
+            .detect_vm(&call.conf, &call.ids, None, false)
+            .await
+            .context("CHECK")?;
         if let Some(vmi) =
             persistent_vm(&Ipam::new(ds, &ids.node), detected, VmVerb::DelOrCheck).await?
         {

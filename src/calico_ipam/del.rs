@@ -7,7 +7,8 @@ use std::net::IpAddr;
 use tracing::{info, warn};
 
 use super::call::{call_for, with_timeout, Call};
-use super::vm::{detect_vm, persistent_vm, release_vm, VmVerb};
+use super::kube_reads::KubeReads;
+use super::vm::{persistent_vm, release_vm, VmVerb};
 use crate::datastore::{Datastore, Key};
 use crate::error::{Error, Result};
 use crate::ipam::allocator::{Ipam, IpamError};
@@ -19,9 +20,9 @@ use crate::skel::CmdArgs;
 /// handle `<network>.<containerID>`), this never frees an address that another ADD of the
 /// same sandbox holds under the same handle. A KubeVirt VM's pod's addresses are the VM's:
 /// the pod only stops owning them, as its DEL would (upstream runs IPAM DEL here).
-pub async fn release_addresses<D: Datastore>(ds: &D, args: &CmdArgs, ips: &[IpAddr]) -> Result<()> {
+pub async fn release_addresses<D: KubeReads>(ds: &D, args: &CmdArgs, ips: &[IpAddr]) -> Result<()> {
     let call = call_for(args, None, false)?;
-    let detected = detect_vm(ds, &call, None, true).await?;
+    let detected = ds.detect_vm(&call.conf, &call.ids, None, true).await?;
     if let Some(vmi) =
         persistent_vm(&Ipam::new(ds, &call.ids.node), detected, VmVerb::DelOrCheck).await?
     {
@@ -72,8 +73,8 @@ pub async fn release_any<D: Datastore>(ds: &D, args: &CmdArgs, ips: &[IpAddr]) -
 /// blocks. It is then held for the block reads and writes, one round trip shorter than
 /// upstream's (which takes it first), and not at all when neither handle exists (a repeated
 /// DEL).
-pub async fn release<D: Datastore>(ds: &D, call: &Call<'_>) -> Result<()> {
-    let detected = detect_vm(ds, call, None, true).await?;
+pub async fn release<D: KubeReads>(ds: &D, call: &Call<'_>) -> Result<()> {
+    let detected = ds.detect_vm(&call.conf, &call.ids, None, true).await?;
     if let Some(vmi) =
         persistent_vm(&Ipam::new(ds, &call.ids.node), detected, VmVerb::DelOrCheck).await?
     {

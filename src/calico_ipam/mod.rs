@@ -15,6 +15,7 @@ pub mod add;
 pub mod call;
 pub mod check;
 pub mod del;
+pub mod kube_reads;
 pub mod kubevirt;
 pub mod upgrade;
 pub mod vm;
@@ -27,7 +28,7 @@ use crate::ipam::allocator::gc::node_handles;
 use crate::skel::attachments;
 use crate::skel::result::prev_result;
 use crate::skel::{CmdArgs, CniError, CniResult, Plugin};
-use add::Prepared;
+use add::Supplied;
 
 pub struct IpamPlugin;
 
@@ -86,17 +87,7 @@ async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     let ds = client::connect(&conf).await?;
     let call = call::identify(args, conf, true)?;
     let requested = call::requested_ip(args)?;
-    // Pools are chosen (and the namespace read for their selectors) only when no address
-    // is asked for, as upstream's AutoAssign branch.
-    let namespace_labels = match requested {
-        Some(_) => Default::default(),
-        None => add::namespace_labels(&call.conf, &call.ids.namespace, &ds).await?,
-    };
-    let prepared = Prepared {
-        namespace_labels,
-        ..Default::default()
-    };
-    add::assign(&ds, &call, requested, prepared).await
+    add::assign(&ds, &call, requested, Supplied::default()).await
 }
 
 async fn cmd_del(args: &CmdArgs) -> Result<()> {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use tracing::{info, warn};
 
 use super::call::{with_timeout, Call};
-use crate::calico_ipam::kubevirt::{self, Detected, PodVmi, Vmi};
+use crate::calico_ipam::kubevirt::{Detected, Vmi};
 use crate::datastore::Datastore;
 use crate::error::{Error, Result};
 use crate::ipam::allocator::{Ipam, IpamError};
@@ -21,19 +21,6 @@ use crate::support::net::IpNet;
 pub(super) enum VmVerb {
     Add,
     DelOrCheck,
-}
-
-/// The pod's KubeVirt VM, when the datastore can tell (`Datastore::as_backend`).
-pub(super) async fn detect_vm<D: Datastore>(
-    ds: &D,
-    call: &Call<'_>,
-    known: Option<Option<PodVmi>>,
-    for_del: bool,
-) -> Result<Detected> {
-    match ds.as_backend() {
-        Some(b) => kubevirt::detect(&call.conf, b, &call.ids, known, for_del).await,
-        None => Ok(Detected::NotAVm),
-    }
 }
 
 /// The VM whose addresses persist: a detected VM with `kubeVirtVMAddressPersistence` on.

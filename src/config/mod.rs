@@ -131,6 +131,30 @@ pub struct PolicyConf {
     pub k8s_certificate_authority: String,
 }
 
+/// Which IPAM the NetConf names: what the steps that depend on it (pool annotations, the
+/// expected families, routes, host-local's pod CIDR) ask, instead of comparing strings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IpamKind {
+    /// No `ipam.type`.
+    None,
+    /// `calico-ipam`, in-process or not: its addresses live in the Calico datastore.
+    Calico,
+    /// `host-local`, which knows `usePodCidr`.
+    HostLocal,
+    Other,
+}
+
+impl IpamKind {
+    pub fn of(ipam_type: &str) -> IpamKind {
+        match ipam_type {
+            "" => IpamKind::None,
+            "calico-ipam" => IpamKind::Calico,
+            "host-local" => IpamKind::HostLocal,
+            _ => IpamKind::Other,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default)]
 pub struct IpamConf {

@@ -137,10 +137,6 @@ impl Datastore for Backend {
         self.is_kubernetes()
     }
 
-    fn as_backend(&self) -> Option<&Backend> {
-        Some(self)
-    }
-
     async fn get(&self, key: &Key) -> Result<KvPair, DatastoreError> {
         match self {
             Backend::Etcd(d) => Box::pin(d.get(key)).await,

@@ -304,12 +304,6 @@ pub trait Datastore {
         false
     }
 
-    /// The production backend this is, for the reads beyond Calico's own objects that only
-    /// it can make (a pod's KubeVirt VM); `None` for the test stores.
-    fn as_backend(&self) -> Option<&backend::Backend> {
-        None
-    }
-
     /// Gives `node`'s block affinities written by older releases the labels host lookups
     /// select on (libcalico-go `UpgradeHost`); returns how many were labelled. Only the
     /// Kubernetes datastore stores affinities as labelled objects: elsewhere there is

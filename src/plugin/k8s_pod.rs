@@ -11,12 +11,12 @@ use std::net::IpAddr;
 use serde_json::Value;
 
 use crate::calico_ipam::kubevirt::{self, PodVmi};
+use crate::config::IpamKind;
 use crate::config::NetConf;
 use crate::datastore::kubernetes::client::KubeClient;
 use crate::datastore::kubernetes::{core_objects, pods};
 use crate::datastore::model::WorkloadEndpoint;
 use crate::error::{Error, JsonValueError, Result};
-use crate::plugin::ipam::IpamKind;
 use crate::support::gojson;
 
 const ANN_IPV4_POOLS: &str = "cni.projectcalico.org/ipv4pools";

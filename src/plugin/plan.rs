@@ -41,10 +41,10 @@ pub struct Plan {
 /// where a new endpoint is written. Every other step runs where it stands in `add`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AddSteps {
-    /// Calico IPAM (in-process) makes its reads and takes the host's IPAM lock in the first
-    /// round trip: a Kubernetes pod without readiness gates (the lock would be held while
-    /// they wait).
-    pub ipam_reads_with_reads: bool,
+    /// The IPAM reads its view (Calico IPAM in-process: AutoAssign's reads, under the host's
+    /// IPAM lock) in the first round trip: a Kubernetes pod without readiness gates (the
+    /// lock would be held while they wait).
+    pub ipam_view_in_first_round_trip: bool,
     /// How a new endpoint is written.
     pub new_endpoint: EndpointWrite,
 }
@@ -88,7 +88,7 @@ impl Plan {
             want_profile: conf.policy.policy_type.is_empty(),
             families,
             add: AddSteps {
-                ipam_reads_with_reads: k8s && no_gates && ipam_in_process,
+                ipam_view_in_first_round_trip: k8s && no_gates && ipam_in_process,
                 new_endpoint,
             },
             deadline: crate::support::deadline::limit(),
@@ -261,7 +261,7 @@ mod tests {
             let families = expected_families(IpamKind::of(&conf.ipam.ipam_type), &conf, &args);
             let plan = Plan::new(&conf, &args, &ids, kdd, families);
             let got = (
-                plan.add.ipam_reads_with_reads,
+                plan.add.ipam_view_in_first_round_trip,
                 plan.add.new_endpoint,
                 plan.endpoint_from_pod,
                 plan.policy_k8s,

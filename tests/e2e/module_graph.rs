@@ -288,3 +288,27 @@ fn a_circle_is_found() {
     assert_eq!(found.len(), 1);
     assert_eq!(found[0].len(), 3);
 }
+
+/// ADD's files (`src/plugin/add/`) know the IPAM only through the driver trait
+/// (`plugin::ipam`): none of them reads blocks or takes the host's IPAM lock
+/// (`ipam::allocator`, `ipam::lock`) or builds calico-ipam's inputs (`calico_ipam::add`). The
+/// one import of calico-ipam is `calico_ipam::del` for the `ipAddrs` annotation's release of
+/// the endpoint's old addresses, which upstream's plugin makes with Calico IPAM whatever the
+/// IPAM plugin (its `releaseIPAddrs`).
+#[test]
+fn add_knows_the_ipam_only_through_the_driver() {
+    let files = modules();
+    let graph = edges(&files);
+    let allowed = |to: &Module| to.join("/") == "calico_ipam/del";
+    let found: Vec<String> = graph
+        .iter()
+        .filter(|(from, _)| from.starts_with(&["plugin".to_string(), "add".to_string()]))
+        .flat_map(|(from, deps)| {
+            deps.iter()
+                .filter(|to| matches!(to.first().map(String::as_str), Some("ipam" | "calico_ipam")))
+                .filter(|to| !allowed(to))
+                .map(move |to| format!("{} -> {}", from.join("/"), to.join("/")))
+        })
+        .collect();
+    assert!(found.is_empty(), "ADD around the driver trait: {found:#?}");
+}

@@ -10,7 +10,7 @@ use super::{
 use crate::error::{Error, Result};
 use crate::plugin::add::k8s::default_routes;
 use crate::plugin::endpoint;
-use crate::plugin::ipam::Prepared;
+use crate::plugin::ipam::AddHints;
 use crate::skel::CniResult;
 
 pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: Answered) -> Result<CniResult> {
@@ -46,7 +46,7 @@ pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: Answered) -> Resul
 
     let veth = veth_request(cx, &wep.spec.interface_name, None, call.plan.families);
     let empty = "IPAM plugin returned no IP addresses in result";
-    let ipam = ipam_add(call, made, args, Prepared::default(), empty);
+    let ipam = ipam_add(cx, made, args, (answered.ipam, AddHints::default()), empty);
     let result = addresses_and_interface(made, args, veth, ipam).await?;
     let finish = Finish {
         args,

@@ -235,10 +235,10 @@ mod tests {
     use crate::datastore::memory::{Fault, KeyClass, MemoryDatastore};
     use crate::datastore::{Key, Kind};
     use crate::error::Error;
-    use crate::ipam::allocator::WriteBeside;
+
     use crate::plugin::add::interface::tests::{FakeDataplane, FINISHED_MAC};
     use crate::plugin::ipam::fake::FakeIpam;
-    use crate::plugin::ipam::{pick, Prepared};
+    use crate::plugin::ipam::{pick, AddHints, WriteBeside};
 
     const CNI_ARGS: &str = "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=pod1";
 
@@ -366,14 +366,14 @@ mod tests {
                     if script.beside {
                         made.endpoint().plan(&wep);
                     }
-                    let prepared = Prepared {
+                    let hints = AddHints {
                         beside: script.beside.then(|| made.endpoint() as &dyn WriteBeside),
                         ..Default::default()
                     };
                     let ipam = async {
                         match script.ipam_fails {
                             true => Err(Error::msg("failed to request IPv4 addresses: no pool")),
-                            false => driver.add(&self.args, prepared).await,
+                            false => driver.add(&self.args, Default::default(), hints).await,
                         }
                     };
                     let result =
@@ -779,7 +779,7 @@ mod tests {
         let out = crate::call::client::block_on(async {
             let made = Made::new(ds, &ipam, dp.clone());
             let outcome = async {
-                let add = ipam.add(&f.args, Prepared::default());
+                let add = ipam.add(&f.args, (), AddHints::default());
                 let result = addresses_and_interface(&made, &f.args, f.veth(), add).await?;
                 let mut finish = f.finish(false);
                 finish.routes = vec!["0.0.0.0/0".parse().unwrap(), "::/0".parse().unwrap()];

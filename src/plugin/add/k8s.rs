@@ -2,7 +2,6 @@
 //! service account, annotations), the addresses from where the pod says
 //! (`k8s_pod::AddressSource`), the pod's routes, and the wait for Felix's policy.
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use serde_json::Value;
@@ -11,18 +10,17 @@ use tracing::info;
 use super::commit::{addresses_and_interface, addresses_of, finish_and_write, Extras, Finish};
 use super::{
     endpoint_name, ipam_add, validate_endpoint_and_profile, veth_request, AddCx, Answered,
-    IpamReadsAndLock, Record,
+    IpamView, Record,
 };
-use crate::calico_ipam;
+use crate::calico_ipam::del::release_any;
 use crate::dataplane::{Families, VethRequest};
 use crate::datastore::model::WorkloadEndpoint;
 use crate::delegate::exec::{host_local_add_stdin, uses_pod_cidr};
 use crate::delegate::DelegateError;
 use crate::error::{Context, Error, Result};
-use crate::ipam::allocator::WriteBeside;
 use crate::plugin::endpoint;
 use crate::plugin::endpoint_status;
-use crate::plugin::ipam::{IpamDriver, IpamKind, Prepared};
+use crate::plugin::ipam::{AddHints, IpamDriver, IpamKind, WriteBeside};
 use crate::plugin::k8s_pod::{self, AddressSource, PodInfo};
 use crate::plugin::plan::{families_of, EndpointWrite};
 use crate::plugin::Call;
@@ -40,7 +38,7 @@ pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: Answered) -> Resul
         existing,
         profile,
         pod,
-        ipam: ipam_reads,
+        ipam: ipam_view,
     } = answered;
     // Upstream makes its API client first thing (k8s.go NewK8sClient), whatever the policy
     // type: with nothing to make it from (no kubeconfig, API root or in-cluster
@@ -93,14 +91,13 @@ pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: Answered) -> Resul
         made,
         args: &args,
         pod: &pod,
+        pod_read: plan.policy_k8s.then_some(&pod),
         host_veth: &wep.spec.interface_name,
         container_mac: extras.container_mac,
         beside: (endpoint_write == EndpointWrite::WithAddresses)
             .then(|| made.endpoint() as &dyn WriteBeside),
     };
-    let result = request
-        .addresses(source, ipam_reads, &old_addresses)
-        .await?;
+    let result = request.addresses(source, ipam_view, &old_addresses).await?;
     extras.skip_host_routes = skips_host_routes(call, &result);
     let finish = Finish {
         args: &args,
@@ -136,6 +133,8 @@ struct AddressRequestOf<'a> {
     host_veth: &'a str,
     /// The pod's `hwAddr`.
     container_mac: Option<[u8; 6]>,
+    /// The pod and its namespace as read (policy type k8s), for the IPAM.
+    pod_read: Option<&'a PodInfo>,
     /// The endpoint's write that goes with Calico IPAM's block write.
     beside: Option<&'a dyn WriteBeside>,
 }
@@ -152,7 +151,7 @@ impl AddressRequestOf<'_> {
     async fn addresses(
         &self,
         source: AddressSource,
-        ipam_reads: IpamReadsAndLock,
+        ipam_view: IpamView,
         old_addresses: &[String],
     ) -> Result<CniResult> {
         let (call, made, args) = (self.cx.call, self.made, self.args);
@@ -167,27 +166,22 @@ impl AddressRequestOf<'_> {
                         families = None;
                     }
                 }
-                // `IP=` in CNI_ARGS (read as calico-ipam reads it) asks for an address: no
-                // pools are chosen.
-                let namespace_labels = match calico_ipam::call::requested_ip(
-                    &calico_ipam::call::ipam_args(&ipam_args),
-                )? {
-                    Some(_) => BTreeMap::new(),
-                    None => namespace_labels(call, self.pod).await?,
-                };
-                let prepared = Prepared {
-                    pod_vmi: self.pod.kubevirt.clone(),
-                    namespace_labels,
-                    reads: ipam_reads.reads,
-                    lock: ipam_reads.lock,
+                let hints = AddHints {
+                    pod: self.pod_read,
                     beside: self.beside,
                 };
-                let ipam = ipam_add(call, made, &ipam_args, prepared, MISSING_IP_CONFIG);
+                let ipam = ipam_add(
+                    self.cx,
+                    made,
+                    &ipam_args,
+                    (ipam_view, hints),
+                    MISSING_IP_CONFIG,
+                );
                 addresses_and_interface(made, args, self.veth(families), ipam).await
             }
             AddressSource::IpAddrs(ips) => {
                 // Each address is assigned by its own calico-ipam call, which takes the lock.
-                drop(ipam_reads);
+                drop(ipam_view);
                 let ipam = async {
                     release_old_addresses(call, args, old_addresses).await?;
                     self.assign_each(&ips).await
@@ -196,7 +190,7 @@ impl AddressRequestOf<'_> {
                 addresses_and_interface(made, args, veth, ipam).await
             }
             AddressSource::NoIpam(ips) => {
-                drop(ipam_reads);
+                drop(ipam_view);
                 let result = CniResult {
                     ips: ips
                         .iter()
@@ -220,12 +214,16 @@ impl AddressRequestOf<'_> {
     /// Each call asks for its address, so no pool is chosen: no namespace labels (upstream's
     /// calico-ipam reads the namespace only to choose pools).
     async fn assign_each(&self, ips: &[IpAddr]) -> Result<CniResult> {
-        let (call, args) = (self.cx.call, self.args);
+        let args = self.args;
         let mut result = CniResult::default();
         for ip in ips {
             let mut one = args.clone();
             one.args = format!("{};IP={ip}", args.args);
-            let got = call.ipam().add(&one, Prepared::default()).await;
+            let got = self
+                .cx
+                .ipam
+                .add(&one, Default::default(), Default::default())
+                .await;
             if let Ok(r) = &got {
                 self.made.addresses_given(args, &addresses_of(r));
             }
@@ -243,18 +241,6 @@ impl AddressRequestOf<'_> {
     }
 }
 
-/// The namespace's labels for calico-ipam's pool selection: those already read with the
-/// pod, else read when a kubeconfig is configured (as calico-ipam does).
-async fn namespace_labels(call: &Call, pod: &PodInfo) -> Result<BTreeMap<String, String>> {
-    if call.plan.ipam != IpamKind::Calico {
-        return Ok(BTreeMap::new());
-    }
-    if call.plan.policy_k8s {
-        return Ok(pod.namespace_labels.clone());
-    }
-    calico_ipam::add::namespace_labels(&call.conf, &call.ids.namespace, &call.ds).await
-}
-
 /// `ipAddrs` on a re-ADD: the endpoint's previous addresses are released first.
 async fn release_old_addresses(call: &Call, args: &CmdArgs, old: &[String]) -> Result<()> {
     let ips: Vec<IpAddr> = old
@@ -269,7 +255,7 @@ async fn release_old_addresses(call: &Call, args: &CmdArgs, old: &[String]) -> R
         ?ips,
         "releasing the endpoint's previous addresses before ipAddrs"
     );
-    calico_ipam::del::release_any(&call.ds, args, &ips)
+    release_any(&call.ds, args, &ips)
         .await
         .context("failed to release ipAddrs")
 }

@@ -36,13 +36,10 @@ use crate::dataplane::{Families, Selected, VethRequest};
 use crate::datastore::backend::Backend;
 use crate::datastore::model::{Profile, WorkloadEndpoint};
 use crate::datastore::validate;
-use crate::datastore::Datastore;
 use crate::error::{Error, Result};
-use crate::ipam::allocator::{Ipam, ViewReads};
-use crate::ipam::lock::IpamLock;
 use crate::plugin::endpoint;
 use crate::plugin::endpoint_status;
-use crate::plugin::ipam::{Driver, IpamDriver, IpamKind, Prepared};
+use crate::plugin::ipam::{AddHints, Driver, IpamDriver, IpamKind};
 use crate::plugin::k8s_pod::{self, PodInfo};
 use crate::plugin::plan::expected_families;
 use crate::plugin::readiness;
@@ -57,6 +54,8 @@ use rollback::Made;
 pub struct AddCx<'a> {
     pub args: &'a CmdArgs,
     pub call: &'a Call,
+    /// The call's IPAM.
+    pub ipam: &'a Driver<'a, Backend>,
     /// The interface's MTU (configured, else the host's).
     pub mtu: u32,
     /// The MTU the result reports: the interface's, or a negative one as configured (as
@@ -66,6 +65,9 @@ pub struct AddCx<'a> {
 
 /// The record of one ADD on the call's datastore, IPAM and dataplane.
 type Record<'a> = Made<'a, Backend, Driver<'a, Backend>, Selected>;
+
+/// What the call's IPAM reads ahead of ADD (`IpamDriver::read_view`).
+pub type IpamView = <Driver<'static, Backend> as IpamDriver>::View;
 
 pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     let conf = load_config(args)?;
@@ -92,6 +94,7 @@ pub async fn cmd_add(args: &CmdArgs) -> Result<CniResult> {
     let cx = AddCx {
         args,
         call: &call,
+        ipam: &driver,
         mtu,
         result_mtu: match call.conf.mtu {
             m if m < 0 => m,
@@ -115,11 +118,11 @@ struct FirstReads {
     existing: Result<Option<WorkloadEndpoint>>,
     profile_exists: Result<bool>,
     pod: Result<Option<PodInfo>>,
-    ipam: IpamReadsAndLock,
+    ipam: IpamView,
 }
 
 /// The ready gate, the endpoint lookup, the Profile lookup, (policy type k8s) the pod and
-/// its namespace and (`AddSteps::ipam_reads_with_reads`) Calico IPAM's reads are
+/// its namespace and (`AddSteps::ipam_view_in_first_round_trip`) the IPAM's view are
 /// independent: one round trip. Nothing is written before the gate has passed. On the
 /// Kubernetes datastore the endpoint is the pod itself, so the pod is read once.
 async fn first_reads(cx: &AddCx<'_>) -> FirstReads {
@@ -127,7 +130,7 @@ async fn first_reads(cx: &AddCx<'_>) -> FirstReads {
     let plan = &call.plan;
     let (ready, ipam, existing, profile_exists, pod) = tokio::join!(
         check_datastore_ready(&call.ds),
-        read_ipam_and_lock(call, plan.add.ipam_reads_with_reads),
+        read_ipam_view(cx, plan.add.ipam_view_in_first_round_trip),
         async {
             match plan.endpoint_from_pod {
                 true => Ok(None),
@@ -168,7 +171,7 @@ pub struct Answered {
     pub profile: Option<Profile>,
     /// The pod and its namespace (policy type k8s).
     pub pod: Option<PodInfo>,
-    pub ipam: IpamReadsAndLock,
+    pub ipam: IpamView,
 }
 
 /// ADD once its first reads are answered: the checks, then the orchestrator's path.
@@ -215,54 +218,20 @@ async fn check_then_add(cx: &AddCx<'_>, made: &Record<'_>, reads: FirstReads) ->
     Ok(result)
 }
 
-/// The host's IPAM lock and AutoAssign's reads, taken in the first round trip.
-#[derive(Default)]
-pub struct IpamReadsAndLock {
-    pub lock: Option<IpamLock>,
-    pub reads: Option<ViewReads>,
-}
-
-/// With calico-ipam in-process, AutoAssign's reads join the first round trip and the host's
-/// IPAM lock is taken then (`on`).
-async fn read_ipam_and_lock(call: &Call, on: bool) -> IpamReadsAndLock {
+/// The IPAM's view (`IpamDriver::read_view`), when the plan has it read in the first round
+/// trip (`on`).
+async fn read_ipam_view(cx: &AddCx<'_>, on: bool) -> IpamView {
     if !on {
-        return IpamReadsAndLock::default();
+        return IpamView::default();
     }
-    let conf = &call.conf;
-    // On the Kubernetes datastore the connection (its TLS handshake) is opened before
-    // the host's IPAM lock is taken, not while it is held: other pods' ADDs on this
-    // node wait for the lock.
-    if let Some(client) = call.ds.kube_client().filter(|_| call.ds.is_kubernetes()) {
+    // On the Kubernetes datastore the connection (its TLS handshake) is opened before the
+    // IPAM takes the host's lock, not while it holds it: other pods' ADDs on this node wait
+    // for the lock.
+    let ds = &cx.call.ds;
+    if let Some(client) = ds.kube_client().filter(|_| ds.is_kubernetes()) {
         client.open().await;
     }
-    let ipam = Ipam::new(&call.ds, &call.ids.node);
-    // Where the holders keep the blocks they write (the Kubernetes datastore), the
-    // lock is taken only once the reads are answered, and held for the writes: the
-    // node's other ADDs and DELs wait for it, and these reads are the slower half of
-    // what it guards when many pods start at once. The hinted blocks are then taken
-    // from the copies, under the lock (no request), and a listing of this host's
-    // affinities that does not cover them is asked again (`Ipam::complete_view`).
-    // On etcd, whose reads are fast and whose holders keep no copies, the reads are
-    // made under the lock, where they cannot be behind another holder's writes.
-    if call.ds.keeps_block_copies() {
-        let reads = ipam.read_view_unlocked().await;
-        let lock = IpamLock::acquire(conf.ipam_lock_file()).await;
-        let reads = ipam
-            .complete_view(reads, lock.block_hint(), &lock.hinted_copies())
-            .await;
-        return IpamReadsAndLock {
-            lock: Some(lock),
-            reads: Some(reads),
-        };
-    }
-    let lock = IpamLock::acquire(conf.ipam_lock_file()).await;
-    let reads = ipam
-        .read_view(lock.block_hint(), &lock.hinted_copies())
-        .await;
-    IpamReadsAndLock {
-        lock: Some(lock),
-        reads: Some(reads),
-    }
+    cx.ipam.read_view().await
 }
 
 /// How much longer than its own work the configuration may make ADD wait: each readiness
@@ -306,16 +275,16 @@ fn validate_endpoint_and_profile(wep: &WorkloadEndpoint, profile: Option<&Profil
     Ok(())
 }
 
-/// Runs the IPAM plugin under `args`. An answer without addresses is refused with `empty`
-/// (the rollback releases what the handle may hold).
+/// Runs the IPAM under `args`, on its `view` and with `hints`. An answer without addresses
+/// is refused with `empty` (the rollback releases what the handle may hold).
 async fn ipam_add(
-    call: &Call,
+    cx: &AddCx<'_>,
     made: &Record<'_>,
     args: &CmdArgs,
-    prepared: Prepared<'_>,
+    (view, hints): (IpamView, AddHints<'_>),
     empty: &str,
 ) -> Result<CniResult> {
-    let result = call.ipam().add(args, prepared).await?;
+    let result = cx.ipam.add(args, view, hints).await?;
     info!(ips = ?result.ips.iter().map(|i| i.address.to_string()).collect::<Vec<_>>(), "Got result from IPAM plugin");
     if result.ips.is_empty() {
         made.answered_without_addresses(args);

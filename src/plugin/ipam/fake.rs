@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::net::IpAddr;
 use std::rc::Rc;
 
-use super::{GcScope, IpamDriver, Prepared};
+use super::{AddHints, GcScope, IpamDriver};
 use crate::error::{Error, Result};
 use crate::skel::result::IpConfig;
 use crate::skel::{CmdArgs, CniResult};
@@ -21,7 +21,11 @@ pub struct FakeIpam {
 }
 
 impl IpamDriver for FakeIpam {
-    async fn add(&self, _args: &CmdArgs, _prepared: Prepared<'_>) -> Result<CniResult> {
+    type View = ();
+
+    async fn read_view(&self) {}
+
+    async fn add(&self, _args: &CmdArgs, _view: (), _hints: AddHints<'_>) -> Result<CniResult> {
         self.log.borrow_mut().push("ipam add");
         let mut result = CniResult::default();
         for ip in &self.ips {

@@ -8,6 +8,9 @@
 //!   needs on disk (`azure`).
 //!
 //! The plugin's steps see only `IpamDriver`, so their undo paths can be tested with a fake.
+//! What a driver reads ahead of ADD is its own (`IpamDriver::View`, read by `read_view` in
+//! the call's first round trip); what the call knows that an IPAM may use instead of reading
+//! it again is `AddHints`.
 
 #[cfg(test)]
 pub mod fake;
@@ -18,37 +21,19 @@ use std::net::IpAddr;
 
 use tracing::{debug, warn};
 
-use crate::datastore::Datastore;
+use crate::calico_ipam::add::{read_locked_view, LockedView};
+use crate::calico_ipam::kube_reads::KubeReads;
 use crate::delegate::exec;
 use crate::error::Result;
 use crate::ipam::allocator::gc::NodeHandles;
+use crate::plugin::k8s_pod::PodInfo;
+
+pub use crate::config::IpamKind;
 use crate::skel::{CmdArgs, CniError, CniResult};
 
-pub use crate::calico_ipam::add::Prepared;
-
-/// Which IPAM the NetConf names: what the steps that depend on it (pool annotations, the
-/// expected families, routes, host-local's pod CIDR) ask, instead of comparing strings.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum IpamKind {
-    /// No `ipam.type`.
-    None,
-    /// `calico-ipam`, in-process or not: its addresses live in the Calico datastore.
-    Calico,
-    /// `host-local`, which knows `usePodCidr`.
-    HostLocal,
-    Other,
-}
-
-impl IpamKind {
-    pub fn of(ipam_type: &str) -> IpamKind {
-        match ipam_type {
-            "" => IpamKind::None,
-            "calico-ipam" => IpamKind::Calico,
-            "host-local" => IpamKind::HostLocal,
-            _ => IpamKind::Other,
-        }
-    }
-}
+/// A write that depends only on the addresses an IPAM gives, which it may send with its own
+/// write of them (Calico IPAM's block write).
+pub use crate::ipam::allocator::WriteBeside;
 
 /// What GC needs besides the runtime's arguments: the node's Calico IPAM handles of this
 /// network (already listed, for the endpoints' GC too) and the valid container IDs.
@@ -58,12 +43,28 @@ pub struct GcScope<'a> {
     pub valid: &'a BTreeSet<String>,
 }
 
+/// What an ADD's call knows that its IPAM may use instead of reading it again, and a write
+/// the IPAM may send with its own. An IPAM run from CNI_PATH uses none of it.
+#[derive(Clone, Copy, Default)]
+pub struct AddHints<'a> {
+    /// The Kubernetes pod and its namespace, when the call read them (policy type k8s).
+    pub pod: Option<&'a PodInfo>,
+    /// The endpoint's write, to go with the write that gives the addresses.
+    pub beside: Option<&'a dyn WriteBeside>,
+}
+
 /// The operations a `calico` call needs from its IPAM. Single-threaded runtime: no `Send`.
 #[allow(async_fn_in_trait)]
 pub trait IpamDriver {
-    /// ADD: the addresses, in the 1.0 result model. `prepared` is what the call has already
-    /// read and locked for an in-process Calico IPAM (dropped by any other).
-    async fn add(&self, args: &CmdArgs, prepared: Prepared<'_>) -> Result<CniResult>;
+    /// What this IPAM reads and holds for an ADD, when the plan has it read in the call's
+    /// first round trip (`read_view`); its `Default` is nothing read.
+    type View: Default;
+    /// Reads (and holds) this IPAM's `View`, ahead of ADD's checks.
+    async fn read_view(&self) -> Self::View;
+    /// ADD: the addresses, in the 1.0 result model, on `view` (read ahead, or the default)
+    /// and with what the call knows (`hints`).
+    async fn add(&self, args: &CmdArgs, view: Self::View, hints: AddHints<'_>)
+        -> Result<CniResult>;
     /// DEL: everything the IPAM holds for this container.
     async fn del(&self, args: &CmdArgs) -> Result<()>;
     /// The rollback of a failed ADD: gives back exactly `ips`. With Calico IPAM (wherever it
@@ -98,7 +99,7 @@ pub fn runs_in_process(kind: IpamKind, ipam_type: &str, cni_path: &str) -> bool 
 
 /// The one factory: the driver for a call whose NetConf and identifiers are `known` (parsed
 /// from `stdin`), on datastore `ds`.
-pub fn pick<'a, D: Datastore>(
+pub fn pick<'a, D: KubeReads>(
     in_process: bool,
     ds: &'a D,
     known: crate::calico_ipam::call::Known<'a>,
@@ -115,14 +116,38 @@ pub fn pick<'a, D: Datastore>(
     }
 }
 
-impl<D: Datastore> IpamDriver for Driver<'_, D> {
-    async fn add(&self, args: &CmdArgs, prepared: Prepared<'_>) -> Result<CniResult> {
+impl<D: KubeReads> IpamDriver for Driver<'_, D> {
+    /// Calico IPAM's: the host's lock and AutoAssign's reads. A plugin run from CNI_PATH
+    /// reads nothing ahead (it takes its own lock, in its own process).
+    type View = LockedView;
+
+    async fn read_view(&self) -> LockedView {
+        match self {
+            Driver::InProcess(ipam) => {
+                let known = ipam.known;
+                Box::pin(read_locked_view(
+                    ipam.ds,
+                    known.conf.ipam_lock_file(),
+                    &known.ids.node,
+                ))
+                .await
+            }
+            Driver::Exec { .. } => LockedView::default(),
+        }
+    }
+
+    async fn add(
+        &self,
+        args: &CmdArgs,
+        view: LockedView,
+        hints: AddHints<'_>,
+    ) -> Result<CniResult> {
         match self {
             // Boxed: the IPAM's state machine is large, and the poll functions of every
             // future holding it inline reserve (and probe, page by page) stack for it.
-            Driver::InProcess(ipam) => Box::pin(ipam.add(args, prepared)).await,
+            Driver::InProcess(ipam) => Box::pin(ipam.add(args, view, hints)).await,
             Driver::Exec { exec, .. } => {
-                drop(prepared);
+                drop(view);
                 Ok(exec.add(args).await?)
             }
         }
