@@ -40,7 +40,8 @@ if [ -n "${BENCH_KUBE_API_BIN:-}" ]; then
   python3 "$(dirname "$0")/api_cost.py" "$1"
 fi
 python3 "$(dirname "$0")/ipam_bench.py" "$1"
-# do_networking and clean_up_namespace against the kernel, no plugin process around them.
+# The Linux dataplane's build and finish (as ADD runs them) and clean_up_namespace against the
+# kernel, no plugin process around them.
 if [ "${BENCH_DATAPLANE:-1}" != 0 ]; then
   cargo bench --bench dataplane
 fi

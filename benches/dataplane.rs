@@ -1,4 +1,5 @@
-//! How long the Linux dataplane takes against the real kernel: `do_networking` and
+//! How long the Linux dataplane takes against the real kernel: ADD's `build` then `finish`
+//! (tests/common/pod_network.rs) and
 //! `clean_up_namespace` called ten times in a row each, one- and two-family, from a thread
 //! inside a test "host" netns (with an uplink, like a node; tests/common/netns.rs), each pod
 //! in a netns of its own. Root only (it creates network namespaces).
@@ -15,25 +16,18 @@ mod netns;
 
 use std::time::{Duration, Instant};
 
-use calico_cni::dataplane::{clean_up_namespace, do_networking, NetworkingRequest};
+#[path = "../tests/common/pod_network.rs"]
+mod pod_network;
+
+use calico_cni::dataplane::clean_up_namespace;
 use netns::{HostNetns, Netns};
+use pod_network::{network, PodRequest};
 
 /// Calls in a row per family set under `cargo bench`.
 const ROUNDS: usize = 10;
 
-fn request(pod: &Netns, host_veth: &str, ips: &[&str], routes: &[&str]) -> NetworkingRequest {
-    NetworkingRequest {
-        netns_path: pod.path().to_string(),
-        ifname: "eth0".to_string(),
-        host_veth: host_veth.to_string(),
-        mtu: 1450,
-        num_queues: 1,
-        ips: ips.iter().map(|s| s.parse().unwrap()).collect(),
-        routes: routes.iter().map(|s| s.parse().unwrap()).collect(),
-        allow_ip_forwarding: false,
-        container_mac: None,
-        skip_host_routes: false,
-    }
+fn request(pod: &Netns, host_veth: &str, ips: &[&str], routes: &[&str]) -> PodRequest {
+    PodRequest::new(pod.path(), host_veth, ips, routes)
 }
 
 fn ms(d: Duration) -> f64 {
@@ -70,7 +64,7 @@ fn main() {
             let pod = Netns::new("dp-time");
             let req = request(&pod, "calitime", &ips, &routes);
             let t = Instant::now();
-            host.run_in(|| do_networking(&req)).unwrap();
+            host.run_in(|| network(&req)).unwrap();
             add.push(t.elapsed());
             assert!(pod.has_link("eth0"), "{label}: no pod interface");
             assert!(host.has_link("calitime"), "{label}: no host end");
@@ -83,7 +77,7 @@ fn main() {
         }
         if measuring {
             println!(
-                "{label}: do_networking {}; clean_up_namespace {} ({rounds} calls each)",
+                "{label}: build and finish {}; clean_up_namespace {} ({rounds} calls each)",
                 summary(&mut add),
                 summary(&mut del)
             );

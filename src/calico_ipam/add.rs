@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
-use super::call::{with_timeout, Call, IPAM_TIMEOUT};
+use super::call::{with_timeout, IpamCall, IPAM_TIMEOUT};
 use super::kube_reads::KubeReads;
 use super::vm::{persistent_vm, reuse_vm_addresses, VmVerb};
 use crate::calico_ipam::kubevirt::PodVmi;
@@ -87,7 +87,7 @@ pub async fn read_locked_view<D: Datastore>(ds: &D, lock_file: &str, node: &str)
 /// namespace's as calico-ipam reads it (`KubeReads::namespace_labels`).
 pub async fn pool_namespace_labels<D: KubeReads>(
     ds: &D,
-    call: &Call<'_>,
+    call: &IpamCall<'_>,
     requested: Option<IpAddr>,
     read: Option<BTreeMap<String, String>>,
 ) -> Result<BTreeMap<String, String>> {
@@ -100,7 +100,7 @@ pub async fn pool_namespace_labels<D: KubeReads>(
 
 pub async fn assign<D: KubeReads>(
     ds: &D,
-    call: &Call<'_>,
+    call: &IpamCall<'_>,
     ip: Option<IpAddr>,
     supplied: Supplied<'_>,
 ) -> Result<CniResult> {
@@ -154,7 +154,7 @@ pub async fn assign<D: KubeReads>(
 }
 
 /// The host's IPAM lock: the one the caller holds, else taken now.
-async fn held_or_taken(lock: Option<IpamLock>, call: &Call<'_>) -> IpamLock {
+async fn held_or_taken(lock: Option<IpamLock>, call: &IpamCall<'_>) -> IpamLock {
     match lock {
         Some(l) => l,
         None => IpamLock::acquire(call.conf.ipam_lock_file()).await,
@@ -172,7 +172,7 @@ struct Wanted {
 
 /// The attributes an allocation records of its owner: the node and the time, and a
 /// Kubernetes pod's name and namespace.
-fn owner_attributes(call: &Call<'_>) -> BTreeMap<String, String> {
+fn owner_attributes(call: &IpamCall<'_>) -> BTreeMap<String, String> {
     let mut attrs = BTreeMap::new();
     attrs.insert("node".to_string(), call.ids.node.clone());
     attrs.insert("timestamp".to_string(), timefmt::now_go_string());
@@ -211,7 +211,7 @@ async fn assign_requested<D: Datastore>(
 /// back what the other family got.
 async fn assign_automatically<D: Datastore>(
     ipam: &Ipam<'_, D>,
-    call: &Call<'_>,
+    call: &IpamCall<'_>,
     want: Wanted,
     reads: Option<ViewReads>,
     lock: Option<IpamLock>,

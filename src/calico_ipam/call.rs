@@ -1,4 +1,4 @@
-//! What one Calico IPAM call works with (`Call`): its NetConf and identifiers, parsed from
+//! What one Calico IPAM call works with (`IpamCall`): its NetConf and identifiers, parsed from
 //! its stdin or borrowed from the `calico` plugin that runs it in-process (`Known`); the
 //! arguments calico-ipam sees, the `IP=` it may ask for, and upstream's 90 s budget.
 
@@ -21,7 +21,7 @@ const IPAM_ARGS: &[(&str, ArgKind)] = &[IGNORE_UNKNOWN, ("IP", ArgKind::Ip)];
 
 /// What one Calico IPAM call works with: parsed from its stdin, or borrowed from the
 /// `calico` plugin that runs it in-process.
-pub struct Call<'a> {
+pub struct IpamCall<'a> {
     pub conf: Cow<'a, NetConf>,
     pub ids: Cow<'a, WepIdentifiers>,
 }
@@ -48,11 +48,11 @@ pub fn ipam_args(args: &CmdArgs) -> CmdArgs {
 
 /// The node name and the identifiers (`K8sArgs`) for a parsed NetConf, and the checks both
 /// the `calico-ipam` process and the in-process driver make.
-pub fn identify(args: &CmdArgs, conf: NetConf, for_add: bool) -> Result<Call<'static>> {
+pub fn identify(args: &CmdArgs, conf: NetConf, for_add: bool) -> Result<IpamCall<'static>> {
     let node = conf.node_name();
     let ids = WepIdentifiers::from_cni_args(&node, &args.container_id, &args.ifname, &args.args)?;
     checked(
-        Call {
+        IpamCall {
             conf: Cow::Owned(conf),
             ids: Cow::Owned(ids),
         },
@@ -63,7 +63,7 @@ pub fn identify(args: &CmdArgs, conf: NetConf, for_add: bool) -> Result<Call<'st
 /// ADD also needs a buildable WorkloadEndpoint name (upstream fails there before any IPAM
 /// work); DEL does not, so an address allocated under a name that cannot be built is still
 /// released (upstream's DEL fails there forever).
-pub(super) fn checked(call: Call<'_>, for_add: bool) -> Result<Call<'_>> {
+pub(super) fn checked(call: IpamCall<'_>, for_add: bool) -> Result<IpamCall<'_>> {
     if for_add {
         call.ids.wep_name()?;
     }
@@ -71,10 +71,14 @@ pub(super) fn checked(call: Call<'_>, for_add: bool) -> Result<Call<'_>> {
 }
 
 /// The in-process entry points' `load` and `identify`: what the caller knows, else parsed.
-pub fn call_for<'a>(args: &CmdArgs, known: Option<Known<'a>>, for_add: bool) -> Result<Call<'a>> {
+pub fn call_for<'a>(
+    args: &CmdArgs,
+    known: Option<Known<'a>>,
+    for_add: bool,
+) -> Result<IpamCall<'a>> {
     match known {
         Some(k) => checked(
-            Call {
+            IpamCall {
                 conf: Cow::Borrowed(k.conf),
                 ids: Cow::Borrowed(k.ids),
             },

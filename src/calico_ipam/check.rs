@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::net::IpAddr;
 
-use super::call::Call;
+use super::call::IpamCall;
 use super::kube_reads::KubeReads;
 use super::vm::{persistent_vm, VmVerb};
 use crate::calico_ipam::kubevirt;
@@ -27,7 +27,7 @@ pub async fn check_with<D: KubeReads>(
     let ips: Vec<IpAddr> = prev.ips.iter().map(|i| i.address.addr).collect();
     let mut handle = ids.handle_id(&conf.name);
     if kubevirt::may_be_vm_pod(ids) {
-        let call = Call {
+        let call = IpamCall {
             conf: Cow::Borrowed(conf),
             ids: Cow::Borrowed(ids),
         };

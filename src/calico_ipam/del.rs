@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use tracing::{info, warn};
 
-use super::call::{call_for, with_timeout, Call};
+use super::call::{call_for, with_timeout, IpamCall};
 use super::kube_reads::KubeReads;
 use super::vm::{persistent_vm, release_vm, VmVerb};
 use crate::datastore::{Datastore, Key};
@@ -73,7 +73,7 @@ pub async fn release_any<D: Datastore>(ds: &D, args: &CmdArgs, ips: &[IpAddr]) -
 /// blocks. It is then held for the block reads and writes, one round trip shorter than
 /// upstream's (which takes it first), and not at all when neither handle exists (a repeated
 /// DEL).
-pub async fn release<D: KubeReads>(ds: &D, call: &Call<'_>) -> Result<()> {
+pub async fn release<D: KubeReads>(ds: &D, call: &IpamCall<'_>) -> Result<()> {
     let detected = ds.detect_vm(&call.conf, &call.ids, None, true).await?;
     if let Some(vmi) =
         persistent_vm(&Ipam::new(ds, &call.ids.node), detected, VmVerb::DelOrCheck).await?
@@ -85,7 +85,7 @@ pub async fn release<D: KubeReads>(ds: &D, call: &Call<'_>) -> Result<()> {
 }
 
 /// The handle `<network>.<containerID>`, then the legacy one (see `release`).
-async fn release_container_handles<D: Datastore>(ds: &D, call: &Call<'_>) -> Result<()> {
+async fn release_container_handles<D: Datastore>(ds: &D, call: &IpamCall<'_>) -> Result<()> {
     let (conf, ids) = (&*call.conf, &*call.ids);
     let ipam = Ipam::new(ds, &ids.node);
     let handles = [ids.handle_id(&conf.name), ids.legacy_handle_id()];

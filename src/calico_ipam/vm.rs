@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use tracing::{info, warn};
 
-use super::call::{with_timeout, Call};
+use super::call::{with_timeout, IpamCall};
 use crate::calico_ipam::kubevirt::{Detected, Vmi};
 use crate::datastore::Datastore;
 use crate::error::{Error, Result};
@@ -118,7 +118,7 @@ pub(super) async fn reuse_vm_addresses<D: Datastore>(
 /// A VM's pod's DEL: this pod stops owning the VM's addresses (only where it still is their
 /// owner), and they are released only when the VM is going away and no pod owns them any
 /// more. A handle already gone is success (upstream's DEL fails there forever).
-pub(super) async fn release_vm<D: Datastore>(ds: &D, call: &Call<'_>, vmi: &Vmi) -> Result<()> {
+pub(super) async fn release_vm<D: Datastore>(ds: &D, call: &IpamCall<'_>, vmi: &Vmi) -> Result<()> {
     let handle = vmi.handle_id(&call.conf.name);
     let ipam = Ipam::new(ds, &call.ids.node);
     let me = Owner {

@@ -448,7 +448,7 @@ impl Dataplane for GrpcDataplane {
     type Interface = AgentInterface;
 
     /// Nothing is built before the addresses are known: the agent does it all at `Add`.
-    async fn prepare(self, req: VethRequest) -> Result<AgentInterface, DataplaneError> {
+    async fn build(self, req: VethRequest) -> Result<AgentInterface, DataplaneError> {
         Ok(AgentInterface {
             dp: self,
             req,

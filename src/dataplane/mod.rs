@@ -2,9 +2,9 @@
 //! by `Selected::pick`, with the Linux one here and the gRPC one in `grpc.rs`.
 //!
 //! The Linux dataplane: veth pair, MACs, addresses, routes and sysctls inside and outside the
-//! pod's network namespace. Entry points: `Linux::prepare` then `VethPair::finish` (ADD, in
-//! two parts so that the first runs while IPAM allocates; `veth.rs`), `do_networking` (both
-//! at once), `start_clean_up` / `clean_up_namespace` (DEL), `check::verify` (CHECK).
+//! pod's network namespace. Entry points: `Linux::build` then `VethPair::finish` (ADD, in
+//! two parts so that the first runs while IPAM allocates; `veth.rs`), `start_clean_up` /
+//! `clean_up_namespace` (DEL), `check::verify` (CHECK).
 //!
 //! Threading model (`netns.rs`). A call opens one netlink handle per side and drives both
 //! from its own (current-thread) runtime; the async functions here must run on it:
@@ -55,31 +55,6 @@ const MAC_TIMEOUT: Duration = Duration::from_secs(5);
 const LL_ATTEMPTS: usize = 10;
 const LL_RETRY_INTERVAL: Duration = Duration::from_millis(50);
 
-/// What `do_networking` sets up for one pod interface.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NetworkingRequest {
-    /// `CNI_NETNS`.
-    pub netns_path: String,
-    /// Container-side interface name (`CNI_IFNAME`).
-    pub ifname: String,
-    /// Host-side interface name, e.g. `cali1234567890a`.
-    pub host_veth: String,
-    /// 0 = kernel default.
-    pub mtu: u32,
-    /// Tx/rx queues on both ends; 0 = kernel default.
-    pub num_queues: u32,
-    /// Container addresses; prefixes are forced to /32 and /128.
-    pub ips: Vec<IpNet>,
-    /// Container route destinations (e.g. `0.0.0.0/0`, `::/0`), routed via 169.254.1.1 or the
-    /// host side's link-local address, only for families that have an address.
-    pub routes: Vec<IpNet>,
-    pub allow_ip_forwarding: bool,
-    /// From the `cni.projectcalico.org/hwAddr` annotation.
-    pub container_mac: Option<[u8; 6]>,
-    /// Leave the host-side /32|/128 routes to someone else (KubeVirt migration targets).
-    pub skip_host_routes: bool,
-}
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetworkingResult {
     pub host_veth: String,
@@ -107,7 +82,7 @@ impl Families {
     }
 }
 
-/// The part of `NetworkingRequest` that needs no address: what `Dataplane::prepare` makes.
+/// What `Dataplane::build` makes of a pod's interface: everything that needs no address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VethRequest {
     /// `CNI_NETNS`.
@@ -124,12 +99,13 @@ pub struct VethRequest {
     pub container_mac: Option<[u8; 6]>,
     /// The families the addresses will have, when known before IPAM answers: the
     /// family-dependent link set-up (sysctls, link up, the IPv6 link-local wait) then runs
-    /// in `prepare` too. If IPAM's addresses turn out to have other families, `finish`
+    /// in `build` too. If IPAM's addresses turn out to have other families, `finish`
     /// builds the pair again.
     pub families: Option<Families>,
 }
 
-/// The part of `NetworkingRequest` that needs the addresses: what `PodInterface::finish` adds.
+/// What `PodInterface::finish` adds to a pod's interface: everything that needs the
+/// addresses.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AddressRequest {
     /// Container addresses; prefixes are forced to /32 and /128.
@@ -142,30 +118,8 @@ pub struct AddressRequest {
     pub skip_host_routes: bool,
 }
 
-impl NetworkingRequest {
-    /// The two halves, the families taken from the addresses.
-    pub fn parts(&self) -> (VethRequest, AddressRequest) {
-        let veth = VethRequest {
-            netns_path: self.netns_path.clone(),
-            ifname: self.ifname.clone(),
-            host_veth: self.host_veth.clone(),
-            mtu: self.mtu,
-            num_queues: self.num_queues,
-            container_mac: self.container_mac,
-            families: Some(Families::of(&self.ips)),
-        };
-        let addrs = AddressRequest {
-            ips: self.ips.clone(),
-            routes: self.routes.clone(),
-            allow_ip_forwarding: self.allow_ip_forwarding,
-            skip_host_routes: self.skip_host_routes,
-        };
-        (veth, addrs)
-    }
-}
-
 /// Upstream's `Dataplane` (cni-plugin/pkg/dataplane): what builds a pod's interface. ADD's
-/// `DoNetworking` is split around IPAM: `prepare` runs while IPAM allocates, the interface it
+/// `DoNetworking` is split around IPAM: `build` runs while IPAM allocates, the interface it
 /// returns is finished once the addresses are known, or removed when the ADD fails. The
 /// call's dataplane is picked once by `Selected::pick` (upstream's `GetDataplane`); DEL's
 /// `CleanUpNamespace` is `CleanUp::start`. Single-threaded runtime: no `Send`.
@@ -174,7 +128,7 @@ pub trait Dataplane {
     type Interface: PodInterface;
     /// What needs no address (the Linux veth pair; nothing for the gRPC agent). A failure
     /// removes what it made.
-    async fn prepare(self, req: VethRequest) -> Result<Self::Interface>;
+    async fn build(self, req: VethRequest) -> Result<Self::Interface>;
 }
 
 /// A pod interface being made by one ADD.
@@ -217,7 +171,7 @@ pub struct PodFacts<'a> {
 
 /// The Linux dataplane of one ADD: its netlink handles on both sides (`netns.rs`), being
 /// opened ahead of their use. Opening them creates nothing, so ADD starts it while its first
-/// datastore round trip is under way; a failure to open them is `prepare`'s error.
+/// datastore round trip is under way; a failure to open them is `build`'s error.
 pub struct Linux {
     handles: tokio::task::JoinHandle<Result<Netns>>,
 }
@@ -248,7 +202,7 @@ impl Dataplane for Linux {
     /// The first half of Calico's `DoNetworking`: the veth pair and whatever of its set-up
     /// needs no address (`veth.rs`). Must run on the call's runtime, from a thread in the
     /// host netns.
-    async fn prepare(self, req: VethRequest) -> Result<VethPair> {
+    async fn build(self, req: VethRequest) -> Result<VethPair> {
         let ns = self.handles.await.map_err(|source| ThreadError::Task {
             context: "opening the netlink handles",
             source,
@@ -343,7 +297,7 @@ impl PodInterface for VethPair {
         veth::remove_pair(&cx, made.cont_idx).await
     }
 
-    /// Known once the pair is up for the addresses' families (`prepare` with the families
+    /// Known once the pair is up for the addresses' families (`build` with the families
     /// the configuration tells): `finish` then adds addresses and routes only.
     fn known_mac(&self, addrs: &AddressRequest) -> Option<String> {
         let made = self.made.as_ref()?;
@@ -381,10 +335,10 @@ pub enum AnyInterface {
 impl Dataplane for Selected {
     type Interface = AnyInterface;
 
-    async fn prepare(self, req: VethRequest) -> Result<AnyInterface> {
+    async fn build(self, req: VethRequest) -> Result<AnyInterface> {
         match self {
-            Selected::Linux(l) => l.prepare(req).await.map(AnyInterface::Linux),
-            Selected::Grpc(g) => g.prepare(req).await.map(AnyInterface::Grpc),
+            Selected::Linux(l) => l.build(req).await.map(AnyInterface::Linux),
+            Selected::Grpc(g) => g.build(req).await.map(AnyInterface::Grpc),
         }
     }
 }
@@ -452,31 +406,6 @@ impl CleanUp {
             })?,
         }
     }
-}
-
-/// Calico's `DoNetworking` in one go (`prepare`, then `finish`), for callers outside a
-/// tokio runtime: it runs on a scoped thread (in the caller's netns) with a runtime of its
-/// own. The Linux dataplane's only.
-pub fn do_networking(req: &NetworkingRequest) -> Result<NetworkingResult> {
-    let (veth, addrs) = req.parts();
-    // What only the gRPC dataplane reads.
-    let (endpoint, annotations) = (Default::default(), Default::default());
-    let pod = PodFacts {
-        ips: &[],
-        endpoint: &endpoint,
-        annotations: &annotations,
-    };
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            block_on(async {
-                let linux = Linux::open(veth.netns_path.clone(), veth.families);
-                linux.prepare(veth).await?.finish(&addrs, &pod).await
-            })
-            .map_err(ThreadError::Runtime)?
-        })
-        .join()
-        .unwrap_or_else(|_| Err(ThreadError::Panicked("dataplane").into()))
-    })
 }
 
 /// Calico's `CleanUpNamespace` started: deletes `ifname` inside the pod netns (which removes

@@ -145,8 +145,8 @@ impl Datastore for Backend {
     }
     async fn prefetch(&self, keys: &[Key]) {
         match self {
-            Backend::Etcd(d) => Box::pin(d.prefetch_now(keys)).await,
-            Backend::Kubernetes(d) => Box::pin(d.prefetch_now(keys)).await,
+            Backend::Etcd(d) => Box::pin(d.prefetch_keys(keys)).await,
+            Backend::Kubernetes(d) => Box::pin(d.prefetch_keys(keys)).await,
         }
     }
     async fn list(&self, what: &ListKind) -> Result<Vec<KvPair>, DatastoreError> {

@@ -598,7 +598,7 @@ impl EtcdDatastore {
     /// `Datastore::prefetch`: `keys` read now, in the transaction of the reads made in the
     /// same poll (`ReadQueue`: the call's other first reads). A read that fails is not kept:
     /// the later `get` makes its own.
-    pub async fn prefetch_now(&self, keys: &[Key]) {
+    pub async fn prefetch_keys(&self, keys: &[Key]) {
         let reads = keys.iter().map(|key| async move {
             let path = key_path(key);
             let resp = self.range(format!("get {path}"), path.clone(), false).await;
@@ -635,7 +635,7 @@ impl EtcdDatastore {
 
 impl Datastore for EtcdDatastore {
     async fn prefetch(&self, keys: &[Key]) {
-        self.prefetch_now(keys).await
+        self.prefetch_keys(keys).await
     }
 
     async fn get(&self, key: &Key) -> Result<KvPair, DatastoreError> {

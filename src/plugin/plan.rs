@@ -58,7 +58,7 @@ pub enum EndpointWrite {
     WithAddresses,
     /// While the interface is finished, when its MAC is known before (the Linux pair built
     /// for the addresses' families: etcd's endpoint stores the MAC); else after it.
-    BesideInterface,
+    WithInterface,
 }
 
 impl Plan {
@@ -77,7 +77,7 @@ impl Plan {
         let no_gates = conf.readiness_gates.is_empty();
         let new_endpoint = match k8s && kdd && ipam == IpamKind::Calico && ipam_in_process {
             true => EndpointWrite::WithAddresses,
-            false => EndpointWrite::BesideInterface,
+            false => EndpointWrite::WithInterface,
         };
         Plan {
             ipam,
@@ -142,9 +142,9 @@ mod tests {
         std::os::unix::fs::symlink("/proc/self/exe", &link).unwrap();
         let in_process = dir.display().to_string();
 
-        // (name, k8s, kdd, extra NetConf keys, CNI_PATH) → (IPAM reads with reads, new
+        // (name, k8s, kdd, extra NetConf keys, CNI_PATH) → (IPAM view in the first round trip, new
         // endpoint, endpoint from the pod, pod read)
-        use EndpointWrite::{BesideInterface as Beside, WithAddresses as WithIpam};
+        use EndpointWrite::{WithAddresses, WithInterface};
         let cases = [
             (
                 "kdd, policy k8s, calico-ipam in-process",
@@ -152,7 +152,7 @@ mod tests {
                 true,
                 r#","policy":{"type":"k8s"}"#,
                 in_process.as_str(),
-                (true, WithIpam, true, true),
+                (true, WithAddresses, true, true),
             ),
             (
                 "kdd, no policy",
@@ -160,7 +160,7 @@ mod tests {
                 true,
                 "",
                 in_process.as_str(),
-                (true, WithIpam, false, false),
+                (true, WithAddresses, false, false),
             ),
             (
                 "kdd, calico-ipam executed",
@@ -168,7 +168,7 @@ mod tests {
                 true,
                 "",
                 "/nonexistent",
-                (false, Beside, false, false),
+                (false, WithInterface, false, false),
             ),
             (
                 "etcd, policy k8s",
@@ -176,7 +176,7 @@ mod tests {
                 false,
                 r#","policy":{"type":"k8s"}"#,
                 in_process.as_str(),
-                (true, Beside, false, true),
+                (true, WithInterface, false, true),
             ),
             (
                 "etcd, no policy",
@@ -184,7 +184,7 @@ mod tests {
                 false,
                 "",
                 in_process.as_str(),
-                (true, Beside, false, false),
+                (true, WithInterface, false, false),
             ),
             (
                 "etcd, readiness gate",
@@ -192,7 +192,7 @@ mod tests {
                 false,
                 r#","readiness_gates":["http://127.0.0.1:1/"]"#,
                 in_process.as_str(),
-                (false, Beside, false, false),
+                (false, WithInterface, false, false),
             ),
             (
                 "kdd, readiness gate",
@@ -200,7 +200,7 @@ mod tests {
                 true,
                 r#","readiness_gates":["http://127.0.0.1:1/"]"#,
                 in_process.as_str(),
-                (false, WithIpam, false, false),
+                (false, WithAddresses, false, false),
             ),
             (
                 "etcd, bad dataplane options",
@@ -208,7 +208,7 @@ mod tests {
                 false,
                 r#","dataplane_options":{"type":"nope"}"#,
                 in_process.as_str(),
-                (true, Beside, false, false),
+                (true, WithInterface, false, false),
             ),
             (
                 "etcd, host-local",
@@ -216,7 +216,7 @@ mod tests {
                 false,
                 r#","ipam":{"type":"host-local"}"#,
                 in_process.as_str(),
-                (false, Beside, false, false),
+                (false, WithInterface, false, false),
             ),
             (
                 "kdd, host-local",
@@ -224,7 +224,7 @@ mod tests {
                 true,
                 r#","ipam":{"type":"host-local"}"#,
                 in_process.as_str(),
-                (false, Beside, false, false),
+                (false, WithInterface, false, false),
             ),
             (
                 "plain CNI, etcd",
@@ -232,7 +232,7 @@ mod tests {
                 false,
                 "",
                 in_process.as_str(),
-                (false, Beside, false, false),
+                (false, WithInterface, false, false),
             ),
             (
                 "plain CNI, kdd",
@@ -240,7 +240,7 @@ mod tests {
                 true,
                 r#","policy":{"type":"k8s"}"#,
                 in_process.as_str(),
-                (false, Beside, false, false),
+                (false, WithInterface, false, false),
             ),
         ];
         for (name, k8s, kdd, extra, path, want) in cases {

@@ -14,6 +14,7 @@ pub mod kdd;
 pub mod kube_api;
 pub mod libcni;
 pub mod netns;
+pub mod pod_network;
 pub mod peers;
 pub mod real_k8s;
 pub mod real_node;

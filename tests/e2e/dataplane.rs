@@ -1,36 +1,24 @@
-//! Root-only tests of the Linux dataplane (`do_networking`, `clean_up_namespace`) against the
+//! Root-only tests of the Linux dataplane (ADD's `build` and `finish`, through
+//! `common::pod_network`, and `clean_up_namespace`) against the
 //! real kernel: every test builds a "host" netns (with an uplink, like a node) and pod
 //! netns, calls the library from a thread inside the host netns, and checks the result with
 //! `ip` and `/proc/sys`.
 
 use crate::common;
 use crate::common::netns::{ping_available, HostNetns, Netns, UPLINK_IF};
-use calico_cni::dataplane::{
-    clean_up_namespace, do_networking, host_link_exists, DataplaneError, NetworkingRequest,
-    NetworkingResult,
-};
+use crate::common::pod_network::{network, PodRequest};
+use calico_cni::dataplane::{clean_up_namespace, host_link_exists, DataplaneError, NetworkingResult};
 
-fn request(pod: &Netns, host_veth: &str, ips: &[&str], routes: &[&str]) -> NetworkingRequest {
-    NetworkingRequest {
-        netns_path: pod.path().to_string(),
-        ifname: "eth0".to_string(),
-        host_veth: host_veth.to_string(),
-        mtu: 1450,
-        num_queues: 1,
-        ips: ips.iter().map(|s| s.parse().unwrap()).collect(),
-        routes: routes.iter().map(|s| s.parse().unwrap()).collect(),
-        allow_ip_forwarding: false,
-        container_mac: None,
-        skip_host_routes: false,
-    }
+fn request(pod: &Netns, host_veth: &str, ips: &[&str], routes: &[&str]) -> PodRequest {
+    PodRequest::new(pod.path(), host_veth, ips, routes)
 }
 
-/// Calls `do_networking` from a thread inside `host`, and checks that the calling thread is
-/// still in the host netns afterwards.
-fn run(host: &HostNetns, req: &NetworkingRequest) -> Result<NetworkingResult, DataplaneError> {
+/// Networks the pod from a thread inside `host`, and checks that the calling thread is still
+/// in the host netns afterwards.
+fn run(host: &HostNetns, req: &PodRequest) -> Result<NetworkingResult, DataplaneError> {
     host.run_in(|| {
         let before = std::fs::read_link("/proc/thread-self/ns/net").unwrap();
-        let r = do_networking(req);
+        let r = network(req);
         let after = std::fs::read_link("/proc/thread-self/ns/net").unwrap();
         assert_eq!(before, after, "calling thread changed netns");
         r
@@ -89,7 +77,7 @@ fn ipv4_pod() {
     let pod = Netns::new("dp-pod");
     let hv = "cali0123456789a";
     let req = request(&pod, hv, &["10.65.0.5/26"], &["0.0.0.0/0"]);
-    let res = run(&host, &req).expect("do_networking");
+    let res = run(&host, &req).expect("networking the pod");
     assert_eq!(res.host_veth, hv);
 
     // Container end: name, MTU, queues, kernel MAC reported, /32 address, routes.
@@ -140,7 +128,7 @@ fn forwarding_mac_annotation_queues_default_mtu() {
     req.container_mac = Some([0x02, 0x11, 0x22, 0x33, 0x44, 0x55]);
     req.num_queues = 2;
     req.mtu = 0;
-    let res = run(&host, &req).expect("do_networking");
+    let res = run(&host, &req).expect("networking the pod");
     assert_eq!(res.container_mac, "02:11:22:33:44:55");
 
     let cont = link_line(&pod, "eth0");
@@ -169,7 +157,7 @@ fn dual_stack_pod() {
         &["10.65.0.7/26", "fd00:65::7/122"],
         &["0.0.0.0/0", "::/0"],
     );
-    run(&host, &req).expect("do_networking");
+    run(&host, &req).expect("networking the pod");
 
     let addr6 = pod.ip(&["-6", "-o", "addr", "show", "dev", "eth0"]);
     assert_contains(&addr6, "inet6 fd00:65::7/128 scope global");
@@ -216,7 +204,7 @@ fn ipv6_only_pod() {
     let hv = "cali0000000000d";
     let mut req = request(&pod, hv, &["fd00:65::8/128"], &["0.0.0.0/0", "::/0"]);
     req.allow_ip_forwarding = true;
-    run(&host, &req).expect("do_networking");
+    run(&host, &req).expect("networking the pod");
     // No IPv4 routes at all (the 0.0.0.0/0 route only applies to IPv4 pods).
     assert!(pod.ip(&["-4", "route"]).trim().is_empty());
     assert_contains(
@@ -238,7 +226,7 @@ fn replaces_preexisting_host_link() {
         "link", "add", hv, "type", "veth", "peer", "name", "calipeer",
     ]);
     let req = request(&pod, hv, &["10.65.0.9/32"], &["0.0.0.0/0"]);
-    run(&host, &req).expect("do_networking");
+    run(&host, &req).expect("networking the pod");
     assert!(!host.has_link("calipeer"), "old peer should be gone");
     let h = link_line(&host, hv);
     assert_contains(&h, "link/ether ee:ee:ee:ee:ee:ee");
@@ -314,14 +302,14 @@ fn skip_host_routes() {
     let hv = "cali00000000010";
     let mut req = request(&pod, hv, &["10.65.0.11/32"], &["0.0.0.0/0"]);
     req.skip_host_routes = true;
-    run(&host, &req).expect("do_networking");
+    run(&host, &req).expect("networking the pod");
     assert!(host.ip(&["route", "show", "10.65.0.11"]).trim().is_empty());
 }
 
 #[test]
 fn missing_netns_fails_with_upstream_text() {
     let host = HostNetns::new();
-    let req = NetworkingRequest {
+    let req = PodRequest {
         netns_path: "/run/netns/dp-definitely-missing".to_string(),
         ..request(&host, "cali00000000011", &["10.65.0.12/32"], &[])
     };
@@ -373,7 +361,7 @@ fn clean_up_namespace_removes_everything_and_is_idempotent() {
         &["10.65.0.13/32", "fd00:65::13/128"],
         &["0.0.0.0/0", "::/0"],
     );
-    run(&host, &req).expect("do_networking");
+    run(&host, &req).expect("networking the pod");
     assert!(host.has_link(hv) && pod.has_link("eth0"));
 
     cleanup(&host, pod.path()).expect("first clean up");

@@ -188,7 +188,7 @@ impl KubeDatastore {
     /// `Datastore::prefetch`: the custom resources among `keys`, read together (in the
     /// group as known now: should discovery move them, their answers are never taken). A
     /// read that fails is not kept: the later read makes its own request.
-    pub async fn prefetch_now(&self, keys: &[Key]) {
+    pub async fn prefetch_keys(&self, keys: &[Key]) {
         let group = self.group();
         let paths = keys
             .iter()
@@ -744,7 +744,7 @@ enum EndpointOp {
 
 /// The `Datastore` operations under the group requests go to now (`in_group` wraps them).
 impl KubeDatastore {
-    async fn get_now(&self, key: &Key) -> Result<KvPair, DatastoreError> {
+    async fn get_in_current_group(&self, key: &Key) -> Result<KvPair, DatastoreError> {
         if let Some(cr) = crd_ref(key, &self.group()) {
             return self.get_cr(key, &cr).await;
         }
@@ -767,7 +767,7 @@ impl KubeDatastore {
         }
     }
 
-    async fn list_now(&self, what: &ListKind) -> Result<Vec<KvPair>, DatastoreError> {
+    async fn list_in_current_group(&self, what: &ListKind) -> Result<Vec<KvPair>, DatastoreError> {
         match what {
             ListKind::Resources {
                 kind: Kind::WorkloadEndpoint,
@@ -887,7 +887,11 @@ impl KubeDatastore {
             .collect())
     }
 
-    async fn create_now(&self, key: &Key, value: &Value) -> Result<Revision, DatastoreError> {
+    async fn create_in_current_group(
+        &self,
+        key: &Key,
+        value: &Value,
+    ) -> Result<Revision, DatastoreError> {
         if let Some(cr) = crd_ref(key, &self.group()) {
             return self.write_cr(key, &cr, value, None).await;
         }
@@ -900,7 +904,7 @@ impl KubeDatastore {
         }
     }
 
-    async fn update_now(
+    async fn update_in_current_group(
         &self,
         key: &Key,
         value: &Value,
@@ -921,7 +925,10 @@ impl KubeDatastore {
     }
 
     /// `label_host_affinities` under the group requests go to now.
-    async fn label_host_affinities_now(&self, node: &str) -> Result<usize, DatastoreError> {
+    async fn label_host_affinities_in_current_group(
+        &self,
+        node: &str,
+    ) -> Result<usize, DatastoreError> {
         let query = format!(
             "labelSelector={}",
             url_encode(&format!("!{}", names::LABEL_AFFINITY_TYPE))
@@ -986,7 +993,11 @@ impl KubeDatastore {
         }
     }
 
-    async fn delete_now(&self, key: &Key, revision: Option<&str>) -> Result<(), DatastoreError> {
+    async fn delete_in_current_group(
+        &self,
+        key: &Key,
+        revision: Option<&str>,
+    ) -> Result<(), DatastoreError> {
         if let Some(cr) = crd_ref(key, &self.group()) {
             return self.delete_cr(key, &cr, revision).await;
         }
@@ -1002,7 +1013,7 @@ impl KubeDatastore {
 
 impl Datastore for KubeDatastore {
     async fn prefetch(&self, keys: &[Key]) {
-        self.prefetch_now(keys).await
+        self.prefetch_keys(keys).await
     }
 
     fn keeps_block_copies(&self) -> bool {
@@ -1011,8 +1022,8 @@ impl Datastore for KubeDatastore {
 
     async fn get(&self, key: &Key) -> Result<KvPair, DatastoreError> {
         match is_cr(key) {
-            true => self.in_group(|| self.get_now(key)).await,
-            false => self.get_now(key).await,
+            true => self.in_group(|| self.get_in_current_group(key)).await,
+            false => self.get_in_current_group(key).await,
         }
     }
 
@@ -1021,15 +1032,18 @@ impl Datastore for KubeDatastore {
             ListKind::Resources {
                 kind: Kind::WorkloadEndpoint,
                 ..
-            } => self.list_now(what).await,
-            _ => self.in_group(|| self.list_now(what)).await,
+            } => self.list_in_current_group(what).await,
+            _ => self.in_group(|| self.list_in_current_group(what)).await,
         }
     }
 
     async fn create(&self, key: &Key, value: &Value) -> Result<Revision, DatastoreError> {
         match is_cr(key) {
-            true => self.in_group(|| self.create_now(key, value)).await,
-            false => self.create_now(key, value).await,
+            true => {
+                self.in_group(|| self.create_in_current_group(key, value))
+                    .await
+            }
+            false => self.create_in_current_group(key, value).await,
         }
     }
 
@@ -1041,17 +1055,20 @@ impl Datastore for KubeDatastore {
     ) -> Result<Revision, DatastoreError> {
         match is_cr(key) {
             true => {
-                self.in_group(|| self.update_now(key, value, revision))
+                self.in_group(|| self.update_in_current_group(key, value, revision))
                     .await
             }
-            false => self.update_now(key, value, revision).await,
+            false => self.update_in_current_group(key, value, revision).await,
         }
     }
 
     async fn delete(&self, key: &Key, revision: Option<&str>) -> Result<(), DatastoreError> {
         match is_cr(key) {
-            true => self.in_group(|| self.delete_now(key, revision)).await,
-            false => self.delete_now(key, revision).await,
+            true => {
+                self.in_group(|| self.delete_in_current_group(key, revision))
+                    .await
+            }
+            false => self.delete_in_current_group(key, revision).await,
         }
     }
 
@@ -1059,7 +1076,8 @@ impl Datastore for KubeDatastore {
     /// is what is missing) and writes this node's back with the three labels, each a
     /// compare-and-swap on the revision listed. Labels already there are kept.
     async fn label_host_affinities(&self, node: &str) -> Result<usize, DatastoreError> {
-        self.in_group(|| self.label_host_affinities_now(node)).await
+        self.in_group(|| self.label_host_affinities_in_current_group(node))
+            .await
     }
 }
 

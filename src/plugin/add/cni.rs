@@ -5,7 +5,8 @@ use tracing::info;
 
 use super::commit::{addresses_and_interface, finish_and_write, Extras, Finish};
 use super::{
-    endpoint_name, ipam_add, validate_endpoint_and_profile, veth_request, AddCx, Answered, Record,
+    endpoint_name, ipam_add, validate_endpoint_and_profile, veth_request, AddCx, CheckedReads,
+    Record,
 };
 use crate::error::{Error, Result};
 use crate::plugin::add::k8s::default_routes;
@@ -13,7 +14,7 @@ use crate::plugin::endpoint;
 use crate::plugin::ipam::AddHints;
 use crate::skel::CniResult;
 
-pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: Answered) -> Result<CniResult> {
+pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: CheckedReads) -> Result<CniResult> {
     let (args, call) = (cx.args, cx.call);
     let conf = &call.conf;
     if conf.feature_control.ip_addrs_no_ipam {

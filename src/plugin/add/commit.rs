@@ -59,7 +59,7 @@ pub struct Finish<'a> {
     pub endpoint_write: EndpointWrite,
 }
 
-/// Runs IPAM (`ipam`) and prepares the pod's interface for `veth` at the same time,
+/// Runs IPAM (`ipam`) and builds the pod's interface for `veth` at the same time,
 /// recording what each made (the addresses under `args`' handle). When both fail, IPAM's
 /// error is the call's (it is what the sequential order reported).
 pub async fn addresses_and_interface<D: Datastore, I: IpamDriver, P: Dataplane>(
@@ -68,11 +68,11 @@ pub async fn addresses_and_interface<D: Datastore, I: IpamDriver, P: Dataplane>(
     veth: VethRequest,
     ipam: impl Future<Output = Result<CniResult>>,
 ) -> Result<CniResult> {
-    let (assigned, prepared) = tokio::join!(ipam, made.prepare_interface(veth));
+    let (assigned, built) = tokio::join!(ipam, made.build_interface(veth));
     if let Ok(result) = &assigned {
         made.addresses_given(args, &addresses_of(result));
     }
-    match (assigned, prepared) {
+    match (assigned, built) {
         (Ok(result), Ok(())) => Ok(result),
         (Ok(_), Err(e)) => Err(e.into()),
         (Err(e), Ok(())) => Err(e),
@@ -118,8 +118,8 @@ pub async fn finish_and_write<D: Datastore, I: IpamDriver, P: Dataplane>(
     // A new endpoint whose MAC is known before the interface is finished is written while
     // it is: one write less on the call's path.
     let new_endpoint = wep.metadata.resource_version.is_empty();
-    let mac_ahead = match endpoint_write {
-        EndpointWrite::BesideInterface if new_endpoint => made.known_mac(&addrs),
+    let known_mac = match endpoint_write {
+        EndpointWrite::WithInterface if new_endpoint => made.known_mac(&addrs),
         _ => None,
     };
     let pod = PodFacts {
@@ -127,11 +127,11 @@ pub async fn finish_and_write<D: Datastore, I: IpamDriver, P: Dataplane>(
         endpoint: &wep,
         annotations: &extras.annotations,
     };
-    let finished = match mac_ahead {
+    let finished = match known_mac {
         Some(mac) => {
             let (finished, ()) = tokio::join!(
                 made.finish_interface(&addrs, &pod),
-                writes.write_ahead(&addrs.ips, Some(mac))
+                writes.write_planned(&addrs.ips, Some(mac))
             );
             finished
         }
@@ -141,7 +141,7 @@ pub async fn finish_and_write<D: Datastore, I: IpamDriver, P: Dataplane>(
     info!(host_veth = %net.host_veth, mac = %net.container_mac, "Networked namespace");
     wep.spec.mac = net.container_mac.to_lowercase();
     wep.spec.interface_name = net.host_veth.clone();
-    match writes.write_final(&mut wep).await? {
+    match writes.write_complete(&mut wep).await? {
         true => {
             info!(name = %wep.metadata.name, "Wrote endpoint to datastore (ahead of the interface)")
         }
@@ -398,7 +398,7 @@ mod tests {
                 allow_ip_forwarding: false,
                 endpoint_write: match beside {
                     true => EndpointWrite::WithAddresses,
-                    false => EndpointWrite::BesideInterface,
+                    false => EndpointWrite::WithInterface,
                 },
             }
         }
@@ -415,15 +415,15 @@ mod tests {
 
     /// How the endpoint goes out before its write after the interface.
     #[derive(Clone, Copy, Debug)]
-    enum Ahead {
+    enum WrittenWith {
         /// With IPAM's block write (`Tail::beside`, the Kubernetes datastore's).
         WithAddresses,
         /// While the interface is finished, its MAC known (`PodInterface::known_mac`).
-        BesideInterface,
+        WithInterface,
     }
 
-    impl Ahead {
-        const BOTH: [Ahead; 2] = [Ahead::WithAddresses, Ahead::BesideInterface];
+    impl WrittenWith {
+        const BOTH: [WrittenWith; 2] = [WrittenWith::WithAddresses, WrittenWith::WithInterface];
     }
 
     impl Fixture {
@@ -433,11 +433,11 @@ mod tests {
             ds: &MemoryDatastore,
             mut dp: FakeDataplane,
             ipam_fails: bool,
-            ahead: Ahead,
+            ahead: WrittenWith,
         ) -> Result<CniResult> {
             match ahead {
-                Ahead::WithAddresses => self.run_with(ds, dp, ipam_fails, true),
-                Ahead::BesideInterface => {
+                WrittenWith::WithAddresses => self.run_with(ds, dp, ipam_fails, true),
+                WrittenWith::WithInterface => {
                     dp.known_mac = Some(FINISHED_MAC);
                     self.run_with(ds, dp, ipam_fails, false)
                 }
@@ -482,7 +482,7 @@ mod tests {
         let result = f.run(&ds, dp.clone(), false).unwrap();
         assert_eq!(result.ips.len(), 1);
         assert_eq!(result.ips[0].address.to_string(), "10.80.0.0/32");
-        assert_eq!(*dp.log.borrow(), ["prepare", "finish"]);
+        assert_eq!(*dp.log.borrow(), ["build", "finish"]);
         assert_eq!(held(&ds), (true, 1, true));
     }
 
@@ -491,17 +491,17 @@ mod tests {
         let (f, ds, dp) = (Fixture::new("ipam"), store(), FakeDataplane::default());
         let e = f.run(&ds, dp.clone(), true).unwrap_err();
         assert_eq!(e.to_string(), "failed to request IPv4 addresses: no pool");
-        assert_eq!(*dp.log.borrow(), ["prepare", "remove"]);
+        assert_eq!(*dp.log.borrow(), ["build", "remove"]);
         assert_eq!(held(&ds), (false, 0, false));
     }
 
     #[test]
     fn the_interface_failing_gives_the_addresses_back() {
-        let f = Fixture::new("prepare");
+        let f = Fixture::new("build");
         let (ds, dp) = (
             store(),
             FakeDataplane {
-                fail_prepare: true,
+                fail_build: true,
                 ..Default::default()
             },
         );
@@ -510,7 +510,7 @@ mod tests {
             matches!(e, Error::Dataplane(DataplaneError::CreateVeth(_))),
             "{e:?}"
         );
-        assert_eq!(*dp.log.borrow(), ["prepare"]);
+        assert_eq!(*dp.log.borrow(), ["build"]);
         assert_eq!(held(&ds), (false, 0, false));
     }
 
@@ -520,7 +520,7 @@ mod tests {
         let (ds, dp) = (
             store(),
             FakeDataplane {
-                fail_prepare: true,
+                fail_build: true,
                 ..Default::default()
             },
         );
@@ -545,7 +545,7 @@ mod tests {
             "{e:?}"
         );
         // `finish` removes what it made itself; the undo only gives the addresses back.
-        assert_eq!(*dp.log.borrow(), ["prepare", "finish"]);
+        assert_eq!(*dp.log.borrow(), ["build", "finish"]);
         assert_eq!(held(&ds), (false, 0, false));
     }
 
@@ -565,7 +565,7 @@ mod tests {
             ds.inject(Fault::on(wep, fault));
             let e = f.run(&ds, dp.clone(), false).unwrap_err();
             assert!(matches!(e, Error::Datastore(_)), "{name}: {e:?}");
-            assert_eq!(*dp.log.borrow(), ["prepare", "finish", "remove"], "{name}");
+            assert_eq!(*dp.log.borrow(), ["build", "finish", "remove"], "{name}");
             assert_eq!(held(&ds), (false, 0, false), "{name}");
             assert!(ds.pending_faults().is_empty(), "{name}");
         }
@@ -610,18 +610,18 @@ mod tests {
     /// while the interface is finished: on success, it is not written again.
     #[test]
     fn the_endpoint_written_ahead_is_not_written_again() {
-        for ahead in Ahead::BOTH {
+        for ahead in WrittenWith::BOTH {
             let f = Fixture::new(&format!("ahead-ok-{ahead:?}"));
             let (ds, dp) = (store(), FakeDataplane::default());
             let result = f.run_ahead(&ds, dp.clone(), false, ahead).unwrap();
             assert_eq!(result.ips[0].address.to_string(), "10.80.0.0/32");
-            assert_eq!(*dp.log.borrow(), ["prepare", "finish"], "{ahead:?}");
+            assert_eq!(*dp.log.borrow(), ["build", "finish"], "{ahead:?}");
             assert_eq!(held(&ds), (true, 1, true), "{ahead:?}");
             let wep = KeyClass::Resource(Kind::WorkloadEndpoint);
             assert_eq!(ds.writes_to(wep), 1, "{ahead:?}");
             let stored = stored_endpoint(&ds).unwrap();
             assert_eq!(stored["spec"]["ipNetworks"], json!(["10.80.0.0/32"]));
-            if let Ahead::BesideInterface = ahead {
+            if let WrittenWith::WithInterface = ahead {
                 assert_eq!(stored["spec"]["mac"], json!(FINISHED_MAC));
             }
         }
@@ -634,7 +634,7 @@ mod tests {
     #[test]
     fn the_interface_failing_takes_back_the_endpoint_written_ahead_of_it() {
         let wep = KeyClass::Resource(Kind::WorkloadEndpoint);
-        for ahead in Ahead::BOTH {
+        for ahead in WrittenWith::BOTH {
             for (name, fault) in [
                 ("answered", None),
                 ("lost", Some(Fault::LoseAnswerOfWrite(1))),
@@ -656,7 +656,7 @@ mod tests {
                     matches!(e, Error::Dataplane(DataplaneError::GatewayRoute(_))),
                     "{case}: {e:?}"
                 );
-                assert_eq!(*dp.log.borrow(), ["prepare", "finish"], "{case}");
+                assert_eq!(*dp.log.borrow(), ["build", "finish"], "{case}");
                 assert_eq!(held(&ds), (false, 0, false), "{case}");
                 assert!(ds.pending_faults().is_empty(), "{case}");
                 // The write, and the delete where it landed.
@@ -671,7 +671,7 @@ mod tests {
     #[test]
     fn an_endpoint_not_written_ahead_is_written_after_the_interface() {
         let wep = KeyClass::Resource(Kind::WorkloadEndpoint);
-        for ahead in Ahead::BOTH {
+        for ahead in WrittenWith::BOTH {
             for (name, fault) in [
                 ("refused", Fault::ConflictOnWrite(1)),
                 ("unavailable", Fault::UnavailableOnWrite(1)),
@@ -699,7 +699,7 @@ mod tests {
             ..Default::default()
         };
         f.run_with(&ds, dp.clone(), false, false).unwrap();
-        assert_eq!(*dp.log.borrow(), ["prepare", "finish"]);
+        assert_eq!(*dp.log.borrow(), ["build", "finish"]);
         assert_eq!(held(&ds), (true, 1, true));
         let stored = stored_endpoint(&ds).unwrap();
         assert_eq!(stored["spec"]["mac"], json!(FINISHED_MAC));
@@ -720,7 +720,7 @@ mod tests {
         ds.inject(Fault::on(KeyClass::Block, Fault::UnavailableOnWrite(2)));
         let result = f.run_with(&ds, dp.clone(), false, true).unwrap();
         assert!(ds.pending_faults().is_empty());
-        assert_eq!(*dp.log.borrow(), ["prepare", "finish"]);
+        assert_eq!(*dp.log.borrow(), ["build", "finish"]);
         assert_eq!(held(&ds), (true, 1, true));
         let wep = KeyClass::Resource(Kind::WorkloadEndpoint);
         assert_eq!(
@@ -756,7 +756,7 @@ mod tests {
         }
         let e = f.run_with(&ds, dp.clone(), false, true).unwrap_err();
         assert!(e.to_string().contains("Max retries"), "{e}");
-        assert_eq!(*dp.log.borrow(), ["prepare", "remove"]);
+        assert_eq!(*dp.log.borrow(), ["build", "remove"]);
         assert!(ds.pending_faults().is_empty());
         assert_eq!(held(&ds), (false, 0, false));
         // Every try was for the same address: written once, kept, then taken back.
@@ -813,27 +813,27 @@ mod tests {
         assert!(out.is_err());
         assert_eq!(
             log,
-            ["ipam add", "prepare", "finish", "remove", "ipam give back"]
+            ["ipam add", "build", "finish", "remove", "ipam give back"]
         );
         let want: Vec<IpAddr> = vec!["10.9.0.7".parse().unwrap(), "fd00::7".parse().unwrap()];
         assert_eq!(given, want);
     }
 
     /// With any IPAM, the interface failing gives back what IPAM gave, and nothing is
-    /// removed (`prepare` removed what it made itself).
+    /// removed (`build` removed what it made itself).
     #[test]
     fn any_ipam_gets_back_its_addresses_when_the_interface_fails() {
-        let f = Fixture::new("fake-prepare");
+        let f = Fixture::new("fake-build");
         let (ds, dp) = (
             store(),
             FakeDataplane {
-                fail_prepare: true,
+                fail_build: true,
                 ..Default::default()
             },
         );
         let (out, log, given) = run_with_fake_ipam(&f, &ds, dp, vec!["10.9.0.8/32"]);
         assert!(matches!(out, Err(Error::Dataplane(_))));
-        assert_eq!(log, ["ipam add", "prepare", "ipam give back"]);
+        assert_eq!(log, ["ipam add", "build", "ipam give back"]);
         assert_eq!(given, vec!["10.9.0.8".parse::<IpAddr>().unwrap()]);
         assert_eq!(held(&ds), (false, 0, false));
     }
@@ -862,7 +862,7 @@ mod tests {
                 beside: bit(2),
             };
             let dp = FakeDataplane {
-                fail_prepare: bit(3),
+                fail_build: bit(3),
                 fail_finish: bit(4),
                 known_mac: bit(5).then_some(FINISHED_MAC),
                 ..Default::default()

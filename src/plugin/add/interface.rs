@@ -1,5 +1,5 @@
 //! The pod's interface through ADD, as a state machine: built once IPAM starts, for the
-//! request the pod makes (`prepare`: names, MTU, queues, its `hwAddr` MAC, the expected
+//! request the pod makes (`build`: names, MTU, queues, its `hwAddr` MAC, the expected
 //! families), then given its addresses and routes (`finish`).
 //!
 //! Every transition is here, and each either moves the interface on or leaves nothing of its
@@ -26,14 +26,14 @@ pub enum Stage<P: Dataplane> {
 impl<P: Dataplane> Stage<P> {
     /// The interface for the pod's request `req`: `Unbuilt` → `Up`. A failure → `Gone`
     /// (what it made is removed).
-    pub async fn prepare(self, req: VethRequest) -> (Stage<P>, Result<(), DataplaneError>) {
-        let prepared = match self {
-            Stage::Unbuilt(dataplane) => dataplane.prepare(req).await,
+    pub async fn build(self, req: VethRequest) -> (Stage<P>, Result<(), DataplaneError>) {
+        let built = match self {
+            Stage::Unbuilt(dataplane) => dataplane.build(req).await,
             Stage::Up(_) | Stage::Gone => Err(DataplaneError::Internal(
-                "the pod interface was prepared twice",
+                "the pod interface was built twice",
             )),
         };
-        match prepared {
+        match built {
             Ok(interface) => (Stage::Up(interface), Ok(())),
             Err(e) => (Stage::Gone, Err(e)),
         }
@@ -95,7 +95,7 @@ pub(crate) mod tests {
     /// A dataplane that logs what it is asked and fails where it is told to.
     #[derive(Clone, Default)]
     pub struct FakeDataplane {
-        pub fail_prepare: bool,
+        pub fail_build: bool,
         pub fail_finish: bool,
         /// The MAC the interface knows before `finish`.
         pub known_mac: Option<&'static str>,
@@ -112,9 +112,9 @@ pub(crate) mod tests {
 
     impl Dataplane for FakeDataplane {
         type Interface = FakeInterface;
-        async fn prepare(self, _req: VethRequest) -> Result<FakeInterface, DataplaneError> {
-            self.log.borrow_mut().push("prepare");
-            match self.fail_prepare {
+        async fn build(self, _req: VethRequest) -> Result<FakeInterface, DataplaneError> {
+            self.log.borrow_mut().push("build");
+            match self.fail_build {
                 true => Err(DataplaneError::CreateVeth(netlink_errno(libc::EEXIST))),
                 false => {
                     self.standing.set(self.standing.get() + 1);
@@ -169,7 +169,7 @@ pub(crate) mod tests {
         }
     }
 
-    /// Runs the stage through `prepare` and `finish` as far as they succeed, then hands what
+    /// Runs the stage through `build` and `finish` as far as they succeed, then hands what
     /// stands to the rollback; the fake's log.
     fn run(dp: FakeDataplane) -> (bool, Vec<&'static str>) {
         let log = dp.log.clone();
@@ -182,8 +182,8 @@ pub(crate) mod tests {
         };
         let addrs = AddressRequest::default();
         let ok = crate::call::client::block_on(async {
-            let (mut stage, prepared) = Stage::Unbuilt(dp).prepare(veth()).await;
-            let ok = match prepared {
+            let (mut stage, built) = Stage::Unbuilt(dp).build(veth()).await;
+            let ok = match built {
                 Ok(()) => {
                     let (next, finished) = stage.finish(&addrs, &pod).await;
                     stage = next;
@@ -210,18 +210,18 @@ pub(crate) mod tests {
     fn every_sequence_leaves_the_interface_or_nothing() {
         type Case = (bool, bool, bool, &'static [&'static str]);
         let cases: [Case; 3] = [
-            // fail_prepare, fail_finish, ok, log
-            (false, false, true, &["prepare", "finish"]),
-            (true, false, false, &["prepare"]),
-            (false, true, false, &["prepare", "finish"]),
+            // fail_build, fail_finish, ok, log
+            (false, false, true, &["build", "finish"]),
+            (true, false, false, &["build"]),
+            (false, true, false, &["build", "finish"]),
         ];
-        for (fail_prepare, fail_finish, ok, log) in cases {
+        for (fail_build, fail_finish, ok, log) in cases {
             let dp = FakeDataplane {
-                fail_prepare,
+                fail_build,
                 fail_finish,
                 ..Default::default()
             };
-            let case = format!("prepare {fail_prepare}, finish {fail_finish}");
+            let case = format!("build {fail_build}, finish {fail_finish}");
             assert_eq!(run(dp), (ok, log.to_vec()), "{case}");
         }
     }
@@ -229,11 +229,9 @@ pub(crate) mod tests {
     #[test]
     fn steps_out_of_order_are_refused() {
         crate::call::client::block_on(async {
-            let (stage, first) = Stage::Unbuilt(FakeDataplane::default())
-                .prepare(veth())
-                .await;
+            let (stage, first) = Stage::Unbuilt(FakeDataplane::default()).build(veth()).await;
             first.unwrap();
-            let (stage, twice) = stage.prepare(veth()).await;
+            let (stage, twice) = stage.build(veth()).await;
             assert!(matches!(twice, Err(DataplaneError::Internal(_))));
             assert!(stage.take_for_removal().is_none());
             let wep = WorkloadEndpoint::new("WorkloadEndpoint", "w", None, Default::default());

@@ -9,7 +9,7 @@ use tracing::info;
 
 use super::commit::{addresses_and_interface, addresses_of, finish_and_write, Extras, Finish};
 use super::{
-    endpoint_name, ipam_add, validate_endpoint_and_profile, veth_request, AddCx, Answered,
+    endpoint_name, ipam_add, validate_endpoint_and_profile, veth_request, AddCx, CheckedReads,
     IpamView, Record,
 };
 use crate::calico_ipam::del::release_any;
@@ -31,10 +31,10 @@ use crate::support::net::IpNet;
 /// Upstream's refusal of a Kubernetes pod's IPAM result without addresses.
 const MISSING_IP_CONFIG: &str = "IPAM plugin returned missing IP config";
 
-pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: Answered) -> Result<CniResult> {
+pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: CheckedReads) -> Result<CniResult> {
     let call = cx.call;
     let (conf, ids, plan) = (&call.conf, &call.ids, &call.plan);
-    let Answered {
+    let CheckedReads {
         existing,
         profile,
         pod,
@@ -84,7 +84,7 @@ pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: Answered) -> Resul
             made.endpoint().plan(&wep);
             EndpointWrite::WithAddresses
         }
-        _ => EndpointWrite::BesideInterface,
+        _ => EndpointWrite::WithInterface,
     };
     let request = AddressRequestOf {
         cx,
@@ -144,7 +144,7 @@ impl AddressRequestOf<'_> {
         veth_request(self.cx, self.host_veth, self.container_mac, families)
     }
 
-    /// The pod's addresses from `source`, obtained while its interface is prepared: Calico
+    /// The pod's addresses from `source`, obtained while its interface is built: Calico
     /// IPAM (with the pool and family annotations, on the reads and lock of the first round
     /// trip), `ipAddrs` (each through calico-ipam, the endpoint's old addresses released
     /// first) or `ipAddrsNoIpam`.

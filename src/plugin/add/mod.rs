@@ -164,7 +164,7 @@ async fn first_reads(cx: &AddCx<'_>) -> FirstReads {
 }
 
 /// What the orchestrator's path starts from, once the first reads are checked.
-pub struct Answered {
+pub struct CheckedReads {
     /// The endpoint already stored for this container, if any.
     pub existing: Option<WorkloadEndpoint>,
     /// The network's Profile, when it is to be created.
@@ -195,7 +195,7 @@ async fn check_then_add(cx: &AddCx<'_>, made: &Record<'_>, reads: FirstReads) ->
         true => Some(endpoint::new_profile(&conf.name, plan.k8s)),
         false => None,
     };
-    let answered = Answered {
+    let answered = CheckedReads {
         existing,
         profile: profile.clone(),
         pod,
@@ -293,7 +293,7 @@ async fn ipam_add(
     Ok(result)
 }
 
-/// What the dataplane's `prepare` makes for this endpoint: the pair, named `CNI_IFNAME` in
+/// What the dataplane's `build` makes for this endpoint: the pair, named `CNI_IFNAME` in
 /// the pod and the endpoint's interface name on the host.
 fn veth_request(
     cx: &AddCx<'_>,

@@ -76,12 +76,12 @@ impl<'a, D: Datastore, I: IpamDriver, P: Dataplane> Made<'a, D, I, P> {
         }
     }
 
-    /// The interface for the pod's request (`Stage::prepare`).
-    pub async fn prepare_interface(&self, req: VethRequest) -> Result<(), DataplaneError> {
+    /// The interface for the pod's request (`Stage::build`).
+    pub async fn build_interface(&self, req: VethRequest) -> Result<(), DataplaneError> {
         let stage = self.interface.replace(Stage::Gone);
-        let (stage, prepared) = stage.prepare(req).await;
+        let (stage, built) = stage.build(req).await;
         self.interface.replace(stage);
-        prepared
+        built
     }
 
     /// The interface's addresses and routes (`Stage::finish`).
@@ -230,7 +230,7 @@ impl<D: Datastore> EndpointWrites<'_, D> {
     /// filled in. An endpoint already stored so stays; one stored otherwise (or
     /// unanswered) is taken back first. A failure is only recorded: the write after the
     /// interface tries again.
-    pub async fn write_ahead(&self, ips: &[IpNet], mac: Option<String>) {
+    pub async fn write_planned(&self, ips: &[IpNet], mac: Option<String>) {
         let Some(mut wep) = self.planned.borrow().clone() else {
             return;
         };
@@ -251,7 +251,7 @@ impl<D: Datastore> EndpointWrites<'_, D> {
     /// The endpoint's write once the interface is finished, unless a write ahead stored it
     /// as it is (`Ok(true)`). One stored otherwise (its block write lost, another MAC) or
     /// unanswered is taken back first.
-    pub async fn write_final(&self, wep: &mut WorkloadEndpoint) -> Result<bool> {
+    pub async fn write_complete(&self, wep: &mut WorkloadEndpoint) -> Result<bool> {
         if self.holds(wep) {
             return Ok(true);
         }
@@ -295,7 +295,7 @@ impl<D: Datastore> EndpointWrites<'_, D> {
 
 impl<D: Datastore> WriteBeside for EndpointWrites<'_, D> {
     fn write<'w>(&'w self, ips: &'w [IpNet]) -> Pin<Box<dyn Future<Output = ()> + 'w>> {
-        Box::pin(self.write_ahead(ips, None))
+        Box::pin(self.write_planned(ips, None))
     }
 }
 
