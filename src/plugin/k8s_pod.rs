@@ -16,6 +16,7 @@ use crate::config::NetConf;
 use crate::datastore::kubernetes::client::KubeClient;
 use crate::datastore::kubernetes::{core_objects, pods};
 use crate::datastore::model::WorkloadEndpoint;
+use crate::datastore::DatastoreError;
 use crate::error::{Error, JsonValueError, Result};
 use crate::support::gojson;
 
@@ -85,7 +86,7 @@ pub async fn read(client: &KubeClient, namespace: &str, pod: &str) -> Result<Pod
     );
     let ns = ns?;
     let p = p?;
-    let wep = pods::pod_to_endpoint(&p).map_err(Error::msg)?;
+    let wep = pods::pod_to_endpoint(&p).map_err(DatastoreError::PodConversion)?;
     let spec = p.spec.as_ref();
     let on_node = spec
         .and_then(|s| s.node_name.as_deref())
@@ -211,7 +212,7 @@ impl PodInfo {
 
     /// `allowedSourcePrefixes`.
     pub fn source_prefixes(&self) -> Result<Vec<String>> {
-        pods::source_prefixes(&self.annotations).map_err(Error::msg)
+        Ok(pods::source_prefixes(&self.annotations).map_err(DatastoreError::PodConversion)?)
     }
 
     /// `hwAddr`: the MAC for the pod's interface. Present, it must be one Go's

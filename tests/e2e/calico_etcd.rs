@@ -314,6 +314,24 @@ fn cni_mode_add_del_profile_and_second_add() {
     w.assert_clean();
 }
 
+/// A plain-CNI ADD (no pod in CNI_ARGS) is in namespace `default`: with a kubeconfig
+/// configured, calico-ipam reads that namespace's labels for pools' `namespaceSelector`, in
+/// process as upstream's separate calico-ipam does (upstream `GetIdentifiers`, then
+/// `getNamespace`). When it cannot, the ADD fails before anything is allocated and leaves
+/// nothing.
+#[test]
+fn cni_mode_add_reads_the_default_namespace_for_pools() {
+    let w = World::new();
+    let pod = w.pod();
+    let conf = w.conf(json!({"kubernetes": {"kubeconfig": "/nonexistent/kubeconfig"}}));
+    let inv = Invocation::new("ADD", "nsread", pod.path());
+    let err = w.calico(&inv, &conf).assert_err();
+    let msg = err["msg"].as_str().unwrap_or_default();
+    assert!(msg.starts_with("failed to get namespace default"), "{err}");
+    assert!(!pod.has_link("eth0"), "the pod interface was left");
+    w.assert_clean();
+}
+
 /// A store calico/node has not set up: etcd's texts for a missing ClusterInformation, then
 /// for a missing Node; nothing is left. (Readiness itself: shared_scenarios.rs
 /// `datastore_not_ready_fails_add_and_del`.)

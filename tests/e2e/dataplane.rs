@@ -7,7 +7,9 @@
 use crate::common;
 use crate::common::netns::{ping_available, HostNetns, Netns, UPLINK_IF};
 use crate::common::pod_network::{network, PodRequest};
-use calico_cni::dataplane::{clean_up_namespace, host_link_exists, DataplaneError, NetworkingResult};
+use calico_cni::dataplane::{
+    clean_up_namespace, host_link_exists, DataplaneError, NetworkingResult,
+};
 
 fn request(pod: &Netns, host_veth: &str, ips: &[&str], routes: &[&str]) -> PodRequest {
     PodRequest::new(pod.path(), host_veth, ips, routes)
