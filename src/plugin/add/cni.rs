@@ -3,7 +3,7 @@
 
 use tracing::info;
 
-use super::commit::{addresses_and_interface, finish_and_write, Extras, Finish};
+use super::commit::{addresses_and_interface, finish_and_write, Finish};
 use super::{
     endpoint_name, ipam_add, validate_endpoint_and_profile, veth_request, AddCx, CheckedReads,
     Record,
@@ -52,10 +52,12 @@ pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: CheckedReads) -> R
     let finish = Finish {
         args,
         routes: default_routes(),
-        extras: Extras::default(),
         mtu: cx.result_mtu,
         allow_ip_forwarding: conf.container_settings.allow_ip_forwarding,
         endpoint_write: call.plan.add.new_endpoint,
+        floating_ips: Vec::new(),
+        skip_host_routes: false,
+        annotations: Default::default(),
     };
     finish_and_write(made, result, wep, finish).await
 }

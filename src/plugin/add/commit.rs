@@ -34,22 +34,11 @@ use crate::plugin::plan::EndpointWrite;
 use crate::skel::{CmdArgs, CniResult};
 use crate::support::net::IpNet;
 
-/// What the annotations add to the interface and the endpoint.
-#[derive(Default)]
-pub struct Extras {
-    pub container_mac: Option<[u8; 6]>,
-    pub floating_ips: Vec<String>,
-    pub skip_host_routes: bool,
-    /// The pod's, for the gRPC dataplane.
-    pub annotations: BTreeMap<String, String>,
-}
-
 /// What `finish_and_write` needs besides the addresses and the endpoint.
 pub struct Finish<'a> {
     pub args: &'a CmdArgs,
     /// The pod's route destinations.
     pub routes: Vec<IpNet>,
-    pub extras: Extras,
     /// The MTU the result reports (`AddCx::result_mtu`).
     pub mtu: i64,
     /// `container_settings.allow_ip_forwarding`.
@@ -57,6 +46,12 @@ pub struct Finish<'a> {
     /// How a new endpoint goes out ahead of its write after the interface (with the
     /// addresses: already done by IPAM's block write).
     pub endpoint_write: EndpointWrite,
+    /// The pod's `floatingIPs`, NATed to its addresses.
+    pub floating_ips: Vec<String>,
+    /// No host routes (a KubeVirt migration target's).
+    pub skip_host_routes: bool,
+    /// The pod's annotations, for the gRPC dataplane.
+    pub annotations: BTreeMap<String, String>,
 }
 
 /// Runs IPAM (`ipam`) and builds the pod's interface for `veth` at the same time,
@@ -99,20 +94,17 @@ pub async fn finish_and_write<D: Datastore, I: IpamDriver, P: Dataplane>(
     let Finish {
         args,
         routes,
-        extras,
         mtu,
         allow_ip_forwarding,
         endpoint_write,
+        floating_ips,
+        skip_host_routes,
+        annotations,
     } = finish;
     wep.spec.ip_networks = endpoint::ip_networks(&result);
-    wep.spec.ip_nats = floating_nats(&result, &extras.floating_ips);
+    wep.spec.ip_nats = floating_nats(&result, &floating_ips);
     validate::ip_nats(&wep.spec.ip_nats)?;
-    let addrs = address_request(
-        &result,
-        routes,
-        allow_ip_forwarding,
-        extras.skip_host_routes,
-    );
+    let addrs = address_request(&result, routes, allow_ip_forwarding, skip_host_routes);
     let writes = made.endpoint();
     writes.plan(&wep);
     // A new endpoint whose MAC is known before the interface is finished is written while
@@ -125,7 +117,7 @@ pub async fn finish_and_write<D: Datastore, I: IpamDriver, P: Dataplane>(
     let pod = PodFacts {
         ips: &result.ips,
         endpoint: &wep,
-        annotations: &extras.annotations,
+        annotations: &annotations,
     };
     let finished = match known_mac {
         Some(mac) => {
@@ -393,13 +385,15 @@ mod tests {
             Finish {
                 args: &self.args,
                 routes: vec!["0.0.0.0/0".parse().unwrap()],
-                extras: Extras::default(),
                 mtu: 1450,
                 allow_ip_forwarding: false,
                 endpoint_write: match beside {
                     true => EndpointWrite::WithAddresses,
                     false => EndpointWrite::WithInterface,
                 },
+                floating_ips: Vec::new(),
+                skip_host_routes: false,
+                annotations: BTreeMap::new(),
             }
         }
     }

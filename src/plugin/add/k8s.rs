@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use serde_json::Value;
 use tracing::info;
 
-use super::commit::{addresses_and_interface, addresses_of, finish_and_write, Extras, Finish};
+use super::commit::{addresses_and_interface, addresses_of, finish_and_write, Finish};
 use super::{
     endpoint_name, ipam_add, validate_endpoint_and_profile, veth_request, AddCx, CheckedReads,
     IpamView, Record,
@@ -54,7 +54,6 @@ pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: CheckedReads) -> R
         .unwrap_or_default();
     let mut wep = k8s_endpoint(call, existing, &name);
     let pod = pod.unwrap_or_default();
-    let mut extras = Extras::default();
     if plan.policy_k8s {
         wep.metadata.labels = Some(pod.labels.clone());
         wep.metadata.generate_name = pod.generate_name.clone();
@@ -65,9 +64,8 @@ pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: CheckedReads) -> R
     // Every annotation is checked before IPAM (upstream checks some after networking and
     // leaks the addresses when they are wrong).
     wep.spec.allow_spoofed_source_prefixes = pod.source_prefixes()?;
-    extras.floating_ips = pod.floating_ips(conf)?;
-    extras.container_mac = pod.hw_addr()?;
-    extras.annotations = pod.annotations.clone();
+    let floating_ips = pod.floating_ips(conf)?;
+    let container_mac = pod.hw_addr()?;
     let source = pod.address_source(conf)?;
     let mut args = cx.args.clone();
     if plan.ipam == IpamKind::HostLocal && uses_pod_cidr(&args.stdin_data) {
@@ -93,19 +91,20 @@ pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: CheckedReads) -> R
         pod: &pod,
         pod_read: plan.policy_k8s.then_some(&pod),
         host_veth: &wep.spec.interface_name,
-        container_mac: extras.container_mac,
+        container_mac,
         beside: (endpoint_write == EndpointWrite::WithAddresses)
             .then(|| made.endpoint() as &dyn WriteBeside),
     };
     let result = request.addresses(source, ipam_view, &old_addresses).await?;
-    extras.skip_host_routes = skips_host_routes(call, &result);
     let finish = Finish {
         args: &args,
         routes,
-        extras,
         mtu: cx.result_mtu,
         allow_ip_forwarding: conf.container_settings.allow_ip_forwarding,
         endpoint_write,
+        floating_ips,
+        skip_host_routes: skips_host_routes(call, &result),
+        annotations: pod.annotations.clone(),
     };
     let result = finish_and_write(made, result, wep, finish).await?;
     endpoint_status::wait_for_policy(
