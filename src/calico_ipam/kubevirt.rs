@@ -199,17 +199,10 @@ async fn read(
     let client = ds.plugin_kube_client(conf).await?;
     let pod_vmi = match known {
         Some(known) => known,
-        None => {
-            let path = core_objects::pod_path(ns, &ids.pod);
-            match core_objects::get_if_exists::<Pod>(&client, &path).await? {
-                Some(pod) => pod_vmi(&pod),
-                None if for_del => {
-                    info!("Pod already deleted, nothing to clean up for a VM");
-                    return Ok(Detected::PodGone);
-                }
-                None => return Err(Error::msg("pod not found")),
-            }
-        }
+        None => match read_pod_vmi(&client, ids, for_del).await? {
+            Some(read) => read,
+            None => return Ok(Detected::PodGone),
+        },
     };
     let Some(pv) = pod_vmi else {
         debug!("not a KubeVirt VM's pod");
@@ -257,19 +250,7 @@ async fn read(
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    let vm_owner = stored
-        .pointer("/metadata/ownerReferences")
-        .and_then(Value::as_array)
-        .and_then(|refs| {
-            refs.iter().find(|r| {
-                r.get("apiVersion").and_then(Value::as_str) == Some(KUBEVIRT_API)
-                    && r.get("kind").and_then(Value::as_str) == Some("VirtualMachine")
-            })
-        })
-        .and_then(|r| r.get("name").and_then(Value::as_str))
-        .filter(|n| !n.is_empty())
-        .map(str::to_string);
-    if let Some(vm_name) = vm_owner {
+    if let Some(vm_name) = vm_owner(&stored) {
         vmi.vm = read_vm(&client, ns, &vm_name, for_del)
             .await
             .map_err(query_failed)?;
@@ -286,6 +267,38 @@ async fn read(
         vmi.pod_outlived_vmi = true;
     }
     Ok(Detected::Vm(vmi))
+}
+
+/// The pod's VMI, read from the API: `None` when, on DEL, the pod is gone already.
+async fn read_pod_vmi(
+    client: &crate::datastore::kubernetes::client::KubeClient,
+    ids: &WepIdentifiers,
+    for_del: bool,
+) -> Result<Option<Option<PodVmi>>> {
+    let path = core_objects::pod_path(&ids.namespace, &ids.pod);
+    match core_objects::get_if_exists::<Pod>(client, &path).await? {
+        Some(pod) => Ok(Some(pod_vmi(&pod))),
+        None if for_del => {
+            info!("Pod already deleted, nothing to clean up for a VM");
+            Ok(None)
+        }
+        None => Err(Error::msg("pod not found")),
+    }
+}
+
+/// The name of the VirtualMachine that owns a stored VMI, if one does.
+fn vm_owner(vmi: &Value) -> Option<String> {
+    vmi.pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .and_then(|refs| {
+            refs.iter().find(|r| {
+                r.get("apiVersion").and_then(Value::as_str) == Some(KUBEVIRT_API)
+                    && r.get("kind").and_then(Value::as_str) == Some("VirtualMachine")
+            })
+        })
+        .and_then(|r| r.get("name").and_then(Value::as_str))
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
 }
 
 /// The VM `name`; on DEL a VM that is gone is `Some` VM going away.

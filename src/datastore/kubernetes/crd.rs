@@ -150,29 +150,7 @@ pub fn to_cr(
                 .collect();
             v3_meta["labels"] = Value::Object(labels.clone());
             meta.insert("labels".into(), Value::Object(labels));
-            let deleted = value
-                .get("deleted")
-                .and_then(Value::as_bool)
-                .unwrap_or(false);
-            let mut s = Map::new();
-            s.insert(
-                "state".into(),
-                value.get("state").cloned().unwrap_or(json!("")),
-            );
-            s.insert("node".into(), Value::String(host.clone()));
-            if !affinity_type.is_empty() {
-                s.insert("type".into(), Value::String(affinity_type.clone()));
-            }
-            s.insert("cidr".into(), Value::String(cidr.masked().to_string()));
-            s.insert(
-                "deleted".into(),
-                if group.is_v3() {
-                    Value::Bool(deleted)
-                } else {
-                    Value::String(deleted.to_string())
-                },
-            );
-            Value::Object(s)
+            affinity_spec(value, host, cidr, affinity_type, group)
         }
         Key::Handle { id } => {
             let v = obj(value);
@@ -205,6 +183,39 @@ pub fn to_cr(
         "metadata": Value::Object(meta),
         "spec": spec,
     }))
+}
+
+/// A BlockAffinity CR's spec: the state, node, type (when there is one), masked CIDR and
+/// `deleted` (a bool in the v3 group, a string in the v1 CRDs).
+fn affinity_spec(
+    value: &Value,
+    host: &str,
+    cidr: &crate::support::net::IpNet,
+    affinity_type: &str,
+    group: &Group,
+) -> Value {
+    let deleted = value
+        .get("deleted")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let mut s = Map::new();
+    s.insert(
+        "state".into(),
+        value.get("state").cloned().unwrap_or(json!("")),
+    );
+    s.insert("node".into(), Value::String(host.to_string()));
+    if !affinity_type.is_empty() {
+        s.insert("type".into(), Value::String(affinity_type.to_string()));
+    }
+    s.insert("cidr".into(), Value::String(cidr.masked().to_string()));
+    s.insert(
+        "deleted".into(),
+        match group.is_v3() {
+            true => Value::Bool(deleted),
+            false => Value::String(deleted.to_string()),
+        },
+    );
+    Value::Object(s)
 }
 
 /// A v3 resource's metadata as libcalico-go keeps it in the metadata annotation: Go's
@@ -364,30 +375,15 @@ pub struct FromCr {
 /// A CR as served → the model value (etcd format; v3 resources as v3 objects).
 pub fn from_cr(key: &Key, cr: &Value) -> Result<FromCr, DatastoreError> {
     let meta = cr.get("metadata").cloned().unwrap_or(json!({}));
-    let revision = meta
-        .get("resourceVersion")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string();
-    let uid = meta
-        .get("uid")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_string();
-    let spec = obj(cr.get("spec").unwrap_or(&Value::Null));
-    let deleted_flag = match spec.get("deleted") {
-        Some(Value::Bool(b)) => *b,
-        Some(Value::String(s)) if s.is_empty() => false,
-        Some(Value::String(s)) => crate::support::gocompat::parse_bool(s).ok_or_else(|| {
-            DatastoreError::Decode {
-                key: key.describe(),
-                error: format!(
-                    "Failed to parse deleted value as bool: strconv.ParseBool: parsing \"{s}\": invalid syntax"
-                ),
-            }
-        })?,
-        _ => false,
+    let text = |field: &str| {
+        meta.get(field)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
     };
+    let (revision, uid) = (text("resourceVersion"), text("uid"));
+    let spec = obj(cr.get("spec").unwrap_or(&Value::Null));
+    let deleted_flag = deleted_flag(key, &spec)?;
     let (value, deleted) = match key {
         Key::Block { .. } => {
             let mut v = spec.clone();
@@ -406,56 +402,9 @@ pub fn from_cr(key: &Key, cr: &Value) -> Result<FromCr, DatastoreError> {
             json!({"block": spec.get("block").cloned().unwrap_or(json!({})), "deleted": deleted_flag}),
             deleted_flag,
         ),
-        Key::IpamConfig => {
-            let mut v = Map::new();
-            let flag = |k: &str| spec.get(k).and_then(Value::as_bool).unwrap_or(false);
-            if flag("strictAffinity") {
-                v.insert("strict_affinity".into(), Value::Bool(true));
-            }
-            if flag("autoAllocateBlocks") {
-                v.insert("auto_allocate_blocks".into(), Value::Bool(true));
-            }
-            for k in [
-                "maxBlocksPerHost",
-                "kubeVirtVMAddressPersistence",
-                "ipCooldownSeconds",
-            ] {
-                if let Some(x) = spec.get(k).filter(|x| !x.is_null()) {
-                    v.insert(k.into(), x.clone());
-                }
-            }
-            (Value::Object(v), false)
-        }
+        Key::IpamConfig => (ipam_config_value(&spec), false),
         Key::Resource { kind, name, .. } => {
-            // libcalico-go's `ConvertK8sResourceToCalicoResource`: the metadata annotation's
-            // metadata, the CR's own labels and other annotations merged in, the CR's name,
-            // resourceVersion and UID, and its creation time where the annotation has none;
-            // without the annotation, the CR's metadata as it is.
-            let stored = meta
-                .get("annotations")
-                .and_then(|a| a.get(METADATA_ANNOTATION))
-                .and_then(Value::as_str)
-                .and_then(|s| serde_json::from_str::<Map<String, Value>>(s).ok());
-            let mut m = match stored {
-                Some(mut m) => {
-                    for field in ["labels", "annotations"] {
-                        let mut merged = obj(meta.get(field).unwrap_or(&Value::Null));
-                        merged.remove(METADATA_ANNOTATION);
-                        merged.extend(obj(m.get(field).unwrap_or(&Value::Null)));
-                        match merged.is_empty() {
-                            true => m.remove(field),
-                            false => m.insert(field.into(), Value::Object(merged)),
-                        };
-                    }
-                    if m.get("creationTimestamp").is_none_or(Value::is_null) {
-                        if let Some(ts) = meta.get("creationTimestamp") {
-                            m.insert("creationTimestamp".into(), ts.clone());
-                        }
-                    }
-                    m
-                }
-                None => obj(&meta),
-            };
+            let mut m = resource_metadata(&meta);
             m.insert("name".into(), Value::String(name.clone()));
             m.insert("resourceVersion".into(), Value::String(revision.clone()));
             if !uid.is_empty() {
@@ -478,6 +427,76 @@ pub fn from_cr(key: &Key, cr: &Value) -> Result<FromCr, DatastoreError> {
         uid,
         deleted,
     })
+}
+
+/// An IPAM object's `deleted` (a bool, or a string Go's `strconv.ParseBool` takes).
+fn deleted_flag(key: &Key, spec: &Map<String, Value>) -> Result<bool, DatastoreError> {
+    match spec.get("deleted") {
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(Value::String(s)) if s.is_empty() => Ok(false),
+        Some(Value::String(s)) => crate::support::gocompat::parse_bool(s).ok_or_else(|| {
+            DatastoreError::Decode {
+                key: key.describe(),
+                error: format!(
+                    "Failed to parse deleted value as bool: strconv.ParseBool: parsing \"{s}\": invalid syntax"
+                ),
+            }
+        }),
+        _ => Ok(false),
+    }
+}
+
+/// The IPAMConfig CR's spec as the backend model stores it (snake_case flags, set ones
+/// only; the other fields as they are).
+fn ipam_config_value(spec: &Map<String, Value>) -> Value {
+    let mut v = Map::new();
+    let flag = |k: &str| spec.get(k).and_then(Value::as_bool).unwrap_or(false);
+    if flag("strictAffinity") {
+        v.insert("strict_affinity".into(), Value::Bool(true));
+    }
+    if flag("autoAllocateBlocks") {
+        v.insert("auto_allocate_blocks".into(), Value::Bool(true));
+    }
+    for k in [
+        "maxBlocksPerHost",
+        "kubeVirtVMAddressPersistence",
+        "ipCooldownSeconds",
+    ] {
+        if let Some(x) = spec.get(k).filter(|x| !x.is_null()) {
+            v.insert(k.into(), x.clone());
+        }
+    }
+    Value::Object(v)
+}
+
+/// libcalico-go's `ConvertK8sResourceToCalicoResource` of a resource CR's metadata: the
+/// metadata annotation's metadata, the CR's own labels and other annotations merged in, and
+/// its creation time where the annotation has none; without the annotation, the CR's
+/// metadata as it is. (The caller sets the name, resourceVersion and UID.)
+fn resource_metadata(meta: &Value) -> Map<String, Value> {
+    let stored = meta
+        .get("annotations")
+        .and_then(|a| a.get(METADATA_ANNOTATION))
+        .and_then(Value::as_str)
+        .and_then(|s| serde_json::from_str::<Map<String, Value>>(s).ok());
+    let Some(mut m) = stored else {
+        return obj(meta);
+    };
+    for field in ["labels", "annotations"] {
+        let mut merged = obj(meta.get(field).unwrap_or(&Value::Null));
+        merged.remove(METADATA_ANNOTATION);
+        merged.extend(obj(m.get(field).unwrap_or(&Value::Null)));
+        match merged.is_empty() {
+            true => m.remove(field),
+            false => m.insert(field.into(), Value::Object(merged)),
+        };
+    }
+    if m.get("creationTimestamp").is_none_or(Value::is_null) {
+        if let Some(ts) = meta.get("creationTimestamp") {
+            m.insert("creationTimestamp".into(), ts.clone());
+        }
+    }
+    m
 }
 
 /// The same value with `deleted` set: the first half of a soft delete.

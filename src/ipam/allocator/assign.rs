@@ -323,14 +323,47 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         // default config when there is none), once per call.
         let config = &self.config_or_create(stored_config.take()).await?;
         *stored_config = Some(config.clone());
+        // 1. Affine blocks, claiming new ones as allowed.
+        self.assign_from_affine_blocks(args, &pools, &mut affine, config, reserved, &mut out)
+            .await?;
+
+        // 2. Borrow from any block of the pools when strict affinity is off.
+        if out.ips.len() < num && !config.strict_affinity {
+            self.borrow(args, version, num, &pools, reserved, &mut out)
+                .await?;
+            if out.ips.len() < num {
+                out.add_msg(&format!(
+                    "No IPs available in pools: [{}]",
+                    pools
+                        .iter()
+                        .map(|p| p.spec.cidr.as_str())
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// AutoAssign's first step: addresses from the host's affine blocks, in order, claiming
+    /// new blocks while the host owns fewer than the most it may; up to what `out` still
+    /// lacks.
+    async fn assign_from_affine_blocks(
+        &self,
+        args: &AutoAssignArgs,
+        pools: &[IpPool],
+        affine: &mut Vec<IpNet>,
+        config: &IpamConfig,
+        reserved: &[IpNet],
+        out: &mut Assignments,
+    ) -> Result<(), IpamError> {
+        let num = out.num_requested;
         let mut owned = affine.len() as i64;
         let max_blocks = max_blocks(args.max_blocks_per_host, config.max_blocks_per_host);
-
-        // 1. Affine blocks, claiming new ones as allowed.
         while out.ips.len() < num {
             let allow_new_claim = owned < max_blocks;
             let claimed = self
-                .find_or_claim_block(&mut affine, &pools, config, reserved, allow_new_claim)
+                .find_or_claim_block(affine, pools, config, reserved, allow_new_claim)
                 .await;
             let (cidr, newly, first) = match claimed {
                 Ok(c) => c,
@@ -339,7 +372,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                         out.add_msg("No more free affine blocks and strict affinity enabled");
                     }
                     debug!("No more free affine blocks");
-                    break;
+                    return Ok(());
                 }
                 Err(FindError::Fatal(e)) => return Err(e),
             };
@@ -358,23 +391,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                 .await?;
             out.ips.extend(got);
         }
-
-        // 2. Borrow from any block of the pools when strict affinity is off.
-        if out.ips.len() < num && !config.strict_affinity {
-            self.borrow(args, version, num, &pools, reserved, &mut out)
-                .await?;
-            if out.ips.len() < num {
-                out.add_msg(&format!(
-                    "No IPs available in pools: [{}]",
-                    pools
-                        .iter()
-                        .map(|p| p.spec.cidr.as_str())
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                ));
-            }
-        }
-        Ok(out)
+        Ok(())
     }
 
     /// Assign from one block, re-reading it on CAS conflicts.

@@ -401,27 +401,7 @@ impl<'a, D: Datastore> Ipam<'a, D> {
         pools: &[IpPool],
         reserved: &[IpNet],
     ) -> Result<IpNet, FindError> {
-        let existing = self
-            .ds
-            .list(&ListKind::Blocks { version: None })
-            .await
-            .map_err(|e| FindError::Fatal(e.into()))?;
-        let mut index: HashMap<IpNet, BlockInfo> = HashMap::new();
-        for kv in &existing {
-            if let Key::Block { cidr } = kv.key {
-                let b: AllocationBlock = kv.decode().map_err(|e| FindError::Fatal(e.into()))?;
-                index.insert(
-                    cidr,
-                    BlockInfo {
-                        num_free: b.num_free(reserved),
-                        affinity: b.affinity.clone(),
-                        empty: b.is_empty(),
-                        claim_time: b.affinity_claim_time.clone(),
-                        seq: b.sequence_number,
-                    },
-                );
-            }
-        }
+        let index = self.block_index(reserved).await?;
         let mine = self.host_affinity();
         let mut reclaim: Vec<IpNet> = Vec::new();
         for pool in pools {
@@ -446,37 +426,76 @@ impl<'a, D: Datastore> Ipam<'a, D> {
                 }
             }
         }
-        let now = timefmt::now().0;
         for cidr in reclaim {
-            let Some(info) = index.get(&cidr) else {
-                continue;
-            };
-            let old_enough = info
-                .claim_time
-                .as_deref()
-                .and_then(timefmt::parse_rfc3339)
-                .is_none_or(|t| now - t >= EMPTY_BLOCK_MIN_RECLAIM_AGE_SECS);
-            if !old_enough {
-                continue;
-            }
-            // Only an owned block can be reclaimed (upstream's releaseBlockAffinity refuses
-            // an empty host): an empty block without affinity is left to borrowing.
-            let Some((kind, owner)) = info.affinity.as_deref().and_then(parse_affinity) else {
-                debug!(%cidr, "empty block has no owner to reclaim it from");
-                continue;
-            };
-            match self
-                .release_block_affinity(kind, owner, cidr, true, Some(info.seq))
-                .await
-            {
-                Ok(()) => {
-                    info!(%cidr, "reclaiming empty block");
+            if let Some(info) = index.get(&cidr) {
+                if self.reclaimed(cidr, info).await {
                     return Ok(cidr);
                 }
-                Err(e) => debug!(%cidr, error = %e, "could not reclaim empty block"),
             }
         }
         Err(FindError::NoFreeBlocks)
+    }
+
+    /// Every block that exists, by CIDR: what `find_usable_block` asks of each.
+    async fn block_index(
+        &self,
+        reserved: &[IpNet],
+    ) -> Result<HashMap<IpNet, BlockInfo>, FindError> {
+        let existing = self
+            .ds
+            .list(&ListKind::Blocks { version: None })
+            .await
+            .map_err(|e| FindError::Fatal(e.into()))?;
+        let mut index: HashMap<IpNet, BlockInfo> = HashMap::new();
+        for kv in &existing {
+            if let Key::Block { cidr } = kv.key {
+                let b: AllocationBlock = kv.decode().map_err(|e| FindError::Fatal(e.into()))?;
+                index.insert(
+                    cidr,
+                    BlockInfo {
+                        num_free: b.num_free(reserved),
+                        affinity: b.affinity.clone(),
+                        empty: b.is_empty(),
+                        claim_time: b.affinity_claim_time.clone(),
+                        seq: b.sequence_number,
+                    },
+                );
+            }
+        }
+        Ok(index)
+    }
+
+    /// Takes the empty block `cidr` from its owner, when it was claimed long enough ago;
+    /// whether it is now free to claim.
+    async fn reclaimed(&self, cidr: IpNet, info: &BlockInfo) -> bool {
+        let now = timefmt::now().0;
+        let old_enough = info
+            .claim_time
+            .as_deref()
+            .and_then(timefmt::parse_rfc3339)
+            .is_none_or(|t| now - t >= EMPTY_BLOCK_MIN_RECLAIM_AGE_SECS);
+        if !old_enough {
+            return false;
+        }
+        // Only an owned block can be reclaimed (upstream's releaseBlockAffinity refuses an
+        // empty host): an empty block without affinity is left to borrowing.
+        let Some((kind, owner)) = info.affinity.as_deref().and_then(parse_affinity) else {
+            debug!(%cidr, "empty block has no owner to reclaim it from");
+            return false;
+        };
+        match self
+            .release_block_affinity(kind, owner, cidr, true, Some(info.seq))
+            .await
+        {
+            Ok(()) => {
+                info!(%cidr, "reclaiming empty block");
+                true
+            }
+            Err(e) => {
+                debug!(%cidr, error = %e, "could not reclaim empty block");
+                false
+            }
+        }
     }
 }
 

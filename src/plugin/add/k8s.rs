@@ -52,27 +52,14 @@ pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: CheckedReads) -> R
         .as_ref()
         .map(|w| w.spec.ip_networks.clone())
         .unwrap_or_default();
-    let mut wep = k8s_endpoint(call, existing, &name);
     let pod = pod.unwrap_or_default();
-    if plan.policy_k8s {
-        wep.metadata.labels = Some(pod.labels.clone());
-        wep.metadata.generate_name = pod.generate_name.clone();
-        wep.spec.ports = pod.ports.clone();
-        wep.spec.profiles = pod.profiles.clone();
-        wep.spec.service_account_name = pod.service_account.clone();
-    }
     // Every annotation is checked before IPAM (upstream checks some after networking and
     // leaks the addresses when they are wrong).
-    wep.spec.allow_spoofed_source_prefixes = pod.source_prefixes()?;
+    let wep = pod_endpoint(call, existing, &name, &pod)?;
     let floating_ips = pod.floating_ips(conf)?;
     let container_mac = pod.hw_addr()?;
     let source = pod.address_source(conf)?;
-    let mut args = cx.args.clone();
-    if plan.ipam == IpamKind::HostLocal && uses_pod_cidr(&args.stdin_data) {
-        let (v4, v6) = k8s_pod::node_pod_cidrs(call).await?;
-        args.stdin_data =
-            host_local_add_stdin(&args.stdin_data, &v4, &v6).map_err(DelegateError::from)?;
-    }
+    let args = ipam_args_of(cx).await?;
     validate_endpoint_and_profile(&wep, profile.as_ref())?;
 
     // A pod no ADD has networked yet gets its endpoint with Calico IPAM's block write where
@@ -115,6 +102,39 @@ pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: CheckedReads) -> R
     )
     .await;
     Ok(result)
+}
+
+/// The pod's endpoint as it will be written, but for what IPAM and the interface add: the
+/// existing one's or a new one, with (policy type k8s) the pod's labels, generateName,
+/// ports, profiles and service account, and its allowed source prefixes.
+fn pod_endpoint(
+    call: &Call,
+    existing: Option<WorkloadEndpoint>,
+    name: &str,
+    pod: &PodInfo,
+) -> Result<WorkloadEndpoint> {
+    let mut wep = k8s_endpoint(call, existing, name);
+    if call.plan.policy_k8s {
+        wep.metadata.labels = Some(pod.labels.clone());
+        wep.metadata.generate_name = pod.generate_name.clone();
+        wep.spec.ports = pod.ports.clone();
+        wep.spec.profiles = pod.profiles.clone();
+        wep.spec.service_account_name = pod.service_account.clone();
+    }
+    wep.spec.allow_spoofed_source_prefixes = pod.source_prefixes()?;
+    Ok(wep)
+}
+
+/// The arguments the IPAM plugin is run with: the call's, with host-local's `usePodCidr`
+/// replaced by the node's pod CIDRs.
+async fn ipam_args_of(cx: &AddCx<'_>) -> Result<CmdArgs> {
+    let (call, mut args) = (cx.call, cx.args.clone());
+    if call.plan.ipam == IpamKind::HostLocal && uses_pod_cidr(&args.stdin_data) {
+        let (v4, v6) = k8s_pod::node_pod_cidrs(call).await?;
+        args.stdin_data =
+            host_local_add_stdin(&args.stdin_data, &v4, &v6).map_err(DelegateError::from)?;
+    }
+    Ok(args)
 }
 
 /// A calico-ipam result without routes is a KubeVirt migration target: no host routes.
