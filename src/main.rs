@@ -38,48 +38,14 @@ fn main() -> ExitCode {
         .and_then(|n| n.to_str())
         .unwrap_or_default()
         .trim_end_matches(".exe");
-    let is_ipam = match name {
-        // The node installer takes its settings from the environment only and, as
-        // upstream's, ignores its arguments; but `-v` answers the version (upstream's would
-        // install).
-        "install" => {
-            if args
-                .get(1)
-                .is_some_and(|a| matches!(a.as_str(), "-v" | "--v" | "-version" | "--version"))
-            {
-                println!("{}", calico_cni::VERSION);
-                return ExitCode::SUCCESS;
-            }
-            return calico_cni::install::main(&args[1..]);
-        }
-        "calico" => false,
-        "calico-ipam" => true,
-        other => {
-            eprintln!(
-                "Unknown binary name: {other:?} (run this binary as \"calico\", \"calico-ipam\" or \"install\")"
-            );
-            return ExitCode::from(2);
-        }
+    let is_ipam = match plugin_named(name, &args) {
+        Ok(is_ipam) => is_ipam,
+        Err(code) => return code,
     };
-    // Go's `flag` package, as upstream's `Main`s parse: `-v` and `-t` (`calico`), `-v` and
-    // `-upgrade` (`calico-ipam`); the version wins, then `-t` or `-upgrade`.
-    let (flag_set, second) = match is_ipam {
-        true => ("calico-ipam", "upgrade"),
-        false => ("Calico", "t"),
+    let (version, test_connection, migrate) = match plugin_flags(is_ipam, &args) {
+        Ok(flags) => flags,
+        Err(code) => return code,
     };
-    let (version, test_connection, migrate) =
-        match calico_cni::support::gocompat::parse_bool_flags(&args[1..], ["v", second]) {
-            Ok([version, other]) => (version, other && !is_ipam, other && is_ipam),
-            Err(calico_cni::support::gocompat::FlagError::Help) => {
-                usage(flag_set, is_ipam);
-                return ExitCode::SUCCESS;
-            }
-            Err(calico_cni::support::gocompat::FlagError::Refused(why)) => {
-                eprintln!("{why}");
-                usage(flag_set, is_ipam);
-                return ExitCode::from(2);
-            }
-        };
     if version {
         println!("{}", calico_cni::VERSION);
         return ExitCode::SUCCESS;
@@ -105,6 +71,57 @@ fn main() -> ExitCode {
         skel::run(&CalicoPlugin)
     };
     ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// Which of the two CNI plugins `name` (argv[0]'s file name) is: `Ok(true)` for
+/// `calico-ipam`. The node installer runs here and an unknown name is refused: `Err` has
+/// their exit code.
+fn plugin_named(name: &str, args: &[String]) -> Result<bool, ExitCode> {
+    match name {
+        // The node installer takes its settings from the environment only and, as
+        // upstream's, ignores its arguments; but `-v` answers the version (upstream's would
+        // install).
+        "install" => {
+            if args
+                .get(1)
+                .is_some_and(|a| matches!(a.as_str(), "-v" | "--v" | "-version" | "--version"))
+            {
+                println!("{}", calico_cni::VERSION);
+                return Err(ExitCode::SUCCESS);
+            }
+            Err(calico_cni::install::main(&args[1..]))
+        }
+        "calico" => Ok(false),
+        "calico-ipam" => Ok(true),
+        other => {
+            eprintln!(
+                "Unknown binary name: {other:?} (run this binary as \"calico\", \"calico-ipam\" or \"install\")"
+            );
+            Err(ExitCode::from(2))
+        }
+    }
+}
+
+/// Go's `flag` package, as upstream's `Main`s parse: `-v` and `-t` (`calico`), `-v` and
+/// `-upgrade` (`calico-ipam`); the version wins, then `-t` or `-upgrade`. `(version,
+/// test_connection, migrate)`; `Err` has the exit code of `-h` or of a refused flag.
+fn plugin_flags(is_ipam: bool, args: &[String]) -> Result<(bool, bool, bool), ExitCode> {
+    let (flag_set, second) = match is_ipam {
+        true => ("calico-ipam", "upgrade"),
+        false => ("Calico", "t"),
+    };
+    match calico_cni::support::gocompat::parse_bool_flags(&args[1..], ["v", second]) {
+        Ok([version, other]) => Ok((version, other && !is_ipam, other && is_ipam)),
+        Err(calico_cni::support::gocompat::FlagError::Help) => {
+            usage(flag_set, is_ipam);
+            Err(ExitCode::SUCCESS)
+        }
+        Err(calico_cni::support::gocompat::FlagError::Refused(why)) => {
+            eprintln!("{why}");
+            usage(flag_set, is_ipam);
+            Err(ExitCode::from(2))
+        }
+    }
 }
 
 /// One malloc arena for the whole process. glibc gives every thread that allocates its own

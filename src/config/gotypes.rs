@@ -280,28 +280,8 @@ fn check_value(
             Value::Bool(_) => Ok(()),
             _ => mismatch("bool"),
         },
-        GoType::Int | GoType::Uint64 => {
-            let (go_type, signed) = match ty {
-                GoType::Int => ("int", true),
-                _ => ("uint64", false),
-            };
-            let Value::Number(n) = v else {
-                return mismatch(go_type);
-            };
-            // Go refuses a fraction, an exponent or an out-of-range value for an integer.
-            let literal = n.to_string();
-            let fits = if signed { n.is_i64() } else { n.is_u64() };
-            if fits && !literal.contains(['.', 'e', 'E']) {
-                Ok(())
-            } else {
-                Err(type_error(
-                    &format!("number {literal}"),
-                    struct_name,
-                    path,
-                    go_type,
-                ))
-            }
-        }
+        GoType::Int => check_integer(v, "int", true, struct_name, path),
+        GoType::Uint64 => check_integer(v, "uint64", false, struct_name, path),
         GoType::StrSlice => match v {
             Value::Array(items) => {
                 for item in items {
@@ -342,6 +322,30 @@ fn check_value(
             _ => mismatch(slice_name),
         },
     }
+}
+
+/// A Go integer field's value: Go refuses a fraction, an exponent or an out-of-range value.
+fn check_integer(
+    v: &Value,
+    go_type: &str,
+    signed: bool,
+    struct_name: &str,
+    path: &[&'static str],
+) -> Result<(), String> {
+    let Value::Number(n) = v else {
+        return Err(type_error(json_kind(v), struct_name, path, go_type));
+    };
+    let literal = n.to_string();
+    let fits = if signed { n.is_i64() } else { n.is_u64() };
+    if fits && !literal.contains(['.', 'e', 'E']) {
+        return Ok(());
+    }
+    Err(type_error(
+        &format!("number {literal}"),
+        struct_name,
+        path,
+        go_type,
+    ))
 }
 
 #[cfg(test)]

@@ -167,76 +167,83 @@ fn tokenize(input: &str) -> Result<Vec<Tok>, SelectorError> {
                     Some(Tok::Label(l)) => l.clone(),
                     _ => String::new(),
                 };
-                let bad = || {
-                    err(format!(
-                        "unexpected characters after label '{label}', was expecting an operator"
-                    ))
-                };
-                // Each arm yields the rest of the input after the operator.
-                let rest = if let Some(r) = s.strip_prefix("contains") {
-                    toks.push(Tok::Contains);
-                    r
-                } else if let Some(r) = s.strip_prefix("starts") {
-                    let Some(r) = trim_ws(r).strip_prefix("with") else {
-                        return bad();
-                    };
-                    toks.push(Tok::StartsWith);
-                    r
-                } else if let Some(r) = s.strip_prefix("ends") {
-                    let Some(r) = trim_ws(r).strip_prefix("with") else {
-                        return bad();
-                    };
-                    toks.push(Tok::EndsWith);
-                    r
-                } else if let Some(r) = s.strip_prefix("not") {
-                    let Some(r) = trim_ws(r).strip_prefix("in") else {
-                        return bad();
-                    };
-                    toks.push(Tok::NotIn);
-                    r
-                } else if let Some(r) = s.strip_prefix("in") {
-                    toks.push(Tok::In);
-                    r
-                } else {
-                    return bad();
-                };
+                let (tok, rest) = operator_after_label(s, &label)?;
+                toks.push(tok);
                 s.len() - rest.len()
             }
             _ => {
-                if let Some(r) = s.strip_prefix("has(") {
-                    let r = trim_ws(r);
-                    let ident = identifier(r);
-                    if ident.is_empty() {
-                        return err("no label name in has( expression");
-                    }
-                    let Some(r) = trim_ws(&r[ident.len()..]).strip_prefix(')') else {
-                        return err("no closing ')' after has(");
-                    };
-                    toks.push(Tok::Has(ident.to_string()));
-                    s.len() - r.len()
-                } else if let Some(r) = s.strip_prefix("all(") {
-                    let Some(r) = trim_ws(r).strip_prefix(')') else {
-                        return err("no closing ')' after all(");
-                    };
-                    toks.push(Tok::All);
-                    s.len() - r.len()
-                } else if let Some(r) = s.strip_prefix("global(") {
-                    let Some(r) = trim_ws(r).strip_prefix(')') else {
-                        return err("no closing ')' after global(");
-                    };
-                    toks.push(Tok::Global);
-                    s.len() - r.len()
-                } else {
-                    let ident = identifier(s);
-                    if ident.is_empty() {
-                        return err("unexpected characters");
-                    }
-                    next(Tok::Label(ident.to_string()), ident.len(), &mut toks)
-                }
+                let (tok, rest) = term(s)?;
+                toks.push(tok);
+                s.len() - rest.len()
             }
         };
         s = &s[consumed..];
     }
+}
+
+/// The word operator that follows `label` at the start of `s`, and the input after it.
+fn operator_after_label<'s>(s: &'s str, label: &str) -> Result<(Tok, &'s str), SelectorError> {
+    let bad = || {
+        err(format!(
+            "unexpected characters after label '{label}', was expecting an operator"
+        ))
+    };
+    // `first` then (after spaces) `second`, as in `starts with`.
+    let two = |first: &str, second: &str, tok: Tok| match s.strip_prefix(first) {
+        Some(r) => match trim_ws(r).strip_prefix(second) {
+            Some(r) => Some(Ok((tok, r))),
+            None => Some(bad()),
+        },
+        None => None,
+    };
+    if let Some(r) = s.strip_prefix("contains") {
+        return Ok((Tok::Contains, r));
+    }
+    for (first, second, tok) in [
+        ("starts", "with", Tok::StartsWith),
+        ("ends", "with", Tok::EndsWith),
+        ("not", "in", Tok::NotIn),
+    ] {
+        if let Some(found) = two(first, second, tok) {
+            return found;
+        }
+    }
+    match s.strip_prefix("in") {
+        Some(r) => Ok((Tok::In, r)),
+        None => bad(),
+    }
+}
+
+/// A term that is not an operator: `has(label)`, `all()`, `global()` or a label; and the
+/// input after it.
+fn term(s: &str) -> Result<(Tok, &str), SelectorError> {
+    if let Some(r) = s.strip_prefix("has(") {
+        let r = trim_ws(r);
+        let ident = identifier(r);
+        if ident.is_empty() {
+            return err("no label name in has( expression");
+        }
+        let Some(r) = trim_ws(&r[ident.len()..]).strip_prefix(')') else {
+            return err("no closing ')' after has(");
+        };
+        return Ok((Tok::Has(ident.to_string()), r));
+    }
+    for (open, tok, unclosed) in [
+        ("all(", Tok::All, "no closing ')' after all("),
+        ("global(", Tok::Global, "no closing ')' after global("),
+    ] {
+        if let Some(r) = s.strip_prefix(open) {
+            let Some(r) = trim_ws(r).strip_prefix(')') else {
+                return err(unclosed);
+            };
+            return Ok((tok, r));
+        }
+    }
+    let ident = identifier(s);
+    if ident.is_empty() {
+        return err("unexpected characters");
+    }
+    Ok((Tok::Label(ident.to_string()), &s[ident.len()..]))
 }
 
 struct Parser<'a> {

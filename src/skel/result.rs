@@ -221,84 +221,93 @@ impl CniResult {
     /// Prints the result in `cni_version`'s format.
     pub fn encode(&self, cni_version: &str) -> Result<String, CniError> {
         match cni_version {
-            "1.0.0" | "1.1.0" => {
-                let r = Result100 {
-                    cni_version: cni_version.into(),
-                    interfaces: self.interfaces.clone(),
-                    ips: self
-                        .ips
-                        .iter()
-                        .map(|i| Ip100 {
-                            interface: i.interface,
-                            address: i.address,
-                            gateway: i.gateway,
-                        })
-                        .collect(),
-                    routes: self.routes.clone(),
-                    dns: self.dns.clone(),
-                };
-                // libcni prints 1.0 results through a map round trip: keys sorted at every level.
-                let v = serde_json::to_value(&r).map_err(|e| CniError::internal(e.to_string()))?;
-                to_go_json_indent(&sort_keys(v))
-            }
-            "0.3.0" | "0.3.1" | "0.4.0" => {
-                let r = Result040 {
-                    cni_version: cni_version.into(),
-                    interfaces: self
-                        .interfaces
-                        .iter()
-                        .map(|i| Interface040 {
-                            name: i.name.clone(),
-                            mac: i.mac.clone(),
-                            sandbox: i.sandbox.clone(),
-                        })
-                        .collect(),
-                    ips: self
-                        .ips
-                        .iter()
-                        .map(|i| Ip040 {
-                            version: if i.address.is_ipv4() { "4" } else { "6" }.into(),
-                            interface: i.interface,
-                            address: i.address,
-                            gateway: i.gateway,
-                        })
-                        .collect(),
-                    routes: self.routes.clone(),
-                    dns: self.dns.clone(),
-                };
-                to_go_json_indent(&r)
-            }
-            "0.1.0" | "0.2.0" => {
-                let family = |v4: bool| -> Option<Ip020> {
-                    let ip = self.ips.iter().find(|i| i.address.is_ipv4() == v4)?;
-                    Some(Ip020 {
-                        ip: ip.address,
-                        gateway: ip.gateway,
-                        routes: self
-                            .routes
-                            .iter()
-                            .filter(|r| r.dst.is_ipv4() == v4)
-                            .cloned()
-                            .collect(),
-                    })
-                };
-                let r = Result020 {
-                    cni_version: cni_version.into(),
-                    ip4: family(true),
-                    ip6: family(false),
-                    dns: self.dns.clone(),
-                };
-                if r.ip4.is_none() && r.ip6.is_none() {
-                    return Err(CniError::internal("cannot convert: no valid IP addresses"));
-                }
-                to_go_json_indent(&r)
-            }
+            "1.0.0" | "1.1.0" => self.encode_100(cni_version),
+            "0.3.0" | "0.3.1" | "0.4.0" => self.encode_040(cni_version),
+            "0.1.0" | "0.2.0" => self.encode_020(cni_version),
             other => Err(CniError::new(
                 CODE_INCOMPATIBLE_VERSION,
                 "incompatible CNI versions",
                 super::version::incompatible_details(other),
             )),
         }
+    }
+
+    /// The 1.0 model as libcni prints it: through a map round trip, keys sorted at every
+    /// level.
+    fn encode_100(&self, cni_version: &str) -> Result<String, CniError> {
+        let r = Result100 {
+            cni_version: cni_version.into(),
+            interfaces: self.interfaces.clone(),
+            ips: self
+                .ips
+                .iter()
+                .map(|i| Ip100 {
+                    interface: i.interface,
+                    address: i.address,
+                    gateway: i.gateway,
+                })
+                .collect(),
+            routes: self.routes.clone(),
+            dns: self.dns.clone(),
+        };
+        let v = serde_json::to_value(&r).map_err(|e| CniError::internal(e.to_string()))?;
+        to_go_json_indent(&sort_keys(v))
+    }
+
+    /// 0.3.x and 0.4.0: each address with its version.
+    fn encode_040(&self, cni_version: &str) -> Result<String, CniError> {
+        let r = Result040 {
+            cni_version: cni_version.into(),
+            interfaces: self
+                .interfaces
+                .iter()
+                .map(|i| Interface040 {
+                    name: i.name.clone(),
+                    mac: i.mac.clone(),
+                    sandbox: i.sandbox.clone(),
+                })
+                .collect(),
+            ips: self
+                .ips
+                .iter()
+                .map(|i| Ip040 {
+                    version: if i.address.is_ipv4() { "4" } else { "6" }.into(),
+                    interface: i.interface,
+                    address: i.address,
+                    gateway: i.gateway,
+                })
+                .collect(),
+            routes: self.routes.clone(),
+            dns: self.dns.clone(),
+        };
+        to_go_json_indent(&r)
+    }
+
+    /// 0.1.0 and 0.2.0: the first address of each family, with that family's routes.
+    fn encode_020(&self, cni_version: &str) -> Result<String, CniError> {
+        let family = |v4: bool| -> Option<Ip020> {
+            let ip = self.ips.iter().find(|i| i.address.is_ipv4() == v4)?;
+            Some(Ip020 {
+                ip: ip.address,
+                gateway: ip.gateway,
+                routes: self
+                    .routes
+                    .iter()
+                    .filter(|r| r.dst.is_ipv4() == v4)
+                    .cloned()
+                    .collect(),
+            })
+        };
+        let r = Result020 {
+            cni_version: cni_version.into(),
+            ip4: family(true),
+            ip6: family(false),
+            dns: self.dns.clone(),
+        };
+        if r.ip4.is_none() && r.ip6.is_none() {
+            return Err(CniError::internal("cannot convert: no valid IP addresses"));
+        }
+        to_go_json_indent(&r)
     }
 
     /// Parses a result printed in any supported version into the 1.0 model.
