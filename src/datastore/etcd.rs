@@ -27,7 +27,7 @@ use tracing::debug;
 
 use super::kubernetes::client::KubeClient;
 use super::resources::{prepare_resource_for_storage, set_resource_version};
-use super::{Datastore, DatastoreError, Key, KvPair, ListKind, Revision};
+use super::{ClientError, Datastore, DatastoreError, Key, KvPair, ListKind, Revision};
 use crate::support::deadline;
 use crate::support::net::IpNet;
 
@@ -136,6 +136,24 @@ fn unavailable(e: impl std::fmt::Display) -> DatastoreError {
     DatastoreError::Unavailable(e.to_string())
 }
 
+/// Why one attempt of a request got no answer (another attempt may follow).
+#[derive(Debug, thiserror::Error)]
+enum AttemptFailed {
+    #[error(transparent)]
+    Transport(etcd_client::Error),
+    #[error("etcd request timed out after {0:?}")]
+    TimedOut(Duration),
+}
+
+impl From<AttemptFailed> for DatastoreError {
+    fn from(e: AttemptFailed) -> DatastoreError {
+        match e {
+            AttemptFailed::Transport(e) => DatastoreError::Client(ClientError::new(e)),
+            e @ AttemptFailed::TimedOut(_) => unavailable(e),
+        }
+    }
+}
+
 impl EtcdDatastore {
     pub async fn connect(cfg: &EtcdConfig) -> Result<EtcdDatastore, DatastoreError> {
         if cfg.endpoints.is_empty() {
@@ -195,7 +213,10 @@ impl EtcdDatastore {
                 true => DatastoreError::Deadline(deadline::expired(what())),
                 false => unavailable(format!("timed out connecting to {:?}", cfg.endpoints)),
             })?
-            .map_err(|e| unavailable(format!("{e} (endpoints {:?})", cfg.endpoints)))?;
+            .map_err(|e| DatastoreError::Connect {
+                endpoints: cfg.endpoints.clone(),
+                source: ClientError::new(e),
+            })?;
         Ok(EtcdDatastore {
             kv: client.kv_client(),
             timeout,
@@ -363,14 +384,14 @@ impl EtcdDatastore {
                 }
                 Ok(Err(e)) if is_transport_error(&e) => {
                     refused = is_refused_connection(&e);
-                    e.to_string()
+                    AttemptFailed::Transport(e)
                 }
-                Ok(Err(e)) => return Err(unavailable(e)),
+                Ok(Err(e)) => return Err(DatastoreError::Client(ClientError::new(e))),
                 Err(_) if capped => return Err(deadline::expired(waiting()).into()),
-                Err(_) => format!("etcd request timed out after {per_attempt:?}"),
+                Err(_) => AttemptFailed::TimedOut(per_attempt),
             };
             if attempt >= TRANSPORT_ATTEMPTS {
-                return Err(unavailable(err));
+                return Err(err.into());
             }
             // A refused connection is retried at once: nothing was sent, and the next attempt
             // goes to another member. Anything else waits, longer each time.
@@ -521,10 +542,7 @@ pub(crate) fn decode_value(key: &Key, raw: &[u8]) -> Result<Value, DatastoreErro
     if raw.is_empty() && matches!(key, Key::BlockAffinity { .. }) {
         return Ok(Value::Object(Default::default()));
     }
-    serde_json::from_slice(raw).map_err(|e| DatastoreError::Decode {
-        key: key_path(key),
-        error: e.to_string(),
-    })
+    serde_json::from_slice(raw).map_err(|e| DatastoreError::decode(key_path(key), e))
 }
 
 fn to_pair(key: Key, kv: &KeyValue) -> Result<KvPair, DatastoreError> {
@@ -548,7 +566,7 @@ pub(crate) fn encode_value(key: &Key, value: &Value) -> Result<Vec<u8>, Datastor
         }
         _ => serde_json::to_vec(value),
     };
-    bytes.map_err(|e| DatastoreError::Other(e.to_string()))
+    bytes.map_err(DatastoreError::encode)
 }
 
 fn parse_rev(key: &Key, revision: &str) -> Result<i64, DatastoreError> {

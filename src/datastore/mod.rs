@@ -19,6 +19,7 @@ pub mod validate;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
+use std::sync::Arc;
 
 use crate::support::net::IpNet;
 
@@ -175,15 +176,36 @@ pub struct KvPair {
 impl KvPair {
     /// The value as a typed model object.
     pub fn decode<T: DeserializeOwned>(&self) -> Result<T, DatastoreError> {
-        serde_json::from_value(self.value.clone()).map_err(|e| DatastoreError::Decode {
-            key: format!("{:?}", self.key),
-            error: e.to_string(),
-        })
+        serde_json::from_value(self.value.clone())
+            .map_err(|e| DatastoreError::decode(format!("{:?}", self.key), e))
+    }
+}
+
+/// A client library's error (etcd's, HTTP's, serde's), kept with its type. Shared, as a
+/// `DatastoreError` is cloned: one failed batch of reads is the answer of each read in it.
+#[derive(Clone, Debug)]
+pub struct ClientError(Arc<dyn std::error::Error + Send + Sync>);
+
+impl ClientError {
+    pub fn new(e: impl std::error::Error + Send + Sync + 'static) -> ClientError {
+        ClientError(Arc::new(e))
+    }
+}
+
+impl std::fmt::Display for ClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for ClientError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
     }
 }
 
 /// Errors from any backend, in libcalico-go's vocabulary (the texts match its `errors` package).
-#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+#[derive(Debug, thiserror::Error, Clone)]
 pub enum DatastoreError {
     /// `key` is `Key::describe()`; `cause` the backend's own error (`<nil>` on etcd, the API
     /// server's message on Kubernetes), as libcalico-go's `ErrorResourceDoesNotExist` prints.
@@ -193,8 +215,29 @@ pub enum DatastoreError {
     AlreadyExists(String),
     #[error("update conflict: {0}")]
     Conflict(String),
+    /// No answer came (a timeout, a batch answered short): the request's outcome is unknown.
     #[error("error connecting to the datastore: {0}")]
     Unavailable(String),
+    /// The client library failed the request: its outcome is unknown.
+    #[error("error connecting to the datastore: {0}")]
+    Client(#[source] ClientError),
+    /// The same, for one API request (`GET /api/v1/...`).
+    #[error("error connecting to the datastore: {request}: {source}")]
+    Request {
+        request: String,
+        #[source]
+        source: ClientError,
+    },
+    /// A request that could not be made (nothing was sent).
+    #[error("{0}")]
+    InvalidRequest(#[source] ClientError),
+    /// No connection could be made to any of the endpoints.
+    #[error("error connecting to the datastore: {source} (endpoints {endpoints:?})")]
+    Connect {
+        endpoints: Vec<String>,
+        #[source]
+        source: ClientError,
+    },
     /// The call's deadline passed before the datastore answered (or before the request
     /// was sent): the request's outcome is unknown.
     #[error(transparent)]
@@ -202,8 +245,18 @@ pub enum DatastoreError {
     /// A 401 / 403 from the API server.
     #[error("connection is unauthorized: {0}")]
     Unauthorized(String),
-    #[error("failed to decode {key}: {error}")]
-    Decode { key: String, error: String },
+    #[error("failed to decode {key}: {source}")]
+    Decode {
+        key: String,
+        #[source]
+        source: Arc<serde_json::Error>,
+    },
+    /// A stored field that does not parse (`reason` in upstream's words).
+    #[error("failed to decode {key}: {reason}")]
+    InvalidField { key: String, reason: String },
+    /// A value that does not serialise for writing.
+    #[error(transparent)]
+    Encode(Arc<serde_json::Error>),
     /// An object named without the identifiers this datastore needs (a non-pod endpoint
     /// on the Kubernetes datastore).
     #[error("insufficient identifiers, missing '{0}'")]
@@ -213,15 +266,41 @@ pub enum DatastoreError {
     #[error("{0}")]
     PodConversion(String),
     /// A Kubernetes object the API server sent that does not decode as its kind.
-    #[error("invalid object from the API server at {path}: {error}")]
-    InvalidObject { path: String, error: String },
+    #[error("invalid object from the API server at {path}: {source}")]
+    InvalidObject {
+        path: String,
+        #[source]
+        source: Arc<serde_json::Error>,
+    },
+    /// The client-side rate limit refused the request (it was not sent).
+    #[error(transparent)]
+    Throttled(crate::datastore::kubernetes::ratelimit::Refused),
+    /// The API server's body is not JSON.
+    #[error("invalid JSON from the API server: {0}")]
+    InvalidJson(#[source] Arc<serde_json::Error>),
+    /// The API server refused the request: its status message.
+    #[error("{0}")]
+    Status(String),
+    /// Settings that do not make a client (client-go's and etcd's words).
     #[error("{0}")]
     Config(String),
+    /// A condition found here, in upstream's words.
     #[error("{0}")]
     Other(String),
 }
 
 impl DatastoreError {
+    /// A value that does not serialise (or, written, does not read back as its type).
+    pub fn encode(e: serde_json::Error) -> DatastoreError {
+        DatastoreError::Encode(Arc::new(e))
+    }
+    /// A stored value that does not decode as its type.
+    pub fn decode(key: impl Into<String>, e: serde_json::Error) -> DatastoreError {
+        DatastoreError::Decode {
+            key: key.into(),
+            source: Arc::new(e),
+        }
+    }
     /// The key is absent (etcd's wording: no underlying error).
     pub fn not_found(key: &Key) -> DatastoreError {
         DatastoreError::NotFound {
@@ -240,6 +319,17 @@ impl DatastoreError {
     }
     pub fn is_deadline(&self) -> bool {
         matches!(self, DatastoreError::Deadline(_))
+    }
+    /// Whether the request may have been carried out all the same: no answer came, rather
+    /// than a refusal.
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(
+            self,
+            DatastoreError::Deadline(_)
+                | DatastoreError::Unavailable(_)
+                | DatastoreError::Client(_)
+                | DatastoreError::Request { .. }
+        )
     }
     /// The call's deadline, when that is what this error is.
     pub fn deadline(&self) -> Option<&crate::support::deadline::Expired> {
@@ -316,5 +406,57 @@ pub trait Datastore {
 
 /// Serialises a model value for writing.
 pub fn to_value<T: Serialize>(v: &T) -> Result<Value, DatastoreError> {
-    serde_json::to_value(v).map_err(|e| DatastoreError::Other(e.to_string()))
+    serde_json::to_value(v).map_err(DatastoreError::encode)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn causes_stay_typed_and_texts_are_upstreams() {
+        let bad = serde_json::from_str::<Value>("{").unwrap_err();
+        let text = bad.to_string();
+        let e = DatastoreError::decode("/calico/ipam/v2/host/h", bad);
+        assert_eq!(
+            e.to_string(),
+            format!("failed to decode /calico/ipam/v2/host/h: {text}")
+        );
+        let cause = e
+            .source()
+            .and_then(|s| s.downcast_ref::<Arc<serde_json::Error>>());
+        assert!(cause.is_some(), "{e:?}");
+
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset");
+        let e = DatastoreError::Request {
+            request: "GET /api/v1/namespaces/default".into(),
+            source: ClientError::new(io),
+        };
+        assert_eq!(
+            e.to_string(),
+            "error connecting to the datastore: GET /api/v1/namespaces/default: connection reset"
+        );
+        assert!(e.outcome_unknown());
+    }
+
+    #[test]
+    fn only_unanswered_requests_have_an_unknown_outcome() {
+        let io = || ClientError::new(std::io::Error::other("refused"));
+        let unknown = [
+            DatastoreError::Unavailable("timed out".into()),
+            DatastoreError::Client(io()),
+        ];
+        let refused = [
+            DatastoreError::Conflict("k".into()),
+            DatastoreError::Status("forbidden".into()),
+            DatastoreError::InvalidRequest(io()),
+            DatastoreError::Connect {
+                endpoints: vec!["http://127.0.0.1:1".into()],
+                source: io(),
+            },
+        ];
+        assert!(unknown.iter().all(DatastoreError::outcome_unknown));
+        assert!(!refused.iter().any(DatastoreError::outcome_unknown));
+    }
 }

@@ -92,7 +92,7 @@ pub async fn create_resource<D: Datastore, S: Serialize + DeserializeOwned>(
     let mut value = to_value(obj)?;
     label_workload_endpoint(kind, &mut value);
     let rev = ds.create(&key_of(kind, obj), &value).await?;
-    *obj = serde_json::from_value(value).map_err(|e| DatastoreError::Other(e.to_string()))?;
+    *obj = serde_json::from_value(value).map_err(DatastoreError::encode)?;
     obj.kind = kind.name().into();
     obj.api_version = API_VERSION_V3.into();
     obj.metadata.resource_version = rev;
@@ -114,7 +114,7 @@ pub async fn update_resource<D: Datastore, S: Serialize + DeserializeOwned>(
     let mut value = to_value(obj)?;
     label_workload_endpoint(kind, &mut value);
     let new_rev = ds.update(&key_of(kind, obj), &value, &rev).await?;
-    *obj = serde_json::from_value(value).map_err(|e| DatastoreError::Other(e.to_string()))?;
+    *obj = serde_json::from_value(value).map_err(DatastoreError::encode)?;
     obj.metadata.resource_version = new_rev;
     Ok(())
 }
@@ -129,10 +129,7 @@ pub fn decode_resource<S: DeserializeOwned>(
         // Read defaults are applied on the JSON so every caller sees them.
         apply_pool_defaults(&mut value);
     }
-    serde_json::from_value(value).map_err(|e| DatastoreError::Decode {
-        key: format!("{:?}", kv.key),
-        error: e.to_string(),
-    })
+    serde_json::from_value(value).map_err(|e| DatastoreError::decode(format!("{:?}", kv.key), e))
 }
 
 fn apply_pool_defaults(value: &mut Value) {

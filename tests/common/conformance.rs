@@ -90,7 +90,7 @@ fn expect_not_found(e: &DatastoreError, key: &Key, what: &str) -> Check {
 
 fn expect_already_exists(e: &DatastoreError, key: &Key, what: &str) -> Check {
     ensure!(
-        *e == DatastoreError::AlreadyExists(key.describe()),
+        matches!(e, DatastoreError::AlreadyExists(k) if *k == key.describe()),
         "{what}: expected AlreadyExists({}), got {e:?}",
         key.describe()
     );
@@ -104,7 +104,7 @@ fn expect_already_exists(e: &DatastoreError, key: &Key, what: &str) -> Check {
 
 fn expect_conflict(e: &DatastoreError, key: &Key, what: &str) -> Check {
     ensure!(
-        *e == DatastoreError::Conflict(key.describe()),
+        matches!(e, DatastoreError::Conflict(k) if *k == key.describe()),
         "{what}: expected Conflict({}), got {e:?}",
         key.describe()
     );

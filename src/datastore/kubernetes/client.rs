@@ -21,7 +21,7 @@ use tower::ServiceBuilder;
 
 use super::ratelimit::{RateLimit, RateLimiter, Refused};
 use super::transport::{OneConnection, Proxy, ProxyChoice};
-use crate::datastore::DatastoreError;
+use crate::datastore::{ClientError, DatastoreError};
 use crate::support::http_proxy::{ProxyEnv, ProxyUrl};
 
 /// How to reach the API server: a kubeconfig file, and client-go's overrides on top of it.
@@ -126,7 +126,7 @@ impl ApiResponse {
 
     pub fn json(&self) -> Result<Value, DatastoreError> {
         serde_json::from_slice(&self.body)
-            .map_err(|e| DatastoreError::Other(format!("invalid JSON from the API server: {e}")))
+            .map_err(|e| DatastoreError::InvalidJson(std::sync::Arc::new(e)))
     }
 
     /// The error body as a Status, or one made of the raw text (`404 page not found`).
@@ -515,8 +515,8 @@ impl KubeClient {
         self.transport.connections()
     }
 
-    /// One request; `body` is (content type, bytes). Transport failures and timeouts are
-    /// `Unavailable`; any HTTP answer, error statuses included, is returned. An answer that
+    /// One request; `body` is (content type, bytes). Transport failures are `Request`,
+    /// timeouts `Unavailable`; any HTTP answer, error statuses included, is returned. An answer that
     /// asks to be tried again later (429, or a 5xx, with `Retry-After`: the API server's
     /// flow control, or a watch cache still initializing) is sent again after the wait it
     /// names, as client-go does, at most [`MAX_RETRIES`] times and never past the deadline.
@@ -561,10 +561,9 @@ impl KubeClient {
                 }
                 None => Body::empty(),
             };
-            req.body(body)
-                .map_err(|e| DatastoreError::Other(e.to_string()))
+            req.body(body).map_err(ClientError::new)
         };
-        let req = request()?;
+        let req = request().map_err(DatastoreError::InvalidRequest)?;
         let exchange = async {
             // A request the server did not process because it closed the connection
             // (HTTP/2 GOAWAY or REFUSED_STREAM; the API server sends one after answering an
@@ -577,7 +576,7 @@ impl KubeClient {
             let resp = loop {
                 let this = match req.take() {
                     Some(r) => r,
-                    None => request().map_err(|e| e.to_string())?,
+                    None => request()?,
                 };
                 match self.client.send(this).await {
                     Err(e) if unprocessed(&e) && resent < MAX_RESENDS => {
@@ -587,17 +586,17 @@ impl KubeClient {
                     other => break other,
                 }
             }
-            .map_err(|e| e.to_string())?;
+            .map_err(ClientError::new)?;
             let status = resp.status().as_u16();
             let retry_after = retry_after(status, resp.headers());
             let body = resp
                 .into_body()
                 .collect()
                 .await
-                .map_err(|e| e.to_string())?
+                .map_err(ClientError::new)?
                 .to_bytes()
                 .to_vec();
-            Ok::<_, String>((ApiResponse { status, body }, retry_after))
+            Ok::<_, ClientError>((ApiResponse { status, body }, retry_after))
         };
         let waiting = || format!("waiting for the Kubernetes API server ({method} {path})");
         crate::support::deadline::check(waiting())?;
@@ -613,7 +612,10 @@ impl KubeClient {
             Ok(Err(_)) | Err(_) if capped && crate::support::deadline::remaining().is_zero() => {
                 Err(crate::support::deadline::expired(waiting()).into())
             }
-            Ok(Err(e)) => Err(DatastoreError::Unavailable(format!("{method} {path}: {e}"))),
+            Ok(Err(source)) => Err(DatastoreError::Request {
+                request: format!("{method} {path}"),
+                source,
+            }),
             Err(_) => Err(DatastoreError::Unavailable(format!(
                 "{method} {path}: context deadline exceeded (no answer within {:?})",
                 self.timeout
@@ -640,7 +642,7 @@ impl KubeClient {
                 "waiting for the client-side rate limit ({method} {path})"
             ))
             .into()),
-            Err(e @ Refused::OverBurst(_)) => Err(DatastoreError::Other(e.to_string())),
+            Err(e @ Refused::OverBurst(_)) => Err(DatastoreError::Throttled(e)),
         }
     }
 
@@ -655,7 +657,7 @@ impl KubeClient {
         content_type: &str,
         body: &Value,
     ) -> Result<ApiResponse, DatastoreError> {
-        let bytes = serde_json::to_vec(body).map_err(|e| DatastoreError::Other(e.to_string()))?;
+        let bytes = serde_json::to_vec(body).map_err(DatastoreError::encode)?;
         self.request(method, path, Some((content_type, bytes)))
             .await
     }

@@ -32,7 +32,7 @@ pub async fn get<T: DeserializeOwned>(
 
 fn answer<T: DeserializeOwned>(path: &str, resp: ApiResponse) -> Result<T, DatastoreError> {
     if !resp.ok() {
-        return Err(DatastoreError::Other(resp.status_object().message));
+        return Err(DatastoreError::Status(resp.status_object().message));
     }
     decode(path, &resp.body)
 }
@@ -45,7 +45,7 @@ pub async fn get_if_exists<T: DeserializeOwned>(
     let resp = client.get(path).await?;
     match resp.status {
         404 => Ok(None),
-        _ if !resp.ok() => Err(DatastoreError::Other(resp.status_object().message)),
+        _ if !resp.ok() => Err(DatastoreError::Status(resp.status_object().message)),
         _ => decode(path, &resp.body).map(Some),
     }
 }
@@ -53,7 +53,7 @@ pub async fn get_if_exists<T: DeserializeOwned>(
 fn decode<T: DeserializeOwned>(path: &str, body: &[u8]) -> Result<T, DatastoreError> {
     serde_json::from_slice(body).map_err(|e| DatastoreError::InvalidObject {
         path: path.to_string(),
-        error: e.to_string(),
+        source: std::sync::Arc::new(e),
     })
 }
 

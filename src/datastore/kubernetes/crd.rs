@@ -435,9 +435,9 @@ fn deleted_flag(key: &Key, spec: &Map<String, Value>) -> Result<bool, DatastoreE
         Some(Value::Bool(b)) => Ok(*b),
         Some(Value::String(s)) if s.is_empty() => Ok(false),
         Some(Value::String(s)) => crate::support::gocompat::parse_bool(s).ok_or_else(|| {
-            DatastoreError::Decode {
+            DatastoreError::InvalidField {
                 key: key.describe(),
-                error: format!(
+                reason: format!(
                     "Failed to parse deleted value as bool: strconv.ParseBool: parsing \"{s}\": invalid syntax"
                 ),
             }

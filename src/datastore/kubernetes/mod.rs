@@ -86,15 +86,12 @@ pub fn api_error(key: &Key, resp: &ApiResponse) -> DatastoreError {
             cause: status.message,
         },
         _ if conflict_on("metadata.resourceVersion") => DatastoreError::Conflict(key.describe()),
-        _ => DatastoreError::Other(status.message),
+        _ => DatastoreError::Status(status.message),
     }
 }
 
 fn decode<T: serde::de::DeserializeOwned>(key: &Key, v: Value) -> Result<T, DatastoreError> {
-    serde_json::from_value(v).map_err(|e| DatastoreError::Decode {
-        key: key.describe(),
-        error: e.to_string(),
-    })
+    serde_json::from_value(v).map_err(|e| DatastoreError::decode(key.describe(), e))
 }
 
 impl KubeDatastore {
@@ -136,7 +133,7 @@ impl KubeDatastore {
         cell.get_or_init(|| async {
             let answer = match self.client.get("/apis").await {
                 Ok(resp) if resp.ok() => resp.json(),
-                Ok(resp) => Err(DatastoreError::Other(resp.status_object().message)),
+                Ok(resp) => Err(DatastoreError::Status(resp.status_object().message)),
                 Err(e) => Err(e),
             };
             let group = match answer {
@@ -437,7 +434,7 @@ impl KubeDatastore {
                     cause: status.message,
                 },
                 401 | 403 => DatastoreError::Unauthorized(status.message),
-                _ => DatastoreError::Other(status.message),
+                _ => DatastoreError::Status(status.message),
             });
         }
         let list = resp.json()?;
@@ -500,7 +497,7 @@ impl KubeDatastore {
         let ns = wep.metadata.namespace.clone();
         let name = wep.metadata.name.clone();
         let revision = wep.metadata.resource_version.clone();
-        let value = serde_json::to_value(&wep).map_err(|e| DatastoreError::Other(e.to_string()))?;
+        let value = serde_json::to_value(&wep).map_err(DatastoreError::encode)?;
         self.remember(
             &pod_path(&ns, &wep.spec.pod),
             Seen {

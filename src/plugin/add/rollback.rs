@@ -36,7 +36,7 @@ use crate::dataplane::{
 };
 use crate::datastore::model::{WorkloadEndpoint, WorkloadEndpointSpec};
 use crate::datastore::resources::{delete_resource, get_resource};
-use crate::datastore::{Datastore, DatastoreError, Kind};
+use crate::datastore::{Datastore, Kind};
 use crate::error::{Error, Result};
 use crate::plugin::endpoint;
 use crate::plugin::ipam::IpamDriver;
@@ -301,10 +301,7 @@ impl<D: Datastore> WriteBeside for EndpointWrites<'_, D> {
 
 /// Whether a failed write may have landed all the same (no answer, rather than a refusal).
 fn outcome_unknown(e: &Error) -> bool {
-    matches!(
-        e,
-        Error::Datastore(DatastoreError::Deadline(_) | DatastoreError::Unavailable(_))
-    )
+    matches!(e, Error::Datastore(e) if e.outcome_unknown())
 }
 
 /// Deletes the endpoint a failed ADD may have stored, if it is this call's (same container
