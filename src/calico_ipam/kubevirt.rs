@@ -19,7 +19,7 @@ use crate::config::NetConf;
 use crate::datastore::backend::Backend;
 use crate::datastore::kubernetes::core_objects;
 use crate::datastore::DatastoreError;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, VmError};
 use crate::support::encoding::base64_url_nopad;
 
 /// KubeVirt names every VM's launcher pod so; other pods are never read for this.
@@ -209,10 +209,12 @@ async fn read(
         return Ok(Detected::NotAVm);
     };
     if pv.vmi_name.is_empty() || pv.vmi_uid.is_empty() {
-        return Err(Error::msg(format!(
-            "pod {ns}/{} has invalid VMI ownerReference: name={:?} uid={:?}",
-            ids.pod, pv.vmi_name, pv.vmi_uid
-        )));
+        return Err(VmError::InvalidOwner {
+            pod: format!("{ns}/{}", ids.pod),
+            name: pv.vmi_name,
+            uid: pv.vmi_uid,
+        }
+        .into());
     }
     let query_failed = |e: Error| {
         Error::chain(
@@ -257,10 +259,11 @@ async fn read(
     }
     if stored_uid != pv.vmi_uid {
         if !for_del {
-            return Err(Error::msg(format!(
-                "VMI UID mismatch: pod ownerReference has {} but VMI resource has {stored_uid}",
-                pv.vmi_uid
-            )));
+            return Err(VmError::UidMismatch {
+                owner: pv.vmi_uid,
+                stored: stored_uid,
+            }
+            .into());
         }
         // DEL of a pod whose VMI was recreated: its own ownership is still cleared.
         info!(pod_vmi_uid = %pv.vmi_uid, %stored_uid, "the pod's VMI was recreated");
@@ -282,7 +285,7 @@ async fn read_pod_vmi(
             info!("Pod already deleted, nothing to clean up for a VM");
             Ok(None)
         }
-        None => Err(Error::msg("pod not found")),
+        None => Err(VmError::PodNotFound.into()),
     }
 }
 

@@ -8,7 +8,7 @@ use tracing::{info, warn};
 use super::call::{with_timeout, IpamCall};
 use crate::calico_ipam::kubevirt::{Detected, Vmi};
 use crate::datastore::Datastore;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, VmError};
 use crate::ipam::allocator::{Ipam, IpamError};
 use crate::ipam::lock::IpamLock;
 use crate::ipam::owner::{Change, Owner, OwnerUpdate};
@@ -40,9 +40,7 @@ pub(super) async fn persistent_vm<D: Datastore>(
     }
     if verb == VmVerb::Add && vmi.is_migration_target() {
         info!("Live migration target pod rejected: KubeVirtVMAddressPersistence is disabled");
-        return Err(Error::msg(
-            "live migration target pod is not allowed when KubeVirtVMAddressPersistence is disabled",
-        ));
+        return Err(VmError::MigrationWithoutPersistence.into());
     }
     Ok(None)
 }
@@ -70,9 +68,7 @@ pub(super) async fn reuse_vm_addresses<D: Datastore>(
     let target = vmi.is_migration_target();
     if held.is_empty() {
         if target {
-            return Err(Error::msg(format!(
-                "migration target pod but no IP allocated to VM handle {handle}"
-            )));
+            return Err(VmError::MigrationWithoutAddresses(handle.to_string()).into());
         }
         return Ok(None);
     }

@@ -17,7 +17,7 @@ use crate::dataplane::{self, check::Expected};
 use crate::datastore::model::WorkloadEndpointSpec;
 use crate::datastore::resources::get_resource;
 use crate::datastore::Kind;
-use crate::error::{Error, Result};
+use crate::error::{CheckError, Result};
 use crate::plugin::ipam::{IpamDriver, IpamKind};
 use crate::plugin::{add, connect, load, Call, Verb};
 use crate::skel::result::prev_result;
@@ -28,7 +28,7 @@ pub async fn cmd_check(args: &CmdArgs) -> Result<()> {
     let conf = load(args)?;
     let prev = prev_result(&args.stdin_data)?;
     if prev.ips.is_empty() {
-        return Err(Error::msg("CHECK: the previous result has no IP addresses"));
+        return Err(CheckError::ResultWithoutAddresses.into());
     }
     conf.check_dataplane()?;
     let call = connect(args, conf, Verb::Other).await?;
@@ -89,6 +89,7 @@ fn expected(args: &CmdArgs, call: &Call, prev: &CniResult) -> Result<Expected> {
 async fn check_endpoint(args: &CmdArgs, call: &Call, prev: &CniResult) -> Result<()> {
     let ids = &call.ids;
     let name = ids.wep_name()?;
+    let endpoint = || format!("{}/{name}", ids.namespace);
     let wep = match get_resource::<_, WorkloadEndpointSpec>(
         &call.ds,
         Kind::WorkloadEndpoint,
@@ -99,19 +100,20 @@ async fn check_endpoint(args: &CmdArgs, call: &Call, prev: &CniResult) -> Result
     {
         Ok(w) => w,
         Err(e) if e.is_not_found() => {
-            return Err(Error::msg(format!(
-                "CHECK: WorkloadEndpoint {}/{name} does not exist",
-                ids.namespace
-            )))
+            return Err(CheckError::NoEndpoint {
+                endpoint: endpoint(),
+            }
+            .into())
         }
         Err(e) => return Err(e.into()),
     };
     let spec = &wep.spec;
     if !spec.container_id.is_empty() && spec.container_id != args.container_id {
-        return Err(Error::msg(format!(
-            "CHECK: WorkloadEndpoint {}/{name} belongs to container {}",
-            ids.namespace, spec.container_id
-        )));
+        return Err(CheckError::OtherContainer {
+            endpoint: endpoint(),
+            container: spec.container_id.clone(),
+        }
+        .into());
     }
     let mut want: Vec<IpAddr> = prev.ips.iter().map(|i| i.address.addr).collect();
     let mut got: Vec<IpAddr> = spec
@@ -122,19 +124,21 @@ async fn check_endpoint(args: &CmdArgs, call: &Call, prev: &CniResult) -> Result
     want.sort();
     got.sort();
     if want != got {
-        return Err(Error::msg(format!(
-            "CHECK: WorkloadEndpoint {}/{name} has addresses [{}], the result says [{}]",
-            ids.namespace,
-            join(&got),
-            join(&want)
-        )));
+        return Err(CheckError::Addresses {
+            endpoint: endpoint(),
+            stored: join(&got),
+            result: join(&want),
+        }
+        .into());
     }
     if let Some(host) = prev.interfaces.iter().find(|i| i.sandbox.is_empty()) {
         if !spec.interface_name.is_empty() && spec.interface_name != host.name {
-            return Err(Error::msg(format!(
-                "CHECK: WorkloadEndpoint {}/{name} names interface {}, the result says {}",
-                ids.namespace, spec.interface_name, host.name
-            )));
+            return Err(CheckError::Interface {
+                endpoint: endpoint(),
+                stored: spec.interface_name.clone(),
+                result: host.name.clone(),
+            }
+            .into());
         }
     }
     let container = prev
@@ -143,10 +147,12 @@ async fn check_endpoint(args: &CmdArgs, call: &Call, prev: &CniResult) -> Result
         .find(|i| !i.sandbox.is_empty() && i.name == args.ifname);
     if let Some(c) = container.filter(|c| !c.mac.is_empty() && !spec.mac.is_empty()) {
         if !c.mac.eq_ignore_ascii_case(&spec.mac) {
-            return Err(Error::msg(format!(
-                "CHECK: WorkloadEndpoint {}/{name} has MAC {}, the result says {}",
-                ids.namespace, spec.mac, c.mac
-            )));
+            return Err(CheckError::Mac {
+                endpoint: endpoint(),
+                stored: spec.mac.clone(),
+                result: c.mac.clone(),
+            }
+            .into());
         }
     }
     Ok(())

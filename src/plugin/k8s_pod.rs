@@ -17,7 +17,7 @@ use crate::datastore::kubernetes::client::KubeClient;
 use crate::datastore::kubernetes::{core_objects, pods};
 use crate::datastore::model::WorkloadEndpoint;
 use crate::datastore::DatastoreError;
-use crate::error::{Error, JsonValueError, Result};
+use crate::error::{AnnotationError, Error, HostLocalError, JsonValueError, Result};
 use crate::support::gojson;
 
 const ANN_IPV4_POOLS: &str = "cni.projectcalico.org/ipv4pools";
@@ -40,7 +40,7 @@ pub async fn node_pod_cidrs(call: &crate::plugin::Call) -> Result<(String, Strin
     let n = core_objects::node(&client, &node).await?;
     let cidrs = n.spec.and_then(|s| s.pod_cidrs).unwrap_or_default();
     if cidrs.is_empty() {
-        return Err(Error::msg(format!("no podCidr for node {node}")));
+        return Err(HostLocalError::NoPodCidr(node).into());
     }
     let (mut v4, mut v6) = (String::new(), String::new());
     for c in &cidrs {
@@ -52,9 +52,7 @@ pub async fn node_pod_cidrs(call: &crate::plugin::Call) -> Result<(String, Strin
         }
     }
     if cidrs.len() > 1 && (v4.is_empty() || v6.is_empty()) {
-        return Err(Error::msg(
-            "ClusterCIDR contains two ranges of the same type",
-        ));
+        return Err(HostLocalError::PodCidrsOfOneFamily.into());
     }
     Ok((v4, v6))
 }
@@ -129,7 +127,7 @@ impl PodInfo {
         }
         let mut data: Value = serde_json::from_slice(stdin)?;
         let Some(ipam) = data.get_mut("ipam").and_then(Value::as_object_mut) else {
-            return Err(Error::msg("data on stdin was of unexpected type"));
+            return Err(AnnotationError::IpamStdinNotAnObject.into());
         };
         // Upstream returns Go's error as it is here.
         let list = |raw: &str| -> Result<Vec<String>> { Ok(gojson::string_list(raw)?) };
@@ -145,7 +143,7 @@ impl PodInfo {
                 match f.as_str() {
                     "IPv4" => a4 = "true",
                     "IPv6" => a6 = "true",
-                    _ => return Err(Error::msg(format!("error parsing ipFamilies: {families}"))),
+                    _ => return Err(AnnotationError::IpFamilies(families).into()),
                 }
             }
             ipam.insert("assign_ipv4".into(), Value::String(a4.into()));
@@ -170,25 +168,30 @@ impl PodInfo {
         let calico_ipam = IpamKind::of(ipam_type) == IpamKind::Calico;
         match (ip_addrs.is_empty(), no_ipam.is_empty()) {
             (true, true) => Ok(AddressSource::Ipam),
-            (false, false) => Err(Error::msg(
-                "can't have both annotations: 'ipAddrs' and 'ipAddrsNoIpam' in use at the same time",
-            )),
+            (false, false) => Err(AnnotationError::BothAddressAnnotations.into()),
             (true, false) => {
                 if !calico_ipam {
-                    return Err(Error::msg(format!(
-                        "ipAddrsNoIpam is not compatible with configured IPAM: {ipam_type}"
-                    )));
+                    return Err(AnnotationError::IpamNotCalico {
+                        annotation: "ipAddrsNoIpam",
+                        ipam_type: ipam_type.clone(),
+                    }
+                    .into());
                 }
                 if !conf.feature_control.ip_addrs_no_ipam {
-                    return Err(Error::msg("requested feature is not enabled: ip_addrs_no_ipam"));
+                    return Err(AnnotationError::FeatureDisabled("ip_addrs_no_ipam").into());
                 }
-                Ok(AddressSource::NoIpam(addresses(&no_ipam, ANN_IP_ADDRS_NO_IPAM)?))
+                Ok(AddressSource::NoIpam(addresses(
+                    &no_ipam,
+                    ANN_IP_ADDRS_NO_IPAM,
+                )?))
             }
             (false, true) => {
                 if !calico_ipam {
-                    return Err(Error::msg(format!(
-                        "ipAddrs is not compatible with configured IPAM: {ipam_type}"
-                    )));
+                    return Err(AnnotationError::IpamNotCalico {
+                        annotation: "ipAddrs",
+                        ipam_type: ipam_type.clone(),
+                    }
+                    .into());
                 }
                 Ok(AddressSource::IpAddrs(addresses(&ip_addrs, ANN_IP_ADDRS)?))
             }
@@ -205,7 +208,7 @@ impl PodInfo {
             return Ok(Vec::new());
         };
         if !conf.feature_control.floating_ips {
-            return Err(Error::msg("requested feature is not enabled: floating_ips"));
+            return Err(AnnotationError::FeatureDisabled("floating_ips").into());
         }
         gojson::string_list(raw).map_err(|e| json_value(raw, e).into())
     }
@@ -222,20 +225,17 @@ impl PodInfo {
         let Some(raw) = self.annotations.get(ANN_HW_ADDR) else {
             return Ok(None);
         };
-        let octets = parse_mac(raw).ok_or_else(|| {
-            let addr = match raw.is_empty() {
-                true => String::new(),
-                false => format!("address {raw}: "),
-            };
-            Error::msg(format!(
-                "failed to parse MAC address {raw} provided via {ANN_HW_ADDR}: {addr}invalid MAC address"
-            ))
+        let octets = parse_mac(raw).ok_or_else(|| AnnotationError::InvalidMac {
+            raw: raw.clone(),
+            annotation: ANN_HW_ADDR,
         })?;
-        <[u8; 6]>::try_from(octets.as_slice()).map(Some).map_err(|_| {
-            Error::msg(format!(
-                "failed to set container veth MAC to {raw} as requested via {ANN_HW_ADDR}: invalid argument"
-            ))
-        })
+        let mac = <[u8; 6]>::try_from(octets.as_slice()).map_err(|_| {
+            AnnotationError::MacNotEthernet {
+                raw: raw.clone(),
+                annotation: ANN_HW_ADDR,
+            }
+        })?;
+        Ok(Some(mac))
     }
 }
 
@@ -307,7 +307,7 @@ fn json_value(raw: &str, source: gojson::GoJsonError) -> JsonValueError {
 }
 
 /// `validateAndExtractIPs`: a JSON list of at most one IPv4 and one IPv6 address.
-fn addresses(raw: &str, annotation: &str) -> Result<Vec<IpAddr>> {
+fn addresses(raw: &str, annotation: &'static str) -> Result<Vec<IpAddr>> {
     let list: Vec<String> = gojson::string_list(raw).map_err(|e| {
         Error::chain(
             format!("failed to parse IPs {raw} for annotation \"{annotation}\""),
@@ -315,9 +315,7 @@ fn addresses(raw: &str, annotation: &str) -> Result<Vec<IpAddr>> {
         )
     })?;
     if list.is_empty() {
-        return Err(Error::msg(format!(
-            "annotation \"{annotation}\" specified but empty"
-        )));
+        return Err(AnnotationError::NoAddresses(annotation).into());
     }
     let (mut v4, mut v6) = (false, false);
     let mut out = Vec::new();
@@ -328,10 +326,11 @@ fn addresses(raw: &str, annotation: &str) -> Result<Vec<IpAddr>> {
         })?;
         let seen = if ip.is_ipv4() { &mut v4 } else { &mut v6 };
         if *seen {
-            return Err(Error::msg(format!(
-                "cannot have more than one IPv{} address for \"{annotation}\" annotation",
-                if ip.is_ipv4() { 4 } else { 6 }
-            )));
+            return Err(AnnotationError::TwoAddressesOfFamily {
+                family: if ip.is_ipv4() { 4 } else { 6 },
+                annotation,
+            }
+            .into());
         }
         *seen = true;
         out.push(ip);

@@ -8,7 +8,7 @@ use super::{
     endpoint_name, ipam_add, validate_endpoint_and_profile, veth_request, AddCx, CheckedReads,
     Record,
 };
-use crate::error::{Error, Result};
+use crate::error::{AnnotationError, EmptyIpamAnswer, Result};
 use crate::plugin::add::k8s::default_routes;
 use crate::plugin::endpoint;
 use crate::plugin::ipam::AddHints;
@@ -18,9 +18,7 @@ pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: CheckedReads) -> R
     let (args, call) = (cx.args, cx.call);
     let conf = &call.conf;
     if conf.feature_control.ip_addrs_no_ipam {
-        return Err(Error::msg(
-            "requested feature is not supported for this runtime: ip_addrs_no_ipam",
-        ));
+        return Err(AnnotationError::FeatureUnsupported("ip_addrs_no_ipam").into());
     }
     if let Some(mut wep) = answered.existing {
         // Same container added again (or to a second network): record the profile, report
@@ -46,8 +44,13 @@ pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: CheckedReads) -> R
     validate_endpoint_and_profile(&wep, answered.profile.as_ref())?;
 
     let veth = veth_request(cx, &wep.spec.interface_name, None, call.plan.families);
-    let empty = "IPAM plugin returned no IP addresses in result";
-    let ipam = ipam_add(cx, made, args, (answered.ipam, AddHints::default()), empty);
+    let ipam = ipam_add(
+        cx,
+        made,
+        args,
+        (answered.ipam, AddHints::default()),
+        EmptyIpamAnswer::NoAddresses,
+    );
     let result = addresses_and_interface(made, args, veth, ipam).await?;
     let finish = Finish {
         args,

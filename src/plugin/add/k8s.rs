@@ -17,7 +17,7 @@ use crate::dataplane::{Families, VethRequest};
 use crate::datastore::model::WorkloadEndpoint;
 use crate::delegate::exec::{host_local_add_stdin, uses_pod_cidr};
 use crate::delegate::DelegateError;
-use crate::error::{Context, Error, Result};
+use crate::error::{Context, EmptyIpamAnswer, Error, HostLocalError, Result};
 use crate::plugin::endpoint;
 use crate::plugin::endpoint_status;
 use crate::plugin::ipam::{AddHints, IpamDriver, IpamKind, WriteBeside};
@@ -27,9 +27,6 @@ use crate::plugin::Call;
 use crate::skel::result::IpConfig;
 use crate::skel::{CmdArgs, CniResult};
 use crate::support::net::IpNet;
-
-/// Upstream's refusal of a Kubernetes pod's IPAM result without addresses.
-const MISSING_IP_CONFIG: &str = "IPAM plugin returned missing IP config";
 
 pub async fn add(cx: &AddCx<'_>, made: &Record<'_>, answered: CheckedReads) -> Result<CniResult> {
     let call = cx.call;
@@ -194,7 +191,7 @@ impl AddressRequestOf<'_> {
                     made,
                     &ipam_args,
                     (ipam_view, hints),
-                    MISSING_IP_CONFIG,
+                    EmptyIpamAnswer::MissingIpConfig,
                 );
                 addresses_and_interface(made, args, self.veth(families), ipam).await
             }
@@ -248,7 +245,7 @@ impl AddressRequestOf<'_> {
             }
             let first = got.and_then(|r| match r.ips.first() {
                 Some(first) => Ok((first.clone(), r.routes)),
-                None => Err(Error::msg(MISSING_IP_CONFIG)),
+                None => Err(EmptyIpamAnswer::MissingIpConfig.into()),
             });
             // As upstream's result, built from each answer's first address alone: no
             // routes, so (with calico-ipam) no host routes either.
@@ -332,25 +329,19 @@ pub(crate) fn k8s_routes(conf: &crate::config::NetConf) -> Result<Vec<IpNet>> {
         return Ok(default_routes());
     };
     let Value::Array(list) = routes else {
-        return Err(Error::msg(format!(
-            "failed to parse host-local IPAM routes section; expecting list, not: {routes}"
-        )));
+        return Err(HostLocalError::RoutesNotAList(routes.clone()).into());
     };
     let mut custom = Vec::new();
     for r in list {
         let Value::Object(route) = r else {
-            return Err(Error::msg(format!(
-                "invalid IPAM routes section; expecting a route object, not: {r}"
-            )));
+            return Err(HostLocalError::RouteNotAnObject(r.clone()).into());
         };
         let Some(dst) = route.get("dst") else {
             tracing::debug!("Ignoring host-ipam route with no dst");
             continue;
         };
         let Value::String(dst) = dst else {
-            return Err(Error::msg(format!(
-                "invalid IPAM routes section; expecting 'dst' to be a string, not: {dst}"
-            )));
+            return Err(HostLocalError::RouteDstNotAString(dst.clone()).into());
         };
         let net: IpNet = dst.parse().map_err(Error::Cidr)?;
         custom.push(net.masked());

@@ -36,7 +36,7 @@ use crate::dataplane::{Families, Selected, VethRequest};
 use crate::datastore::backend::Backend;
 use crate::datastore::model::{Profile, WorkloadEndpoint};
 use crate::datastore::validate;
-use crate::error::{Error, Result};
+use crate::error::{EmptyIpamAnswer, Error, Result};
 use crate::plugin::endpoint;
 use crate::plugin::endpoint_status;
 use crate::plugin::ipam::{AddHints, Driver, IpamDriver, IpamKind};
@@ -282,13 +282,13 @@ async fn ipam_add(
     made: &Record<'_>,
     args: &CmdArgs,
     (view, hints): (IpamView, AddHints<'_>),
-    empty: &str,
+    empty: EmptyIpamAnswer,
 ) -> Result<CniResult> {
     let result = cx.ipam.add(args, view, hints).await?;
     info!(ips = ?result.ips.iter().map(|i| i.address.to_string()).collect::<Vec<_>>(), "Got result from IPAM plugin");
     if result.ips.is_empty() {
         made.answered_without_addresses(args);
-        return Err(Error::msg(empty));
+        return Err(empty.into());
     }
     Ok(result)
 }

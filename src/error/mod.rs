@@ -4,6 +4,10 @@
 //!
 //! A deadline is recognised by type, wherever it sits in the chain (`Error::deadline`).
 
+pub mod conditions;
+
+pub use conditions::{AnnotationError, CheckError, EmptyIpamAnswer, HostLocalError, VmError};
+
 use crate::config::identifiers::IdentifierError;
 use crate::config::ConfigError;
 use crate::dataplane::DataplaneError;
@@ -39,6 +43,16 @@ pub enum Error {
     /// A delegated plugin (an IPAM plugin from CNI_PATH) that was not run or that failed.
     #[error(transparent)]
     Delegate(#[from] DelegateError),
+    #[error(transparent)]
+    Annotation(#[from] AnnotationError),
+    #[error(transparent)]
+    HostLocal(#[from] HostLocalError),
+    #[error(transparent)]
+    EmptyIpamAnswer(#[from] EmptyIpamAnswer),
+    #[error(transparent)]
+    Check(#[from] CheckError),
+    #[error(transparent)]
+    Vm(#[from] VmError),
     #[error("error constructing WorkloadEndpoint name: {0}")]
     Identifiers(#[from] IdentifierError),
     #[error("error constructing WorkloadEndpoint prefix: {0}")]

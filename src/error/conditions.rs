@@ -1,0 +1,174 @@
+//! Conditions the programs find in what they are given or what they read, with no cause
+//! below them: one enum per subject, each variant holding what the text names. The texts
+//! are upstream's (k8s.go, kubevirt.go, the CHECK of utils.go), so a result reads the same.
+
+use serde_json::Value;
+
+/// A pod's Calico annotations (or the IPAM settings they override) that cannot be honoured.
+#[derive(Debug, thiserror::Error)]
+pub enum AnnotationError {
+    /// The IPAM stdin a pool or family annotation rewrites has no `ipam` object.
+    #[error("data on stdin was of unexpected type")]
+    IpamStdinNotAnObject,
+    #[error("error parsing ipFamilies: {0}")]
+    IpFamilies(String),
+    #[error("can't have both annotations: 'ipAddrs' and 'ipAddrsNoIpam' in use at the same time")]
+    BothAddressAnnotations,
+    /// `ipAddrs` / `ipAddrsNoIpam` with an IPAM plugin other than calico-ipam.
+    #[error("{annotation} is not compatible with configured IPAM: {ipam_type}")]
+    IpamNotCalico {
+        annotation: &'static str,
+        ipam_type: String,
+    },
+    /// A `featureControl` switch that is off.
+    #[error("requested feature is not enabled: {0}")]
+    FeatureDisabled(&'static str),
+    /// A feature only the Kubernetes orchestrator has.
+    #[error("requested feature is not supported for this runtime: {0}")]
+    FeatureUnsupported(&'static str),
+    /// `hwAddr` that Go's `net.ParseMAC` refuses (its text names the address unless empty).
+    #[error(
+        "failed to parse MAC address {raw} provided via {annotation}: {}invalid MAC address",
+        if raw.is_empty() { String::new() } else { format!("address {raw}: ") }
+    )]
+    InvalidMac {
+        raw: String,
+        annotation: &'static str,
+    },
+    /// `hwAddr` that parses but is not an Ethernet (6-octet) address: the kernel's refusal.
+    #[error(
+        "failed to set container veth MAC to {raw} as requested via {annotation}: invalid argument"
+    )]
+    MacNotEthernet {
+        raw: String,
+        annotation: &'static str,
+    },
+    #[error("annotation \"{0}\" specified but empty")]
+    NoAddresses(&'static str),
+    #[error("cannot have more than one IPv{family} address for \"{annotation}\" annotation")]
+    TwoAddressesOfFamily {
+        family: u8,
+        annotation: &'static str,
+    },
+}
+
+/// host-local's settings as the Kubernetes orchestrator completes them: the node's pod
+/// CIDRs (`usePodCidr`) and the `ipam.routes` section.
+#[derive(Debug, thiserror::Error)]
+pub enum HostLocalError {
+    #[error("no podCidr for node {0}")]
+    NoPodCidr(String),
+    #[error("ClusterCIDR contains two ranges of the same type")]
+    PodCidrsOfOneFamily,
+    #[error("failed to parse host-local IPAM routes section; expecting list, not: {0}")]
+    RoutesNotAList(Value),
+    #[error("invalid IPAM routes section; expecting a route object, not: {0}")]
+    RouteNotAnObject(Value),
+    #[error("invalid IPAM routes section; expecting 'dst' to be a string, not: {0}")]
+    RouteDstNotAString(Value),
+}
+
+/// An IPAM plugin's answer to ADD that holds no address.
+#[derive(Debug, thiserror::Error)]
+pub enum EmptyIpamAnswer {
+    /// The Kubernetes orchestrator's wording.
+    #[error("IPAM plugin returned missing IP config")]
+    MissingIpConfig,
+    /// Any other orchestrator's.
+    #[error("IPAM plugin returned no IP addresses in result")]
+    NoAddresses,
+}
+
+/// What CHECK finds that differs from the previous result; `endpoint` is
+/// `<namespace>/<WorkloadEndpoint name>`.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    #[error("CHECK: the previous result has no IP addresses")]
+    ResultWithoutAddresses,
+    #[error("CHECK: WorkloadEndpoint {endpoint} does not exist")]
+    NoEndpoint { endpoint: String },
+    #[error("CHECK: WorkloadEndpoint {endpoint} belongs to container {container}")]
+    OtherContainer { endpoint: String, container: String },
+    /// The addresses, each list sorted and joined with spaces.
+    #[error(
+        "CHECK: WorkloadEndpoint {endpoint} has addresses [{stored}], the result says [{result}]"
+    )]
+    Addresses {
+        endpoint: String,
+        stored: String,
+        result: String,
+    },
+    #[error(
+        "CHECK: WorkloadEndpoint {endpoint} names interface {stored}, the result says {result}"
+    )]
+    Interface {
+        endpoint: String,
+        stored: String,
+        result: String,
+    },
+    #[error("CHECK: WorkloadEndpoint {endpoint} has MAC {stored}, the result says {result}")]
+    Mac {
+        endpoint: String,
+        stored: String,
+        result: String,
+    },
+}
+
+/// A KubeVirt VM's pod whose VMI or addresses do not allow the call.
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    /// `pod` is `<namespace>/<name>`.
+    #[error("pod {pod} has invalid VMI ownerReference: name={name:?} uid={uid:?}")]
+    InvalidOwner {
+        pod: String,
+        name: String,
+        uid: String,
+    },
+    #[error("VMI UID mismatch: pod ownerReference has {owner} but VMI resource has {stored}")]
+    UidMismatch { owner: String, stored: String },
+    /// ADD's pod is not in the API.
+    #[error("pod not found")]
+    PodNotFound,
+    #[error(
+        "live migration target pod is not allowed when KubeVirtVMAddressPersistence is disabled"
+    )]
+    MigrationWithoutPersistence,
+    #[error("migration target pod but no IP allocated to VM handle {0}")]
+    MigrationWithoutAddresses(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn texts_are_upstreams() {
+        let hw = "cni.projectcalico.org/hwAddr";
+        let mac = |raw: &str| AnnotationError::InvalidMac {
+            raw: raw.into(),
+            annotation: hw,
+        };
+        assert_eq!(
+            mac("").to_string(),
+            "failed to parse MAC address  provided via cni.projectcalico.org/hwAddr: invalid MAC address"
+        );
+        assert_eq!(
+            mac("zz").to_string(),
+            "failed to parse MAC address zz provided via cni.projectcalico.org/hwAddr: address zz: invalid MAC address"
+        );
+        let routes = HostLocalError::RoutesNotAList(serde_json::json!({"dst": "0.0.0.0/0"}));
+        assert_eq!(
+            routes.to_string(),
+            r#"failed to parse host-local IPAM routes section; expecting list, not: {"dst":"0.0.0.0/0"}"#
+        );
+        let owner = VmError::InvalidOwner {
+            pod: "ns/virt-launcher".into(),
+            name: "vm1".into(),
+            uid: String::new(),
+        };
+        assert_eq!(
+            owner.to_string(),
+            r#"pod ns/virt-launcher has invalid VMI ownerReference: name="vm1" uid="""#
+        );
+    }
+}
