@@ -14,7 +14,7 @@ use super::vm::{persistent_vm, reuse_vm_addresses, VmVerb};
 use crate::calico_ipam::kubevirt::PodVmi;
 use crate::datastore::model::IpPool;
 use crate::datastore::Datastore;
-use crate::error::{Error, Result};
+use crate::error::{Error, PoolRequestError, Result};
 use crate::ipam::allocator::{AutoAssignArgs, Ipam, ViewReads, WriteBeside};
 use crate::ipam::lock::IpamLock;
 use crate::skel::result::{IpConfig, Route};
@@ -248,10 +248,11 @@ async fn assign_automatically<D: Datastore>(
         if let Some(why) = short.shortfall() {
             let got: Vec<IpNet> = v4.ips.iter().chain(&v6.ips).copied().collect();
             ipam.give_back(&got, &want.handle).await;
-            return Err(Error::msg(format!(
-                "failed to request IPv{} addresses: {why}",
-                short.version
-            )));
+            return Err(PoolRequestError::Shortfall {
+                version: short.version,
+                reason: why,
+            }
+            .into());
         }
     }
     for ip in v4.ips.iter().chain(&v6.ips) {
@@ -366,17 +367,14 @@ async fn resolve_pools<D: Datastore>(
                 .iter()
                 .find(|p| &p.metadata.name == entry)
                 .and_then(|p| p.cidr())
-                .ok_or_else(|| {
-                    Error::msg(format!(
-                        "error parsing pool \"{entry}\": invalid CIDR address: {entry}"
-                    ))
-                })?,
+                .ok_or_else(|| PoolRequestError::UnknownPool(entry.clone()))?,
         };
         if cidr.version() != version {
-            return Err(Error::msg(format!(
-                "\"{}\" isn't a IPv{version} address",
-                cidr.addr
-            )));
+            return Err(PoolRequestError::WrongFamily {
+                addr: cidr.addr,
+                version,
+            }
+            .into());
         }
         out.push(cidr);
     }

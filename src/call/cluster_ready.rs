@@ -11,7 +11,7 @@ use crate::config::NetConf;
 use crate::datastore::model::ClusterInformation;
 use crate::datastore::resources::get_resource;
 use crate::datastore::{Datastore, Kind};
-use crate::error::{Context, Error, Result};
+use crate::error::{Context, DatastoreNotReady, Error, Result};
 
 /// STATUS's bound on the whole check, connection included.
 pub const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
@@ -23,9 +23,7 @@ pub async fn check_datastore_ready<D: Datastore>(ds: &D) -> Result<()> {
         .context("error getting ClusterInformation")?;
     if ci.spec.datastore_ready != Some(true) {
         info!("Upgrade may be in progress, ready flag is not set");
-        return Err(Error::msg(
-            "Calico is currently not ready to process requests",
-        ));
+        return Err(DatastoreNotReady.into());
     }
     Ok(())
 }

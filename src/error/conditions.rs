@@ -137,6 +137,36 @@ pub enum VmError {
     MigrationWithoutAddresses(String),
 }
 
+/// A calico-ipam request its pools cannot satisfy.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolRequestError {
+    /// Fewer addresses than asked for; `reason` is the allocator's account of it.
+    #[error("failed to request IPv{version} addresses: {reason}")]
+    Shortfall { version: u8, reason: String },
+    /// A pool named neither by a CIDR nor by an IPPool's name.
+    #[error("error parsing pool \"{0}\": invalid CIDR address: {0}")]
+    UnknownPool(String),
+    #[error("\"{addr}\" isn't a IPv{version} address")]
+    WrongFamily { addr: std::net::IpAddr, version: u8 },
+}
+
+/// A readiness gate (`policy.readiness_gates`) that ADD cannot pass.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadinessGateError {
+    #[error("invalid URL set for ReadinessGates:{gate} Error:{reason}")]
+    InvalidUrl { gate: String, reason: String },
+    #[error("readiness gate {gate} was not ready within {}s: context deadline exceeded", .within.as_secs())]
+    NotReady {
+        gate: String,
+        within: std::time::Duration,
+    },
+}
+
+/// ClusterInformation `default` does not say `datastoreReady: true` (an upgrade, say).
+#[derive(Debug, thiserror::Error)]
+#[error("Calico is currently not ready to process requests")]
+pub struct DatastoreNotReady;
+
 #[cfg(test)]
 mod tests {
     use super::*;

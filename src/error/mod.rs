@@ -6,7 +6,10 @@
 
 pub mod conditions;
 
-pub use conditions::{AnnotationError, CheckError, EmptyIpamAnswer, HostLocalError, VmError};
+pub use conditions::{
+    AnnotationError, CheckError, DatastoreNotReady, EmptyIpamAnswer, HostLocalError,
+    PoolRequestError, ReadinessGateError, VmError,
+};
 
 use crate::config::identifiers::IdentifierError;
 use crate::config::ConfigError;
@@ -53,6 +56,12 @@ pub enum Error {
     Check(#[from] CheckError),
     #[error(transparent)]
     Vm(#[from] VmError),
+    #[error(transparent)]
+    PoolRequest(#[from] PoolRequestError),
+    #[error(transparent)]
+    ReadinessGate(#[from] ReadinessGateError),
+    #[error(transparent)]
+    DatastoreNotReady(#[from] DatastoreNotReady),
     #[error("error constructing WorkloadEndpoint name: {0}")]
     Identifiers(#[from] IdentifierError),
     #[error("error constructing WorkloadEndpoint prefix: {0}")]

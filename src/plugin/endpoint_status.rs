@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
-use crate::error::{Error, Result};
+use crate::config::ConfigError;
+use crate::error::Result;
 
 pub const DEFAULT_ENDPOINT_STATUS_DIR: &str = "/var/run/calico/endpoint-status";
 const POLL_INTERVAL: Duration = Duration::from_millis(100);
@@ -23,9 +24,7 @@ pub fn max_wait(seconds: i64) -> Duration {
 /// A negative timeout is a configuration error (upstream: `invalid pod startup delay of -1`).
 pub fn validate_timeout(seconds: i64) -> Result<()> {
     if seconds < 0 {
-        return Err(Error::msg(format!(
-            "invalid pod startup delay of {seconds}"
-        )));
+        return Err(ConfigError::PodStartupDelay(seconds).into());
     }
     Ok(())
 }

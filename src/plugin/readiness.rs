@@ -20,7 +20,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::{error, info};
 
-use crate::error::{Error, Result};
+use crate::error::{ReadinessGateError, Result};
 use crate::support::http_proxy::{self, ProxyEnv, ProxyUrl};
 
 const POLL_INTERVAL: Duration = Duration::from_secs(5);
@@ -184,10 +184,9 @@ pub fn parse(raw: &str) -> std::result::Result<GateUrl, String> {
 pub async fn wait_for_gates(gates: &[String]) -> Result<()> {
     let proxies = ProxyEnv::from_process();
     for gate in gates {
-        let url = parse(gate).map_err(|e| {
-            Error::msg(format!(
-                "invalid URL set for ReadinessGates:{gate} Error:{e}"
-            ))
+        let url = parse(gate).map_err(|reason| ReadinessGateError::InvalidUrl {
+            gate: gate.clone(),
+            reason,
         })?;
         let waiting = format!("waiting for readiness gate {gate}");
         crate::support::deadline::bound(&waiting, poll(gate, &url, &proxies)).await??;
@@ -214,10 +213,11 @@ async fn poll(raw: &str, url: &GateUrl, proxies: &ProxyEnv) -> Result<()> {
             ),
         }
         if tokio::time::Instant::now() + POLL_INTERVAL > deadline {
-            return Err(Error::msg(format!(
-                "readiness gate {raw} was not ready within {}s: context deadline exceeded",
-                POLL_TIMEOUT.as_secs()
-            )));
+            return Err(ReadinessGateError::NotReady {
+                gate: raw.to_string(),
+                within: POLL_TIMEOUT,
+            }
+            .into());
         }
         tokio::time::sleep(POLL_INTERVAL).await;
     }
