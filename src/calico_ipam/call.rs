@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::config::identifiers::WepIdentifiers;
 use crate::config::NetConf;
-use crate::error::{Error, Result};
+use crate::error::{ContextDeadline, Result};
 use crate::skel::args::{load_args, ArgKind, IGNORE_UNKNOWN};
 use crate::skel::CmdArgs;
 
@@ -106,6 +106,6 @@ pub async fn with_timeout<T>(f: impl std::future::Future<Output = T>) -> Result<
             true => {
                 crate::support::deadline::expired("assigning or releasing IPAM addresses").into()
             }
-            false => Error::msg("context deadline exceeded"),
+            false => ContextDeadline.into(),
         })
 }

@@ -167,6 +167,12 @@ pub enum ReadinessGateError {
 #[error("Calico is currently not ready to process requests")]
 pub struct DatastoreNotReady;
 
+/// One of upstream's own time limits ran out (a Go context's timeout, Go's text): not the
+/// call's deadline, so not "try again later".
+#[derive(Debug, thiserror::Error)]
+#[error("context deadline exceeded")]
+pub struct ContextDeadline;
+
 #[cfg(test)]
 mod tests {
     use super::*;

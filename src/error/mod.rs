@@ -7,8 +7,8 @@
 pub mod conditions;
 
 pub use conditions::{
-    AnnotationError, CheckError, DatastoreNotReady, EmptyIpamAnswer, HostLocalError,
-    PoolRequestError, ReadinessGateError, VmError,
+    AnnotationError, CheckError, ContextDeadline, DatastoreNotReady, EmptyIpamAnswer,
+    HostLocalError, PoolRequestError, ReadinessGateError, VmError,
 };
 
 use crate::config::identifiers::IdentifierError;
@@ -62,6 +62,8 @@ pub enum Error {
     ReadinessGate(#[from] ReadinessGateError),
     #[error(transparent)]
     DatastoreNotReady(#[from] DatastoreNotReady),
+    #[error(transparent)]
+    ContextDeadline(#[from] ContextDeadline),
     #[error("error constructing WorkloadEndpoint name: {0}")]
     Identifiers(#[from] IdentifierError),
     #[error("error constructing WorkloadEndpoint prefix: {0}")]

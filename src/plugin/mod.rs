@@ -26,7 +26,8 @@ use crate::config::NetConf;
 use crate::dataplane::Families;
 use crate::datastore::backend::Backend;
 use crate::datastore::kubernetes::client::{KubeClient, KubeSettings};
-use crate::error::{Context, Error, Result};
+use crate::datastore::DatastoreError;
+use crate::error::{Context, ContextDeadline, Error, Result};
 use crate::skel::args::prepend_ignore_unknown;
 use crate::skel::{CmdArgs, CniError, CniResult, Plugin};
 use ipam::{Driver, IpamKind};
@@ -202,9 +203,7 @@ pub fn test_connection(stdin: &[u8]) -> Result<()> {
         let ds = client::connect(&conf).await?;
         tokio::time::timeout(TEST_CONNECTION_TIMEOUT, check_datastore_ready(&ds))
             .await
-            .map_err(|_| {
-                Error::msg("error getting ClusterInformation: context deadline exceeded")
-            })??;
+            .map_err(|_| Error::chain("error getting ClusterInformation", ContextDeadline))??;
         // With a kubeconfig, the API server must answer too (its version).
         if !conf.kubernetes.kubeconfig.is_empty() {
             let settings = KubeSettings {
@@ -219,10 +218,8 @@ pub fn test_connection(stdin: &[u8]) -> Result<()> {
                 .await
                 .context("unable to connect to K8s server")?;
             if !resp.ok() {
-                return Err(Error::msg(format!(
-                    "unable to connect to K8s server: {}",
-                    resp.status_object().message
-                )));
+                let refused = DatastoreError::Status(resp.status_object().message);
+                return Err(Error::chain("unable to connect to K8s server", refused));
             }
         }
         Ok(())
