@@ -516,10 +516,11 @@ impl KubeClient {
     }
 
     /// One request; `body` is (content type, bytes). Transport failures are `Request`,
-    /// timeouts `Unavailable`; any HTTP answer, error statuses included, is returned. An answer that
-    /// asks to be tried again later (429, or a 5xx, with `Retry-After`: the API server's
-    /// flow control, or a watch cache still initializing) is sent again after the wait it
-    /// names, as client-go does, at most [`MAX_RETRIES`] times and never past the deadline.
+    /// timeouts `Unavailable`; any HTTP answer, error statuses included, is returned. An
+    /// answer that asks to be tried again later (429, or a 5xx, with `Retry-After`: the API
+    /// server's flow control, or a watch cache still initializing) is sent again after the
+    /// wait it names, as client-go does, at most [`MAX_RETRIES`] times and never past the
+    /// deadline.
     pub async fn request(
         &self,
         method: Method,
