@@ -23,7 +23,7 @@ pub mod vm;
 use crate::call::client;
 use crate::call::cluster_ready::{calico_ready, check_datastore_ready};
 use crate::config::NetConf;
-use crate::error::{Error, Result};
+use crate::error::{GcError, Result};
 use crate::ipam::allocator::gc::node_handles;
 use crate::skel::attachments;
 use crate::skel::result::prev_result;
@@ -118,10 +118,10 @@ async fn cmd_gc(args: &CmdArgs) -> Result<()> {
     if outcome.failures.is_empty() {
         return Ok(());
     }
-    Err(Error::msg(format!(
-        "GC of network {} on node {node} failed for {} handle(s): {}",
-        conf.name,
-        outcome.failures.len(),
-        outcome.failures.join("; ")
-    )))
+    Err(GcError::Handles {
+        network: conf.name,
+        node,
+        failures: outcome.failures,
+    }
+    .into())
 }

@@ -173,6 +173,27 @@ pub struct DatastoreNotReady;
 #[error("context deadline exceeded")]
 pub struct ContextDeadline;
 
+/// GC's failures: every step runs, and all that failed are reported together, joined with
+/// "; ". calico counts its steps, calico-ipam the handles it could not release.
+#[derive(Debug, thiserror::Error)]
+pub enum GcError {
+    #[error("GC of network {network} on node {node} failed in {} step(s): {}", .failures.len(), super::join(.failures))]
+    Steps {
+        network: String,
+        node: String,
+        failures: Vec<super::Error>,
+    },
+    #[error("GC of network {network} on node {node} failed for {} handle(s): {}", .failures.len(), super::join(.failures))]
+    Handles {
+        network: String,
+        node: String,
+        failures: Vec<crate::ipam::allocator::gc::HandleNotReleased>,
+    },
+    /// The in-process IPAM's step when listing the node's blocks failed.
+    #[error("IPAM addresses were not collected")]
+    AddressesNotCollected,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,6 +226,48 @@ mod tests {
         assert_eq!(
             owner.to_string(),
             r#"pod ns/virt-launcher has invalid VMI ownerReference: name="vm1" uid="""#
+        );
+    }
+
+    #[test]
+    fn gc_reports_every_failure_in_one_text_each_kept_typed() {
+        use crate::datastore::DatastoreError;
+        use crate::ipam::allocator::gc::HandleNotReleased;
+        use crate::ipam::allocator::IpamError;
+        let gone = || DatastoreError::Conflict("WorkloadEndpoint(ns/w)".into());
+        let steps = GcError::Steps {
+            network: "k8s-pod-network".into(),
+            node: "n1".into(),
+            failures: vec![
+                super::super::Error::chain("WorkloadEndpoint ns/w", gone()),
+                GcError::AddressesNotCollected.into(),
+            ],
+        };
+        assert_eq!(
+            steps.to_string(),
+            "GC of network k8s-pod-network on node n1 failed in 2 step(s): WorkloadEndpoint \
+             ns/w: update conflict: WorkloadEndpoint(ns/w); IPAM addresses were not collected"
+        );
+        let GcError::Steps { failures, .. } = &steps else {
+            unreachable!()
+        };
+        assert!(matches!(
+            &failures[0],
+            super::super::Error::Chain { source, .. }
+                if matches!(**source, super::super::Error::Datastore(DatastoreError::Conflict(_)))
+        ));
+        let handles = GcError::Handles {
+            network: "net".into(),
+            node: "n1".into(),
+            failures: vec![HandleNotReleased {
+                handle: "net.c1".into(),
+                source: IpamError::Datastore(gone()),
+            }],
+        };
+        assert_eq!(
+            handles.to_string(),
+            "GC of network net on node n1 failed for 1 handle(s): net.c1: update conflict: \
+             WorkloadEndpoint(ns/w)"
         );
     }
 }

@@ -7,7 +7,7 @@
 pub mod conditions;
 
 pub use conditions::{
-    AnnotationError, CheckError, ContextDeadline, DatastoreNotReady, EmptyIpamAnswer,
+    AnnotationError, CheckError, ContextDeadline, DatastoreNotReady, EmptyIpamAnswer, GcError,
     HostLocalError, PoolRequestError, ReadinessGateError, VmError,
 };
 
@@ -64,6 +64,8 @@ pub enum Error {
     DatastoreNotReady(#[from] DatastoreNotReady),
     #[error(transparent)]
     ContextDeadline(#[from] ContextDeadline),
+    #[error(transparent)]
+    Gc(#[from] GcError),
     #[error("error constructing WorkloadEndpoint name: {0}")]
     Identifiers(#[from] IdentifierError),
     #[error("error constructing WorkloadEndpoint prefix: {0}")]
@@ -137,7 +139,7 @@ pub struct JsonValueError {
     pub source: GoJsonError,
 }
 
-fn join(errors: &[Error]) -> String {
+fn join(errors: &[impl std::fmt::Display]) -> String {
     errors
         .iter()
         .map(ToString::to_string)

@@ -17,7 +17,7 @@ use crate::config::identifiers::ORCH_K8S;
 use crate::datastore::model::{Resource, WorkloadEndpointSpec};
 use crate::datastore::resources::{delete_resource, list_resources};
 use crate::datastore::{Datastore, Kind, ListKind};
-use crate::error::{Error, Result};
+use crate::error::{Error, GcError, Result};
 use crate::ipam::allocator::gc::{node_handles, NodeHandles};
 use crate::plugin::ipam::{pick, runs_in_process, GcScope, IpamDriver, IpamKind};
 use crate::plugin::{identifiers, load};
@@ -35,13 +35,13 @@ pub async fn cmd_gc(args: &CmdArgs) -> Result<(), CniError> {
     let ipam_type = conf.ipam.ipam_type.as_str();
     let kind = IpamKind::of(ipam_type);
     let cids = attachments::container_ids(&valid);
-    let mut failures: Vec<String> = Vec::new();
+    let mut failures: Vec<Error> = Vec::new();
 
     let handles = if kind == IpamKind::Calico {
         match node_handles(&ds, &node, network).await {
             Ok(h) => Some(h),
             Err(e) => {
-                failures.push(format!("listing IPAM blocks: {e}"));
+                failures.push(Error::chain("listing IPAM blocks", e));
                 None
             }
         }
@@ -73,11 +73,11 @@ pub async fn cmd_gc(args: &CmdArgs) -> Result<(), CniError> {
     if failures.is_empty() {
         return Ok(());
     }
-    Err(CniError::from(Error::msg(format!(
-        "GC of network {network} on node {node} failed in {} step(s): {}",
-        failures.len(),
-        failures.join("; ")
-    ))))
+    Err(CniError::from(Error::from(GcError::Steps {
+        network: network.to_string(),
+        node,
+        failures,
+    })))
 }
 
 /// Whether an attachment (container ID, interface) is still valid. An attachment listed
@@ -96,7 +96,7 @@ async fn delete_stale_endpoints<D: Datastore>(
     network: &str,
     handles: &NodeHandles,
     valid: &[Attachment],
-    failures: &mut Vec<String>,
+    failures: &mut Vec<Error>,
 ) {
     let what = ListKind::Resources {
         kind: Kind::WorkloadEndpoint,
@@ -106,7 +106,7 @@ async fn delete_stale_endpoints<D: Datastore>(
     let weps: Vec<Resource<WorkloadEndpointSpec>> = match list_resources(ds, &what).await {
         Ok(w) => w,
         Err(e) => {
-            failures.push(format!("listing WorkloadEndpoints: {e}"));
+            failures.push(Error::chain("listing WorkloadEndpoints", e));
             return;
         }
     };
@@ -131,7 +131,7 @@ async fn delete_stale_endpoints<D: Datastore>(
             Err(e) if e.is_not_found() => {}
             Err(e) => {
                 warn!(namespace = ns, name, error = %e, "GC: failed to delete an endpoint");
-                failures.push(format!("WorkloadEndpoint {ns}/{name}: {e}"));
+                failures.push(Error::chain(format!("WorkloadEndpoint {ns}/{name}"), e));
             }
         }
     }

@@ -171,8 +171,16 @@ pub async fn node_handles<D: Datastore>(
 #[derive(Debug, Default)]
 pub struct GcOutcome {
     pub released: Vec<String>,
-    /// One line per failure (`<handle>: <error>`).
-    pub failures: Vec<String>,
+    pub failures: Vec<HandleNotReleased>,
+}
+
+/// A stale handle GC could not release.
+#[derive(Debug, thiserror::Error)]
+#[error("{handle}: {source}")]
+pub struct HandleNotReleased {
+    pub handle: String,
+    #[source]
+    pub source: IpamError,
 }
 
 /// Releases every stale handle of `handles`, carrying on past failures. The caller holds
@@ -207,7 +215,10 @@ pub async fn release_stale<D: Datastore>(
             }
             Err(e) => {
                 warn!(handle, error = %e, "GC: failed to release a handle");
-                out.failures.push(format!("{handle}: {e}"));
+                out.failures.push(HandleNotReleased {
+                    handle: handle.to_string(),
+                    source: e,
+                });
             }
         }
     }

@@ -62,7 +62,7 @@ impl IpamDriver for FakeIpam {
         Ok(())
     }
 
-    async fn gc(&self, _args: &CmdArgs, _scope: &GcScope<'_>) -> Vec<String> {
+    async fn gc(&self, _args: &CmdArgs, _scope: &GcScope<'_>) -> Vec<Error> {
         Vec::new()
     }
 }

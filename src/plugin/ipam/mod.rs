@@ -24,7 +24,7 @@ use tracing::{debug, warn};
 use crate::calico_ipam::add::{read_locked_view, LockedView};
 use crate::calico_ipam::kube_reads::KubeReads;
 use crate::delegate::exec;
-use crate::error::Result;
+use crate::error::{Error, GcError, Result};
 use crate::ipam::allocator::gc::NodeHandles;
 use crate::plugin::k8s_pod::PodInfo;
 
@@ -76,8 +76,8 @@ pub trait IpamDriver {
     async fn check(&self, args: &CmdArgs, prev: &CniResult) -> Result<()>;
     /// STATUS (the spec's delegation to the IPAM plugin).
     async fn status(&self, args: &CmdArgs) -> Result<()>;
-    /// GC: releases what gone attachments hold; the failures, each as one line.
-    async fn gc(&self, args: &CmdArgs, scope: &GcScope<'_>) -> Vec<String>;
+    /// GC: releases what gone attachments hold; what failed.
+    async fn gc(&self, args: &CmdArgs, scope: &GcScope<'_>) -> Vec<Error>;
 }
 
 /// The driver of one call.
@@ -202,20 +202,24 @@ impl<D: KubeReads> IpamDriver for Driver<'_, D> {
         }
     }
 
-    async fn gc(&self, args: &CmdArgs, scope: &GcScope<'_>) -> Vec<String> {
+    async fn gc(&self, args: &CmdArgs, scope: &GcScope<'_>) -> Vec<Error> {
         match self {
             Driver::InProcess(ipam) => match scope.handles {
-                Some(h) => ipam.gc(scope.node, h, scope.valid).await.failures,
-                None => vec!["IPAM addresses were not collected".into()],
+                Some(h) => {
+                    let outcome = ipam.gc(scope.node, h, scope.valid).await;
+                    let failed = outcome.failures.into_iter();
+                    failed.map(|f| Error::chain(f.handle, f.source)).collect()
+                }
+                None => vec![GcError::AddressesNotCollected.into()],
             },
             Driver::Exec { exec, .. } if exec.plugin.is_empty() => Vec::new(),
             Driver::Exec { exec, .. } => match exec.verb("GC", args).await {
                 Ok(()) => Vec::new(),
-                Err(e) => vec![format!(
-                    "{} GC: {}",
-                    exec.plugin,
-                    CniError::from(crate::error::Error::from(e)).msg
-                )],
+                // The plugin's failure as the CNI error it printed (its `msg`).
+                Err(e) => {
+                    let said = Error::Cni(CniError::from(Error::from(e)));
+                    vec![Error::chain(format!("{} GC", exec.plugin), said)]
+                }
             },
         }
     }
