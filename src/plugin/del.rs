@@ -422,9 +422,9 @@ async fn delete_k8s_endpoint<D: crate::datastore::Datastore>(
     container_id: &str,
     first_read: EndpointRead,
 ) -> Result<()> {
-    let mut last: Option<DatastoreError> = None;
     let mut first_read = Some(first_read);
-    for _ in 0..K8S_DELETE_ATTEMPTS {
+    let mut attempt = 1;
+    loop {
         let read = match first_read.take() {
             Some(r) => r,
             None => read_endpoint(ds, namespace, name).await,
@@ -459,15 +459,15 @@ async fn delete_k8s_endpoint<D: crate::datastore::Datastore>(
                 return Ok(());
             }
             Err(e) if e.is_not_found() => return Ok(()),
-            Err(e) if e.is_conflict() => last = Some(e),
+            Err(e) if e.is_conflict() && attempt < K8S_DELETE_ATTEMPTS => attempt += 1,
+            Err(e) if e.is_conflict() => {
+                let context =
+                    "error deleting endpoint: endpoint was modified before it could be deleted";
+                return Err(Error::chain(context, e));
+            }
             Err(e) => return Err(e.into()),
         }
     }
-    let context = "error deleting endpoint: endpoint was modified before it could be deleted";
-    Err(match last {
-        Some(e) => Error::chain(context, e),
-        None => Error::msg(context),
-    })
 }
 
 #[cfg(test)]
@@ -520,6 +520,51 @@ mod tests {
         let (log, failures) = release_after(Err(e));
         assert!(log.is_empty(), "{log:?}");
         assert_eq!(failures, ["grpc dataplane error: no such interface"]);
+    }
+
+    /// A delete that keeps losing the compare-and-swap is tried K8S_DELETE_ATTEMPTS times,
+    /// then fails with the last conflict as its cause; one attempt fewer lost, it deletes.
+    #[test]
+    fn an_endpoint_delete_gives_up_after_its_last_conflict() {
+        use crate::datastore::memory::{Fault, KeyClass, MemoryDatastore};
+        use crate::datastore::resources::create_resource;
+        let run = |conflicts: u64| {
+            let ds = MemoryDatastore::new();
+            crate::call::client::block_on(async {
+                let mut wep = WorkloadEndpoint::default();
+                wep.metadata.name = "node1-k8s-pod1-eth0".into();
+                wep.metadata.namespace = "ns1".into();
+                wep.spec.container_id = "cid1".into();
+                create_resource(&ds, Kind::WorkloadEndpoint, &mut wep).await?;
+                for n in 1..=conflicts {
+                    let on_endpoints = KeyClass::Resource(Kind::WorkloadEndpoint);
+                    ds.inject(Fault::on(on_endpoints, Fault::ConflictOnWrite(n + 1)));
+                }
+                let first = read_endpoint(&ds, "ns1", "node1-k8s-pod1-eth0").await;
+                let deleted =
+                    delete_k8s_endpoint(&ds, "ns1", "node1-k8s-pod1-eth0", "cid1", first).await;
+                let left = read_endpoint(&ds, "ns1", "node1-k8s-pod1-eth0").await;
+                Ok::<_, Error>((deleted, left.is_ok(), ds.pending_faults().is_empty()))
+            })
+            .unwrap()
+            .unwrap()
+        };
+        let attempts = K8S_DELETE_ATTEMPTS as u64;
+        let (deleted, left, all_hit) = run(attempts);
+        let e = deleted.unwrap_err();
+        assert!(
+            e.to_string().starts_with(
+                "error deleting endpoint: endpoint was modified before it could be deleted: \
+                 update conflict: "
+            ),
+            "{e}"
+        );
+        assert!(
+            matches!(e, Error::Chain { ref source, .. } if matches!(**source, Error::Datastore(DatastoreError::Conflict(_))))
+        );
+        assert!(left && all_hit);
+        let (deleted, left, all_hit) = run(attempts - 1);
+        assert!(deleted.is_ok() && !left && all_hit, "{deleted:?}");
     }
 
     /// Without the node name, an endpoint is this call's by its spec, whatever its node.
