@@ -114,7 +114,8 @@ pub enum Error {
     /// An error that already is a CNI error: passed through unchanged.
     #[error("{}", .0.msg)]
     Cni(CniError),
-    /// A condition found here, with no cause below it (upstream's text).
+    /// A test's own failure (production conditions are typed: `conditions.rs`).
+    #[cfg(test)]
     #[error("{0}")]
     Msg(String),
     /// `context: cause`, the cause kept with its type.
@@ -148,6 +149,7 @@ fn join(errors: &[impl std::fmt::Display]) -> String {
 }
 
 impl Error {
+    #[cfg(test)]
     pub fn msg(s: impl Into<String>) -> Self {
         Error::Msg(s.into())
     }
